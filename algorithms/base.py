@@ -1,0 +1,80 @@
+"""The algorithm protocol: a federated algorithm is a sequence of phases of uploads.
+
+An :class:`Algorithm` says which :class:`Phase` objects run in each round. A phase declares
+its :class:`~secagg.messages.UploadSpec`, what the server broadcasts, what each client
+computes from the broadcast and its own data (ordinary PyTorch/numpy), and what the server
+does with the :class:`~secagg.layers.base.Aggregate` a privacy layer hands it. The engine
+(:class:`secagg.federation.Federation`) runs them in that order; the layer in between is
+the user's choice.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from secagg.data import Dataset
+from secagg.federation import ClientState, Evaluation
+from secagg.layers.base import Aggregate
+from secagg.messages import UploadSpec
+
+__all__ = ["Aggregate", "Algorithm", "ClientState", "Evaluation", "Phase"]
+
+
+class Phase(ABC):
+    """One upload phase: broadcast, client step, layer, server step."""
+
+    name: ClassVar[str] = "phase"
+
+    @abstractmethod
+    def spec(self) -> UploadSpec:
+        """The fields each client uploads in this phase."""
+
+    def broadcast(self) -> dict[str, np.ndarray]:
+        """What the server sends each selected client (counted as downlink bytes)."""
+        return {}
+
+    @abstractmethod
+    def client_step(
+        self, client: ClientState, broadcast: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """Compute one client's upload from the broadcast and its private data/state."""
+
+    @abstractmethod
+    def server_step(self, aggregate: Aggregate) -> None:
+        """Update the server state from what the layer let the server see."""
+
+    def client_flops(self, client: ClientState) -> float:
+        """Estimated FLOPs of the client's statistic (for the cost ledger); 0 if unknown."""
+        return 0.0
+
+
+class Algorithm(ABC):
+    """A federated algorithm written as phases of uploads.
+
+    Subclasses set :attr:`name` (the CLI name) and :attr:`personalized` (True when each
+    client keeps its own model and accuracy is the mean local test accuracy).
+    """
+
+    name: ClassVar[str] = "algorithm"
+    personalized: ClassVar[bool] = False
+
+    @abstractmethod
+    def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None:
+        """Initialise server (and client) state before the first round."""
+
+    @abstractmethod
+    def phases(self, round: int, rounds: int) -> Sequence[Phase]:
+        """The phases to run in ``round`` (0-based) of ``rounds``."""
+
+    @abstractmethod
+    def evaluate(self, dataset: Dataset, clients: Sequence[ClientState]) -> float:
+        """Accuracy now: on the global test set, or the mean local test accuracy when
+        :attr:`personalized`."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description (name and hyper-parameters)."""
+        return {"name": self.name}

@@ -1,0 +1,336 @@
+"""The embedded engine: run an algorithm with a privacy layer over a client population.
+
+One round: sample a cohort, then for each phase the algorithm declares: broadcast (booked
+as downlink messages), each client's step (validated against the phase's UploadSpec), the
+layer (which applies injected dropouts at its stages, books its messages and transcripts
+what the server saw), and the server step on the resulting Aggregate. After each round the
+algorithm is evaluated. Everything is deterministic given ``seed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from secagg.costs import SERVER, HardwareProfile, Ledger, get_profile
+from secagg.data import ClientData, Dataset, Partition
+from secagg.dropouts import DropoutModel
+from secagg.errors import ConfigurationError, SecureSumAborted
+from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.messages import ClipReport, Upload, UploadSpec
+from secagg.transcript import Transcript
+from secagg.wire import pack_arrays, unpack_arrays
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed derived deterministically from ints and strings."""
+    words = [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
+
+
+@dataclass
+class ClientState:
+    """One client during a run: its data and its persistent private state."""
+
+    data: ClientData
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> int:
+        """The client id."""
+        return self.data.id
+
+    @property
+    def n_records(self) -> int:
+        """Number of training records."""
+        return len(self.data.y)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """An accuracy and what it measures."""
+
+    accuracy: float
+    kind: Literal["global test", "mean local test"]
+
+
+class _Phase(Protocol):
+    name: str
+
+    def spec(self) -> UploadSpec: ...
+    def broadcast(self) -> dict[str, np.ndarray]: ...
+    def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...  # noqa: E501
+    def server_step(self, aggregate: Aggregate) -> None: ...
+    def client_flops(self, client: ClientState) -> float: ...
+
+
+class AlgorithmLike(Protocol):
+    """What the engine needs of an algorithm (see :class:`algorithms.base.Algorithm`)."""
+
+    name: str
+    personalized: bool
+
+    def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None: ...
+    def phases(self, round: int, rounds: int) -> Sequence[_Phase]: ...
+    def evaluate(self, dataset: Dataset, clients: Sequence[ClientState]) -> float: ...
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Result:
+    """What a run produced.
+
+    Attributes:
+        accuracy: final accuracy; ``accuracy_kind`` says whether it is on the global test
+            set or the mean local test accuracy (personalized algorithms).
+        history: accuracy after each round.
+        costs: the cost ledger (one row per message).
+        transcript: what each party observed.
+        privacy: the run's privacy ledger when a DP layer was used, else None.
+        clips: clipped uploads per field (when clipping was asked for).
+        aborted: (round, phase, reason) for phases that aborted and were skipped.
+    """
+
+    algorithm: dict[str, Any]
+    layer: dict[str, Any]
+    rounds: int
+    seed: int
+    accuracy: float
+    accuracy_kind: str
+    history: list[float]
+    costs: Ledger
+    transcript: Transcript
+    privacy: Any | None = None
+    clips: dict[str, int] = field(default_factory=dict)
+    aborted: list[tuple[int, str, str]] = field(default_factory=list)
+    n_clients: int = 0
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (no ledger rows or transcript records)."""
+        d = {
+            "algorithm": self.algorithm, "layer": self.layer, "rounds": self.rounds,
+            "seed": self.seed, "n_clients": self.n_clients, "accuracy": self.accuracy,
+            "accuracy_kind": self.accuracy_kind, "history": self.history,
+            "clips": self.clips, "aborted": self.aborted, "wall_s": self.wall_s,
+            "costs": {d: self.costs.total(direction=d) for d in ("up", "down")},
+        }
+        if self.privacy is not None and hasattr(self.privacy, "to_dict"):
+            d["privacy"] = self.privacy.to_dict()
+        return d
+
+    def save(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write ``result.json``, ``costs.csv`` and ``transcript.jsonl`` into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"result": out / "result.json", "costs": out / "costs.csv",
+                 "transcript": out / "transcript.jsonl"}
+        paths["result"].write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        self.costs.to_csv(paths["costs"])
+        self.transcript.write(paths["transcript"])
+        return paths
+
+    def table(self, profile: HardwareProfile | str = "phone-wifi") -> str:
+        """The closing table: accuracy, rounds, bytes, estimated latency on ``profile``."""
+        prof = get_profile(profile) if isinstance(profile, str) else profile
+        up, down = self.costs.total("up"), self.costs.total("down")
+        per = max(1, self.rounds * max(1, self.n_clients))
+        est = self.costs.estimate(prof)
+        rows = [
+            (f"accuracy ({self.accuracy_kind})", f"{self.accuracy:.4f}"),
+            ("rounds", str(self.rounds)),
+            ("uplink bytes, total", f"{int(up['wire_bytes']):,}"),
+            ("downlink bytes, total", f"{int(down['wire_bytes']):,}"),
+            ("uplink bytes / client / round", f"{up['wire_bytes'] / per:,.0f}"),
+            ("downlink bytes / client / round", f"{down['wire_bytes'] / per:,.0f}"),
+            (f"est. latency / client / round ({prof.name})",
+             f"{est['latency_s_per_client_round']:.3f} s"),
+            (f"est. client energy, total ({prof.name})", f"{est['energy_j']:.2f} J"),
+        ]
+        if self.privacy is not None and hasattr(self.privacy, "summary_rows"):
+            rows.extend(self.privacy.summary_rows())
+        if self.clips:
+            rows.append(("clipped uploads", json.dumps(self.clips)))
+        if self.aborted:
+            rows.append(("aborted phases", str(len(self.aborted))))
+        w = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def _progress_wanted() -> bool:
+    return sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("true", "1")
+
+
+class Federation:
+    """Run ``algorithm`` with ``layer`` over ``clients``.
+
+    Args:
+        algorithm: an :class:`algorithms.base.Algorithm`.
+        layer: the privacy layer every upload goes through.
+        clients: a :class:`~secagg.data.Partition` (carries the global test set).
+        rounds: number of rounds.
+        fraction: fraction of clients sampled each round (at least one).
+        dropout: injected dropout probability per client per layer stage, a mapping
+            stage -> probability, or a ready :class:`~secagg.dropouts.DropoutModel`.
+        seed: makes sampling, dropouts, initialisation and local training deterministic.
+        on_violation: ``"raise"`` (default) refuses out-of-bound uploads; ``"clip"`` clips
+            them into the bound and counts the clips in :attr:`Result.clips`.
+        on_abort: ``"raise"`` (default) propagates an aborted secure sum;
+            ``"skip"`` skips that phase for the round and records it in the result.
+        include_values: store observed values in the transcript (sensitive!).
+        privacy: a privacy ledger to book DP events in (default: one from the layer, if it
+            makes one).
+        progress: show a progress bar (default: only on an interactive terminal, not in CI).
+    """
+
+    def __init__(
+        self,
+        algorithm: AlgorithmLike,
+        layer: Layer,
+        clients: Partition,
+        rounds: int = 10,
+        fraction: float = 1.0,
+        dropout: float | Mapping[str, float] | DropoutModel = 0.0,
+        seed: int = 0,
+        on_violation: Literal["raise", "clip"] = "raise",
+        on_abort: Literal["raise", "skip"] = "raise",
+        include_values: bool = False,
+        privacy: Any | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        if not isinstance(layer, Layer):
+            raise ConfigurationError(f"layer must be a secagg Layer, got {type(layer).__name__}")
+        if rounds < 1:
+            raise ConfigurationError(f"rounds must be >= 1, got {rounds}")
+        if not 0.0 < fraction <= 1.0:
+            raise ConfigurationError(f"fraction must be in (0, 1], got {fraction}")
+        if not isinstance(clients, Partition):
+            raise ConfigurationError("clients must be a secagg.data.Partition (from a *_split)")
+        if len(clients) == 0:
+            raise ConfigurationError("no clients")
+        if on_violation not in ("raise", "clip"):
+            raise ConfigurationError(f"on_violation must be 'raise' or 'clip', got {on_violation!r}")
+        if on_abort not in ("raise", "skip"):
+            raise ConfigurationError(f"on_abort must be 'raise' or 'skip', got {on_abort!r}")
+        self.algorithm = algorithm
+        self.layer = layer
+        self.partition = clients
+        self.rounds = rounds
+        self.fraction = fraction
+        self.dropouts = dropout if isinstance(dropout, DropoutModel) else DropoutModel(dropout, seed)
+        self.seed = seed
+        self.on_violation = on_violation
+        self.on_abort = on_abort
+        self.include_values = include_values
+        maker = getattr(layer, "make_privacy_ledger", None)
+        self.privacy = privacy if privacy is not None else (maker() if callable(maker) else None)
+        self.progress = _progress_wanted() if progress is None else progress
+
+    def _cohort(self, rng: np.random.Generator) -> list[int]:
+        n = len(self.partition)
+        k = max(1, int(round(self.fraction * n)))
+        if k == n:
+            return list(range(n))
+        return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
+
+    def run(self) -> Result:
+        """Run all rounds and return the :class:`Result`.
+
+        Raises:
+            SecureSumAborted: a secure sum lost too many clients (unless on_abort="skip").
+            UploadError: a client's upload broke its spec (unless on_violation="clip").
+            InadmissibleField: the layer cannot carry a field of some phase.
+        """
+        t_start = time.perf_counter()
+        ledger, transcript = Ledger(), Transcript(self.include_values)
+        states = [ClientState(cd) for cd in self.partition]
+        dataset = self.partition.dataset
+        max_records = max(s.n_records for s in states)
+        transcript.meta(algorithm=self.algorithm.describe(), layer=self.layer.describe(),
+                        seed=self.seed, rounds=self.rounds, clients=len(states),
+                        fraction=self.fraction)
+        self.algorithm.setup(dataset, states, self.seed)
+        rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
+        history: list[float] = []
+        clips = ClipReport()
+        aborted: list[tuple[int, str, str]] = []
+        checked: set[str] = set()
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.rounds, desc=f"{self.algorithm.name}/{self.layer.name}",
+                       unit="round", file=sys.stderr)
+        for r in range(self.rounds):
+            cohort = self._cohort(rng)
+            for phase in self.algorithm.phases(r, self.rounds):
+                spec = phase.spec()
+                if spec.max_records is None:
+                    spec = replace(spec, max_records=max_records)
+                if phase.name not in checked:
+                    self.layer.check(spec)
+                    checked.add(phase.name)
+                ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name), ledger,
+                                   transcript, self.dropouts, self.privacy)
+                bcast = self._broadcast(phase, cohort, ctx)
+                uploads: dict[int, Upload] = {}
+                for c in cohort:
+                    st = states[c]
+                    t0 = time.process_time()
+                    values = phase.client_step(st, bcast)
+                    dt = time.process_time() - t0
+                    up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
+                    up.cpu_s, up.flops = dt, float(phase.client_flops(st))
+                    clips.add(up)
+                    uploads[c] = up
+                try:
+                    agg = self.layer.aggregate(uploads, spec, ctx)
+                except SecureSumAborted as exc:
+                    if self.on_abort == "raise":
+                        raise
+                    aborted.append((r, phase.name, str(exc)))
+                    continue
+                t0 = time.process_time()
+                phase.server_step(agg)
+                ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+            history.append(float(self.algorithm.evaluate(dataset, states)))
+            if bar is not None:
+                bar.set_postfix(acc=f"{history[-1]:.3f}")
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        if self.privacy is not None and hasattr(self.privacy, "record_in"):
+            self.privacy.record_in(transcript)
+        kind = "mean local test" if getattr(self.algorithm, "personalized", False) else "global test"
+        return Result(
+            algorithm=self.algorithm.describe(), layer=self.layer.describe(), rounds=self.rounds,
+            seed=self.seed, accuracy=history[-1], accuracy_kind=kind, history=history,
+            costs=ledger, transcript=transcript, privacy=self.privacy, clips=dict(clips.counts),
+            aborted=aborted, n_clients=len(states), wall_s=time.perf_counter() - t_start,
+        )
+
+    def _broadcast(self, phase: _Phase, cohort: list[int], ctx: RoundContext) -> dict[str, np.ndarray]:
+        payload = phase.broadcast()
+        if not payload:
+            return {}
+        t0 = time.process_time()
+        wire = pack_arrays(payload)
+        server_s = time.process_time() - t0
+        t0 = time.process_time()
+        decoded = unpack_arrays(wire)
+        client_s = time.process_time() - t0
+        plain = int(sum(np.asarray(v).nbytes for v in payload.values()))
+        for c in cohort:
+            ctx.message(SERVER, c, "broadcast", len(wire), plaintext_bytes=plain,
+                        fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()},
+                        client_cpu_s=client_s, server_cpu_s=server_s)
+        return decoded

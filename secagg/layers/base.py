@@ -1,0 +1,143 @@
+"""The layer protocol: what every privacy layer takes and returns.
+
+A :class:`Layer` takes one phase's validated uploads from a cohort and returns the
+:class:`Aggregate` the server is allowed to see: sums of additive fields, per-client values
+of the others, and the clients that actually contributed. Along the way it records one
+ledger row per message (true wire bytes) and transcripts what each party saw, through the
+:class:`RoundContext` it is handed.
+
+Layers compose by wrapping (``CentralDP(SecureSum(...))``): a wrapper is itself a Layer
+that delegates to its inner layer, so an order that makes no sense cannot be written.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from secagg.costs import SERVER, CostRow, Ledger
+from secagg.dropouts import DropoutModel
+from secagg.messages import Upload, UploadSpec
+from secagg.transcript import Transcript
+
+
+@dataclass
+class Aggregate:
+    """The server's view of one phase after a layer.
+
+    Attributes:
+        phase, round: where it comes from.
+        sums: additive fields -> sum over :attr:`contributors` (float64, or int64 for
+            integer fields; noised when a DP layer is in the stack).
+        values: non-additive fields -> {client: value}.
+        contributors: the clients whose inputs are in the result, after dropouts.
+        notes: layer facts about the result (e.g. noise actually added per field).
+    """
+
+    phase: str
+    round: int
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    contributors: tuple[int, ...] = ()
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self.sums[name]
+        except KeyError:
+            if name in self.values:
+                raise KeyError(
+                    f"{name!r} is not additive; read aggregate.values[{name!r}] per client"
+                ) from None
+            raise
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.sums or name in self.values
+
+
+@dataclass
+class RoundContext:
+    """Everything a layer needs for one (round, phase): where to book costs and
+    observations, which clients drop at which stage, and the run's privacy ledger."""
+
+    round: int
+    phase: str
+    seed: int
+    ledger: Ledger = field(default_factory=Ledger)
+    transcript: Transcript = field(default_factory=Transcript)
+    dropouts: DropoutModel = field(default_factory=DropoutModel)
+    privacy: Any | None = None
+
+    def __post_init__(self) -> None:
+        self.dropouts.at(self.round, self.phase)
+
+    def message(
+        self,
+        sender: Any,
+        receiver: Any,
+        stage: str,
+        wire_bytes: int,
+        plaintext_bytes: int = 0,
+        fields: dict[str, int] | None = None,
+        client_cpu_s: float = 0.0,
+        server_cpu_s: float = 0.0,
+        flops: float = 0.0,
+    ) -> None:
+        """Book one message in the ledger."""
+        self.ledger.record(CostRow(
+            round=self.round, phase=self.phase, stage=stage, sender=sender, receiver=receiver,
+            fields=dict(fields or {}), plaintext_bytes=int(plaintext_bytes),
+            wire_bytes=int(wire_bytes), client_cpu_s=float(client_cpu_s),
+            server_cpu_s=float(server_cpu_s), flops=float(flops),
+        ))
+
+    def observe(
+        self,
+        party: str,
+        sender: Any,
+        stage: str,
+        field: str,
+        form: str,
+        value: np.ndarray | bytes,
+        what: str = "upload",
+        nbytes: int | None = None,
+    ) -> None:
+        """Record in the transcript that ``party`` saw ``value`` in ``form``."""
+        self.transcript.observe(
+            round=self.round, phase=self.phase, stage=stage, party=party, sender=sender,
+            field=field, form=form, value=value, what=what, nbytes=nbytes,
+        )
+
+
+class Layer(ABC):
+    """A privacy layer: turns a cohort's uploads into the server's :class:`Aggregate`."""
+
+    name: ClassVar[str] = "layer"
+
+    def check(self, spec: UploadSpec) -> None:  # noqa: B027 - default admits everything
+        """Refuse (raise :class:`~secagg.errors.InadmissibleField`) a field this layer
+        cannot carry. The default admits every field."""
+
+    @abstractmethod
+    def aggregate(
+        self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
+    ) -> Aggregate:
+        """Run the layer on one phase's uploads and return what the server learns."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description (name and parameters), for results and transcripts."""
+        return {"name": self.name}
+
+    @property
+    def server_sees_clear_uploads(self) -> bool:
+        """True when the aggregator reads individual uploads in the clear."""
+        return False
+
+
+def server_party() -> str:
+    """The name of the aggregator in ledgers and transcripts."""
+    return SERVER
