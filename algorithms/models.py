@@ -48,38 +48,65 @@ class SplitModel(nn.Module):
         return self.head(self.body(x))
 
 
-def MLP(in_features: int, n_classes: int, feature_dim: int = 128, hidden: int = 128,
-        feature_clamp: float | None = None, head_bias: bool = True) -> SplitModel:
+def MLP(
+    in_features: int,
+    n_classes: int,
+    feature_dim: int = 128,
+    hidden: int = 128,
+    feature_clamp: float | None = None,
+    head_bias: bool = True,
+) -> SplitModel:
     """A two-layer MLP body (ReLU) and a linear head. With ``feature_clamp`` the body ends in
     a clamp to [-b, b] instead of a ReLU."""
     last: nn.Module = _Clamp(feature_clamp) if feature_clamp is not None else nn.ReLU()
     body = nn.Sequential(
-        nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, feature_dim), last
+        nn.Flatten(),
+        nn.Linear(in_features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, feature_dim),
+        last,
     )
     return SplitModel(body, nn.Linear(feature_dim, n_classes, bias=head_bias), feature_dim)
 
 
-def CNN(n_classes: int, feature_dim: int = 128, channels: Sequence[int] = (16, 32),
-        feature_clamp: float | None = None, head_bias: bool = True) -> SplitModel:
+def CNN(
+    n_classes: int,
+    feature_dim: int = 128,
+    channels: Sequence[int] = (16, 32),
+    feature_clamp: float | None = None,
+    head_bias: bool = True,
+) -> SplitModel:
     """Two 5x5 conv + max-pool blocks and a linear projection to ``feature_dim`` for
     1x28x28 inputs, then a linear head."""
     c1, c2 = channels
     last: nn.Module = _Clamp(feature_clamp) if feature_clamp is not None else nn.ReLU()
     body = nn.Sequential(
-        nn.Conv2d(1, c1, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(c2 * 4 * 4, feature_dim), last,
+        nn.Conv2d(1, c1, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(c2 * 4 * 4, feature_dim),
+        last,
     )
     return SplitModel(body, nn.Linear(feature_dim, n_classes, bias=head_bias), feature_dim)
 
 
-def build_model(input_shape: Sequence[int], n_classes: int, feature_dim: int = 128,
-                feature_clamp: float | None = None, head_bias: bool = True) -> SplitModel:
+def build_model(
+    input_shape: Sequence[int],
+    n_classes: int,
+    feature_dim: int = 128,
+    feature_clamp: float | None = None,
+    head_bias: bool = True,
+) -> SplitModel:
     """The default model for an input shape: MLP for flat inputs, CNN for (1, 28, 28)."""
     shape = tuple(input_shape)
     if len(shape) == 1:
-        return MLP(shape[0], n_classes, feature_dim, feature_clamp=feature_clamp,
-                   head_bias=head_bias)
+        return MLP(
+            shape[0], n_classes, feature_dim, feature_clamp=feature_clamp, head_bias=head_bias
+        )
     if shape == (1, 28, 28):
         return CNN(n_classes, feature_dim, feature_clamp=feature_clamp, head_bias=head_bias)
     raise ValueError(f"no default model for input shape {shape}; pass your own SplitModel")
@@ -102,7 +129,7 @@ def set_flat(params: nn.Module | Iterable[torch.Tensor], vec: np.ndarray) -> Non
     i = 0
     with torch.no_grad():
         for p in ps:
-            p.copy_(t[i:i + p.numel()].view_as(p))
+            p.copy_(t[i : i + p.numel()].view_as(p))
             i += p.numel()
 
 

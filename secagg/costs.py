@@ -64,8 +64,18 @@ class CostRow:
 
 
 _COLUMNS = (
-    "round", "phase", "stage", "sender", "receiver", "direction", "fields",
-    "plaintext_bytes", "wire_bytes", "client_cpu_s", "server_cpu_s", "flops",
+    "round",
+    "phase",
+    "stage",
+    "sender",
+    "receiver",
+    "direction",
+    "fields",
+    "plaintext_bytes",
+    "wire_bytes",
+    "client_cpu_s",
+    "server_cpu_s",
+    "flops",
 )
 
 
@@ -86,8 +96,14 @@ class Ledger:
 
     def total(self, direction: str | None = None, phase: str | None = None) -> dict[str, float]:
         """Totals (messages, bytes, CPU, FLOPs) over rows matching ``direction``/``phase``."""
-        out = {"messages": 0.0, "plaintext_bytes": 0.0, "wire_bytes": 0.0,
-               "client_cpu_s": 0.0, "server_cpu_s": 0.0, "flops": 0.0}
+        out = {
+            "messages": 0.0,
+            "plaintext_bytes": 0.0,
+            "wire_bytes": 0.0,
+            "client_cpu_s": 0.0,
+            "server_cpu_s": 0.0,
+            "flops": 0.0,
+        }
         for r in self.rows:
             if direction is not None and r.direction != direction:
                 continue
@@ -112,17 +128,23 @@ class Ledger:
             t = self.total(direction=direction, phase=phase)
             rows = [r for r in self.rows if r.phase == phase and r.direction == direction]
             clients = {(r.round, r.sender if direction == "up" else r.receiver) for r in rows}
-            out.append({
-                "phase": phase, "direction": direction, **t,
-                "wire_bytes_per_client_round": t["wire_bytes"] / max(1, len(clients)),
-            })
+            out.append(
+                {
+                    "phase": phase,
+                    "direction": direction,
+                    **t,
+                    "wire_bytes_per_client_round": t["wire_bytes"] / max(1, len(clients)),
+                }
+            )
         return out
 
     def format_summary(self) -> str:
         """The summary as an aligned text table."""
         rows = self.summary()
-        head = f"{'phase':<14}{'dir':<7}{'msgs':>8}{'plain B':>14}{'wire B':>14}" \
-               f"{'client s':>10}{'server s':>10}"
+        head = (
+            f"{'phase':<14}{'dir':<7}{'msgs':>8}{'plain B':>14}{'wire B':>14}"
+            f"{'client s':>10}{'server s':>10}"
+        )
         lines = [head, "-" * len(head)]
         for r in rows:
             lines.append(
@@ -216,7 +238,10 @@ class HardwareProfile:
             radio_j = row.wire_bytes * self.downlink_j_per_byte
         else:
             xfer = radio_j = 0.0
-        return {"latency_s": xfer + compute_s, "energy_j": radio_j + compute_s * self.active_power_w}
+        return {
+            "latency_s": xfer + compute_s,
+            "energy_j": radio_j + compute_s * self.active_power_w,
+        }
 
 
 # Figures are typical published values, good to a factor of ~2; each cites its source.
@@ -294,4 +319,6 @@ def get_profile(name: str) -> HardwareProfile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(f"unknown device profile {name!r}; choose from {sorted(PROFILES)}") from None
+        raise ValueError(
+            f"unknown device profile {name!r}; choose from {sorted(PROFILES)}"
+        ) from None

@@ -58,7 +58,9 @@ class DropoutModel:
             return list(clients)
         out = []
         for c in clients:
-            ss = np.random.SeedSequence([self.seed, self.round, _key(self.phase), _key(stage), int(c)])
+            ss = np.random.SeedSequence(
+                [self.seed, self.round, _key(self.phase), _key(stage), int(c)]
+            )
             if np.random.default_rng(ss).random() >= p:
                 out.append(c)
         return out

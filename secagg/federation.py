@@ -68,7 +68,9 @@ class _Phase(Protocol):
 
     def spec(self) -> UploadSpec: ...
     def broadcast(self) -> dict[str, np.ndarray]: ...
-    def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...  # noqa: E501
+    def client_step(
+        self, client: ClientState, broadcast: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]: ...  # noqa: E501
     def server_step(self, aggregate: Aggregate) -> None: ...
     def client_flops(self, client: ClientState) -> float: ...
 
@@ -118,10 +120,17 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (no ledger rows or transcript records)."""
         d = {
-            "algorithm": self.algorithm, "layer": self.layer, "rounds": self.rounds,
-            "seed": self.seed, "n_clients": self.n_clients, "accuracy": self.accuracy,
-            "accuracy_kind": self.accuracy_kind, "history": self.history,
-            "clips": self.clips, "aborted": self.aborted, "wall_s": self.wall_s,
+            "algorithm": self.algorithm,
+            "layer": self.layer,
+            "rounds": self.rounds,
+            "seed": self.seed,
+            "n_clients": self.n_clients,
+            "accuracy": self.accuracy,
+            "accuracy_kind": self.accuracy_kind,
+            "history": self.history,
+            "clips": self.clips,
+            "aborted": self.aborted,
+            "wall_s": self.wall_s,
             "costs": {d: self.costs.total(direction=d) for d in ("up", "down")},
         }
         if self.privacy is not None and hasattr(self.privacy, "to_dict"):
@@ -132,8 +141,11 @@ class Result:
         """Write ``result.json``, ``costs.csv`` and ``transcript.jsonl`` into ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        paths = {"result": out / "result.json", "costs": out / "costs.csv",
-                 "transcript": out / "transcript.jsonl"}
+        paths = {
+            "result": out / "result.json",
+            "costs": out / "costs.csv",
+            "transcript": out / "transcript.jsonl",
+        }
         paths["result"].write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
         self.costs.to_csv(paths["costs"])
         self.transcript.write(paths["transcript"])
@@ -152,8 +164,10 @@ class Result:
             ("downlink bytes, total", f"{int(down['wire_bytes']):,}"),
             ("uplink bytes / client / round", f"{up['wire_bytes'] / per:,.0f}"),
             ("downlink bytes / client / round", f"{down['wire_bytes'] / per:,.0f}"),
-            (f"est. latency / client / round ({prof.name})",
-             f"{est['latency_s_per_client_round']:.3f} s"),
+            (
+                f"est. latency / client / round ({prof.name})",
+                f"{est['latency_s_per_client_round']:.3f} s",
+            ),
             (f"est. client energy, total ({prof.name})", f"{est['energy_j']:.2f} J"),
         ]
         if self.privacy is not None and hasattr(self.privacy, "summary_rows"):
@@ -218,7 +232,9 @@ class Federation:
         if len(clients) == 0:
             raise ConfigurationError("no clients")
         if on_violation not in ("raise", "clip"):
-            raise ConfigurationError(f"on_violation must be 'raise' or 'clip', got {on_violation!r}")
+            raise ConfigurationError(
+                f"on_violation must be 'raise' or 'clip', got {on_violation!r}"
+            )
         if on_abort not in ("raise", "skip"):
             raise ConfigurationError(f"on_abort must be 'raise' or 'skip', got {on_abort!r}")
         self.algorithm = algorithm
@@ -226,7 +242,9 @@ class Federation:
         self.partition = clients
         self.rounds = rounds
         self.fraction = fraction
-        self.dropouts = dropout if isinstance(dropout, DropoutModel) else DropoutModel(dropout, seed)
+        self.dropouts = (
+            dropout if isinstance(dropout, DropoutModel) else DropoutModel(dropout, seed)
+        )
         self.seed = seed
         self.on_violation = on_violation
         self.on_abort = on_abort
@@ -255,9 +273,14 @@ class Federation:
         states = [ClientState(cd) for cd in self.partition]
         dataset = self.partition.dataset
         max_records = max(s.n_records for s in states)
-        transcript.meta(algorithm=self.algorithm.describe(), layer=self.layer.describe(),
-                        seed=self.seed, rounds=self.rounds, clients=len(states),
-                        fraction=self.fraction)
+        transcript.meta(
+            algorithm=self.algorithm.describe(),
+            layer=self.layer.describe(),
+            seed=self.seed,
+            rounds=self.rounds,
+            clients=len(states),
+            fraction=self.fraction,
+        )
         self.algorithm.setup(dataset, states, self.seed)
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
         history: list[float] = []
@@ -268,8 +291,12 @@ class Federation:
         if self.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=self.rounds, desc=f"{self.algorithm.name}/{self.layer.name}",
-                       unit="round", file=sys.stderr)
+            bar = tqdm(
+                total=self.rounds,
+                desc=f"{self.algorithm.name}/{self.layer.name}",
+                unit="round",
+                file=sys.stderr,
+            )
         for r in range(self.rounds):
             cohort = self._cohort(rng)
             for phase in self.algorithm.phases(r, self.rounds):
@@ -279,8 +306,15 @@ class Federation:
                 if phase.name not in checked:
                     self.layer.check(spec)
                     checked.add(phase.name)
-                ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name), ledger,
-                                   transcript, self.dropouts, self.privacy)
+                ctx = RoundContext(
+                    r,
+                    phase.name,
+                    derive_seed(self.seed, r, phase.name),
+                    ledger,
+                    transcript,
+                    self.dropouts,
+                    self.privacy,
+                )
                 bcast = self._broadcast(phase, cohort, ctx)
                 uploads: dict[int, Upload] = {}
                 for c in cohort:
@@ -310,15 +344,29 @@ class Federation:
             bar.close()
         if self.privacy is not None and hasattr(self.privacy, "record_in"):
             self.privacy.record_in(transcript)
-        kind = "mean local test" if getattr(self.algorithm, "personalized", False) else "global test"
+        kind = (
+            "mean local test" if getattr(self.algorithm, "personalized", False) else "global test"
+        )
         return Result(
-            algorithm=self.algorithm.describe(), layer=self.layer.describe(), rounds=self.rounds,
-            seed=self.seed, accuracy=history[-1], accuracy_kind=kind, history=history,
-            costs=ledger, transcript=transcript, privacy=self.privacy, clips=dict(clips.counts),
-            aborted=aborted, n_clients=len(states), wall_s=time.perf_counter() - t_start,
+            algorithm=self.algorithm.describe(),
+            layer=self.layer.describe(),
+            rounds=self.rounds,
+            seed=self.seed,
+            accuracy=history[-1],
+            accuracy_kind=kind,
+            history=history,
+            costs=ledger,
+            transcript=transcript,
+            privacy=self.privacy,
+            clips=dict(clips.counts),
+            aborted=aborted,
+            n_clients=len(states),
+            wall_s=time.perf_counter() - t_start,
         )
 
-    def _broadcast(self, phase: _Phase, cohort: list[int], ctx: RoundContext) -> dict[str, np.ndarray]:
+    def _broadcast(
+        self, phase: _Phase, cohort: list[int], ctx: RoundContext
+    ) -> dict[str, np.ndarray]:
         payload = phase.broadcast()
         if not payload:
             return {}
@@ -330,7 +378,14 @@ class Federation:
         client_s = time.process_time() - t0
         plain = int(sum(np.asarray(v).nbytes for v in payload.values()))
         for c in cohort:
-            ctx.message(SERVER, c, "broadcast", len(wire), plaintext_bytes=plain,
-                        fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()},
-                        client_cpu_s=client_s, server_cpu_s=server_s)
+            ctx.message(
+                SERVER,
+                c,
+                "broadcast",
+                len(wire),
+                plaintext_bytes=plain,
+                fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()},
+                client_cpu_s=client_s,
+                server_cpu_s=server_s,
+            )
         return decoded

@@ -50,7 +50,9 @@ class Bound:
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"Bound.{name} must be a finite positive number, got {v!r}")
         if self.adjacency not in ("record", "client"):
-            raise ValueError(f"Bound.adjacency must be 'record' or 'client', got {self.adjacency!r}")
+            raise ValueError(
+                f"Bound.adjacency must be 'record' or 'client', got {self.adjacency!r}"
+            )
 
     def _scale(self, n_records: int) -> int:
         if self.adjacency == "client":
@@ -101,7 +103,9 @@ class Field:
         if any(s < 0 for s in self.shape):
             raise ValueError(f"Field {self.name!r}: negative dimension in shape {self.shape}")
         if self.dtype not in _DTYPES:
-            raise ValueError(f"Field {self.name!r}: dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            raise ValueError(
+                f"Field {self.name!r}: dtype must be one of {_DTYPES}, got {self.dtype!r}"
+            )
 
     @property
     def size(self) -> int:
@@ -320,11 +324,12 @@ def _check_bound(
     if linf is not None and x.size:
         worst = float(np.max(np.abs(x)))
         if worst > linf * (1 + 1e-12):
-            if on_violation == "raise" or f.is_integer:
+            if on_violation == "raise":
                 raise UploadError(
                     client, f.name, f"max |entry| {worst:.6g} exceeds the L-inf bound {linf:.6g}"
                 )
-            arr = np.clip(arr, -linf, linf).astype(arr.dtype)
+            lim = np.floor(linf) if f.is_integer else linf
+            arr = np.clip(arr, -lim, lim).astype(arr.dtype)
             clips += 1
     if l2 is not None and x.size:
         norm = float(np.linalg.norm(np.asarray(arr, dtype=np.float64).ravel()))

@@ -73,12 +73,13 @@ class Transcript:
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
         is_bytes = isinstance(value, bytes | bytearray)
         arr = None if is_bytes else np.asarray(value)
+        size = len(value) if is_bytes else arr.nbytes  # type: ignore[union-attr]
         rec: dict[str, Any] = {
             "type": "observation", "round": round, "phase": phase, "stage": stage,
             "party": party, "sender": sender, "field": field, "form": form, "what": what,
             "shape": [len(value)] if is_bytes else list(arr.shape),  # type: ignore[union-attr]
             "dtype": "bytes" if is_bytes else str(arr.dtype),  # type: ignore[union-attr]
-            "bytes": int(nbytes if nbytes is not None else (len(value) if is_bytes else arr.nbytes)),  # type: ignore[union-attr]
+            "bytes": int(nbytes if nbytes is not None else size),
             "digest": digest(value if is_bytes else arr),  # type: ignore[arg-type]
         }
         if self.include_values and not is_bytes:

@@ -1,0 +1,408 @@
+"""FedLog's server solve: the exact MAP of the conjugate posterior, in float64.
+
+FedLog (Yu, Zhang, Poupart; arXiv 2407.08337, Eqs. 8-15) models the pair (phi, y), with
+phi = [1, body(x)] in R^D, as an exponential family whose natural parameter is the head
+``eta`` (a ``C x D`` matrix, row y = eta_y, column 0 = bias) and whose log-partition is
+``A(eta) = log sum_y exp(||eta_y||^2 / 4)``. Each round the server receives the summed
+per-class statistics ``Phi`` (row y = sum over class-y records of [1, phi]) and the record
+count ``n`` and sets eta to the MAP of the conjugate posterior (Eq. 15)::
+
+    eta* = argmax_eta  f(eta),   f(eta) = sum_y eta_y . S_y  -  N * log sum_y exp(||eta_y||^2/4)
+
+with ``S = chi + Phi`` and ``N = nu + n`` (prior chi = 0; the paper suggests nu = 1, the
+reference code uses nu = 0).
+
+Structure of the optimum (what makes the solve exact). Stationarity reads
+``S_y = N * w_y * eta_y / 2`` with ``w = softmax(||eta_y||^2 / 4)``, so eta_y is a positive
+multiple of S_y: ``eta_y = 2 S_y / (N w_y)``. Write ``r_y = ||S_y|| / N``,
+``t_y = ||eta_y||^2 / 4`` and ``L = log sum_y exp(t_y)``. Then ``t_y = r_y^2 / w_y^2`` and
+``w_y = exp(t_y - L)``; eliminating w_y gives ``2 t_y + log(2 t_y) = 2 (L + log r_y) + log 2``,
+whose solution is the Wright omega function: ``t_y = omega(2 (L + log r_y) + log 2) / 2``. Every
+t_y, hence every w_y, is thus an explicit increasing function of the single unknown L, and L is
+the root of ``G(L) = log sum_y w_y(L) = 0``. G is strictly decreasing and convex in L
+(d log w_y / dL = -1/(2 t_y + 1), increasing in L), so Newton's method started left of the
+root -- at the lower bound ``L0 = log sum_y exp(r_y^2) <= L*`` (because t_y >= r_y^2) --
+climbs to it monotonically and quadratically; a bracket guards against rounding.
+
+Existence and uniqueness. For N > 0 the objective is strictly concave (the Hessian of the
+log-partition term is at least ``(N/2) diag(w_y I)``) and coercive (``log sum exp(t_y) >=
+max_y ||eta_y||^2/4`` grows quadratically, the linear term only linearly), so the maximum
+exists and is unique for *every* finite S, including S = 0 (then eta* = 0). For N <= 0 the
+objective is linear or convex and unbounded above unless S = 0, so no unique maximum exists:
+N > 0 is enforced. Rows with S_y = 0 get eta_y = 0 (they still carry class weight w_y).
+
+The predictive rule is Eq. 10 of the paper: ``Pr(y | phi, eta) = softmax_y(eta_y . [1, phi])``;
+the terms -phi.phi of the base measure and the log-partition do not depend on y and cancel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import wrightomega
+
+from secagg.errors import SecaggError
+
+__all__ = [
+    "FedLogSolveError",
+    "SolveResult",
+    "gradient",
+    "objective",
+    "posterior_map",
+    "predict_logits",
+    "solve_map",
+]
+
+_LOG2 = math.log(2.0)
+# Above this, ||eta_y||^2 / 4 is resolved in float64 to no better than ~0.25, so the class
+# weights softmax(||eta_y||^2 / 4) of any float64 head are off by tens of percent.
+_Q_MAX = 2.0**50
+
+
+class FedLogSolveError(SecaggError, ValueError):
+    """The FedLog server solve was given invalid input, or its optimum is not representable."""
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """The MAP head and diagnostics of one FedLog server solve.
+
+    Attributes:
+        eta: the ``(C, D)`` float64 head; row y is eta_y, column 0 multiplies the constant 1.
+        objective: f(eta) = sum_y eta_y . S_y - N log sum_y exp(||eta_y||^2/4) at ``eta``.
+        grad_norm: Euclidean norm of the gradient of f at ``eta`` (0 at the exact optimum).
+        iterations: Newton iterations of the outer one-dimensional root-find in L.
+        log_partition: L = log sum_y exp(||eta_y||^2 / 4) at the optimum.
+        class_weights: w = softmax(||eta_y||^2 / 4), the model's class prior at the optimum.
+    """
+
+    eta: np.ndarray
+    objective: float
+    grad_norm: float
+    iterations: int
+    log_partition: float
+    class_weights: np.ndarray
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _as_matrix(x: object, name: str) -> np.ndarray:
+    """``x`` as a finite 2-D float64 array with at least one row and column, or a typed error."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    else:
+        try:
+            arr = np.asarray(x)
+        except (TypeError, ValueError) as exc:
+            raise FedLogSolveError(f"{name} is not an array: {exc}") from exc
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+    ):
+        raise FedLogSolveError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
+    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise FedLogSolveError(
+            f"{name} must be a non-empty 2-D (C, D) array, got shape {arr.shape}"
+        )
+    out = np.asarray(arr, dtype=np.float64)
+    if not np.all(np.isfinite(out)):
+        raise FedLogSolveError(f"{name} contains NaN or infinite entries")
+    return out
+
+
+def _as_count(n: object, name: str = "N") -> float:
+    """``n`` as a finite float > 0, or a typed error explaining why the MAP needs it."""
+    if isinstance(n, (bool, np.bool_)):
+        raise FedLogSolveError(f"{name} must be a real number, got a bool")
+    try:
+        value = float(n)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise FedLogSolveError(f"{name} must be a real number, got {n!r}") from exc
+    if not math.isfinite(value):
+        raise FedLogSolveError(f"{name} must be finite, got {value}")
+    if value <= 0.0:
+        raise FedLogSolveError(
+            f"{name} = nu + n must be > 0 (got {value}): for N <= 0 the posterior has no unique "
+            "maximum (the objective is unbounded above or constant)"
+        )
+    return value
+
+
+def _check_pair(eta: object, S: object, N: object) -> tuple[np.ndarray, np.ndarray, float]:
+    e = _as_matrix(eta, "eta")
+    s = _as_matrix(S, "S")
+    if e.shape != s.shape:
+        raise FedLogSolveError(f"eta has shape {e.shape} but S has shape {s.shape}")
+    return e, s, _as_count(N)
+
+
+# ----------------------------------------------------------------------------- objective
+
+
+def objective(eta: np.ndarray, S: np.ndarray, N: float) -> float:
+    """The log posterior kernel f(eta) = sum_y eta_y . S_y - N log sum_y exp(||eta_y||^2 / 4).
+
+    ``eta`` and ``S`` are ``(C, D)`` arrays, ``N > 0``. Evaluated in float64 with a shifted
+    log-sum-exp (no overflow for any finite eta whose squared norms are finite).
+    """
+    e, s, n = _check_pair(eta, S, N)
+    q = 0.25 * np.einsum("ij,ij->i", e, e)
+    return float(np.einsum("ij,ij->", e, s) - n * _logsumexp(q))
+
+
+def gradient(eta: np.ndarray, S: np.ndarray, N: float) -> np.ndarray:
+    """The gradient of :func:`objective` (an ascent direction): ``S_y - N w_y eta_y / 2``.
+
+    ``w = softmax_y(||eta_y||^2 / 4)``. Returns a ``(C, D)`` float64 array.
+    """
+    e, s, n = _check_pair(eta, S, N)
+    q = 0.25 * np.einsum("ij,ij->i", e, e)
+    w = np.exp(q - _logsumexp(q))
+    return s - (0.5 * n) * w[:, None] * e
+
+
+# ----------------------------------------------------------------------------- the solve
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    """log sum exp(x) of a 1-D float64 array, shifted by its maximum (no overflow)."""
+    top = float(np.max(x))
+    if not math.isfinite(top):
+        return top
+    return top + math.log(float(np.sum(np.exp(x - top))))
+
+
+def _norm(x: np.ndarray) -> float:
+    """Euclidean norm without overflow or underflow of the squares."""
+    m = float(np.max(np.abs(x))) if x.size else 0.0
+    if m == 0.0 or not math.isfinite(m):
+        return m
+    y = x / m
+    return m * math.sqrt(float(np.vdot(y, y)))
+
+
+def _row_terms(L: float, log_r: np.ndarray, n_zero: int) -> tuple[float, float, np.ndarray]:
+    """For the outer unknown L: G(L) = log sum_y w_y(L), G'(L), and log w_y of nonzero rows."""
+    z = 2.0 * (L + log_r) + _LOG2
+    om = np.asarray(wrightomega(z).real, dtype=np.float64)
+    # one Newton step on om + log(om) = z (scipy's value is already within a few ulp)
+    pos = om > 0.0
+    om_safe = np.where(pos, om, 1.0)
+    om = np.where(pos, om - (om_safe + np.log(om_safe) - z) * om / (om + 1.0), om)
+    t = 0.5 * om
+    # log t: log(om) - log 2 where om is not tiny; z - om - log 2 (same number, no underflow)
+    safe = np.where(om >= 1.0, om, 1.0)
+    log_t = np.where(om >= 1.0, np.log(safe), z - om) - _LOG2
+    log_w_nz = log_r - 0.5 * log_t  # w_y = r_y / sqrt(t_y)
+    slope_w = 1.0 / (2.0 * t + 1.0)  # -d log w_y / dL
+    log_w = log_w_nz
+    if n_zero:
+        # n_zero rows, each with w = exp(-L) and t = 0: one entry of weight n_zero
+        log_w = np.concatenate([log_w_nz, [math.log(n_zero) - L]])
+        slope_w = np.concatenate([slope_w, [1.0]])
+    G = float(_logsumexp(log_w))
+    p = np.exp(log_w - G)
+    dG = -float(np.dot(p, slope_w))
+    return G, dG, log_w_nz
+
+
+def solve_map(S: np.ndarray, N: float, *, tol: float = 1e-13, max_iter: int = 200) -> SolveResult:
+    """The exact MAP head of FedLog's conjugate posterior (paper Eq. 15), in float64.
+
+    Maximises ``f(eta) = sum_y eta_y . S_y - N log sum_y exp(||eta_y||^2 / 4)`` over
+    ``(C, D)`` matrices eta, for statistics ``S = chi + Phi`` (``(C, D)``, column 0 is the
+    per-class count plus prior) and ``N = nu + n > 0``. The maximum exists and is unique for
+    every finite S when N > 0 (see the module docstring); the solve reduces it to Newton's
+    method on one scalar, L = log-partition at the optimum, and reconstructs
+    ``eta_y = 2 S_y / (N w_y)`` (``eta_y = 0`` where ``S_y = 0``).
+
+    Args:
+        S: posterior statistics, ``(C, D)``, finite, any real numeric dtype.
+        N: posterior count nu + n, finite and > 0.
+        tol: stop when the normalisation residual ``|log sum_y w_y(L)|`` is <= tol (the
+            iteration also stops when L stops moving at machine precision).
+        max_iter: maximum Newton iterations on L (typically fewer than 10 are used).
+
+    Raises:
+        FedLogSolveError: non-finite or mis-shaped S, N <= 0 or non-finite, bad tol/max_iter,
+            an optimum too large for float64 (``||eta_y||^2/4 > 2^50``), or no convergence
+            within max_iter.
+
+    Precision: the root-find works with log-weights, so eta is accurate to a few ulp. The
+    gradient of f at the float64 eta is, relative to ||S||, about eps * max_y ||eta_y||^2/4
+    (rounding of the exponents); ``grad_norm`` reports it. For statistics of features
+    clamped to [-b, b] with N >= n, ||eta_y||^2/4 stays near (1 + d b^2) / w_y^2 ... in
+    practice far below 1e6, so the relative gradient is below 1e-9.
+    """
+    s = _as_matrix(S, "S")
+    n = _as_count(N)
+    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0.0):
+        raise FedLogSolveError(f"tol must be a finite number > 0, got {tol!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise FedLogSolveError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    C = s.shape[0]
+
+    # row norms without overflow: ||S_y|| = m_y * ||S_y / m_y||, m_y = max |S_y|
+    amax = np.max(np.abs(s), axis=1)
+    nz = amax > 0.0
+    n_zero = int(C - np.count_nonzero(nz))
+    if n_zero == C:  # S = 0: eta = 0 is stationary, hence the unique maximum
+        eta = np.zeros_like(s)
+        L = math.log(C)
+        return SolveResult(eta, float(-n * L), 0.0, 0, L, np.full(C, 1.0 / C))
+    scaled = s[nz] / amax[nz, None]
+    half_log_ss = 0.5 * np.log(np.einsum("ij,ij->i", scaled, scaled))
+    # log r_y = log(max|S_y| / N) + log ||S_y / max|S_y|||: one rounding in the ratio (a
+    # difference of two large logarithms would cost eps * |log N| in r, i.e. in eta)
+    with np.errstate(over="ignore", under="ignore"):
+        ratio = amax[nz] / n
+    normal = np.isfinite(ratio) & (ratio >= np.finfo(np.float64).tiny)
+    log_ratio = np.where(
+        normal, np.log(np.where(normal, ratio, 1.0)), np.log(amax[nz]) - math.log(n)
+    )
+    log_r = log_ratio + half_log_ss
+
+    # L0 = log sum_y exp(r_y^2) <= L* (since t_y >= r_y^2), so G(L0) >= 0
+    with np.errstate(over="ignore"):
+        r2 = np.exp(2.0 * log_r)
+    if not np.all(np.isfinite(r2)):
+        raise FedLogSolveError(
+            "the optimum is not representable in float64: ||S_y|| / N is too large"
+        )
+    lo = float(_logsumexp(np.concatenate([r2, np.zeros(n_zero)])))
+    hi = math.inf  # bracket: G(lo) >= 0 >= G(hi)
+    # start: if all t_y were equal to T, w_y = r_y / sqrt(T) and sum_y w_y = 1 give
+    # T = (sum_y r_y)^2 and L = T + log(#nonzero rows); Newton corrects from either side
+    r_sum = float(np.sum(np.exp(log_r - log_r.max()))) * math.exp(float(log_r.max()))
+    guess = r_sum * r_sum + math.log(C - n_zero)
+    L = guess if (n_zero == 0 and math.isfinite(guess) and guess > lo) else lo
+    iterations = 0
+    converged = False
+    while iterations < max_iter:
+        G, dG, log_w = _row_terms(L, log_r, n_zero)
+        iterations += 1
+        if abs(G) <= tol:
+            converged = True
+            break
+        if G > 0.0:
+            lo = max(lo, L)
+        else:
+            hi = min(hi, L)
+        step = -G / dG
+        L_new = L + step
+        if not (lo < L_new < hi):  # rounding pushed Newton out of the bracket: bisect
+            L_new = 0.5 * (lo + hi) if math.isfinite(hi) else lo + 2.0 * abs(step) + 1.0
+        if abs(L_new - L) <= 4.0 * np.finfo(np.float64).eps * max(1.0, abs(L)):
+            G, dG, log_w = _row_terms(L_new, log_r, n_zero)
+            L = L_new
+            converged = abs(G) <= max(tol, 64.0 * np.finfo(np.float64).eps)
+            break
+        L = L_new
+    if not converged:
+        raise FedLogSolveError(
+            f"the root-find for the log-partition did not reach tol={tol} in {max_iter} "
+            f"iterations (residual {G:.3e})"
+        )
+
+    # eta_y = 2 S_y / (N w_y) for nonzero rows; 2/N directly where it is a normal number
+    # (no eps*|log N| loss), through logarithms otherwise
+    eta = np.zeros_like(s)
+    with np.errstate(over="ignore", under="ignore"):
+        factor = (2.0 / n) * np.exp(-log_w)
+        bad = ~np.isfinite(factor) | (factor < np.finfo(np.float64).tiny)
+        if np.any(bad):
+            factor = np.where(bad, 2.0 * np.exp(-math.log(n) - log_w), factor)
+        eta[nz] = s[nz] * factor[:, None]
+    if not np.all(np.isfinite(eta)):
+        raise FedLogSolveError("the optimum is not representable in float64 (eta overflows)")
+    q = 0.25 * np.einsum("ij,ij->i", eta, eta)
+    if not np.all(q <= _Q_MAX):
+        raise FedLogSolveError(
+            f"the optimum is not representable in float64: max ||eta_y||^2/4 = {q.max():.3e} "
+            f"exceeds {_Q_MAX:.3e} (||S_y|| / N is far too large)"
+        )
+    L_eta = float(_logsumexp(q))
+    w = np.exp(q - L_eta)
+    grad = s - (0.5 * n) * w[:, None] * eta
+    obj = float(np.einsum("ij,ij->", eta, s) - n * L_eta)
+    if not math.isfinite(obj):
+        raise FedLogSolveError("the optimum's objective is not representable in float64")
+    return SolveResult(
+        eta=eta,
+        objective=obj,
+        grad_norm=_norm(grad),
+        iterations=iterations,
+        log_partition=L_eta,
+        class_weights=w,
+    )
+
+
+def posterior_map(
+    phi: np.ndarray,
+    n: float,
+    *,
+    nu: float = 1.0,
+    chi: np.ndarray | None = None,
+    tol: float = 1e-13,
+    max_iter: int = 200,
+) -> SolveResult:
+    """FedLog's server step: the MAP head from aggregated statistics and a conjugate prior.
+
+    ``phi`` is the summed ``(C, D)`` statistic (row y = sum over class-y records of
+    [1, phi(x)]), ``n`` the total record count; the posterior is ``(chi + phi, nu + n)``
+    (paper Eq. 14). ``chi`` defaults to 0 and ``nu`` to 1 (the paper's default; the reference
+    code uses nu = 0). Raises :class:`FedLogSolveError` on invalid input, e.g. nu + n <= 0.
+    """
+    p = _as_matrix(phi, "phi")
+    count = n
+    if isinstance(count, (bool, np.bool_)):
+        raise FedLogSolveError("n must be a real number, got a bool")
+    try:
+        total = float(count) + float(nu)
+    except (TypeError, ValueError) as exc:
+        raise FedLogSolveError(f"n and nu must be real numbers, got n={n!r}, nu={nu!r}") from exc
+    if not math.isfinite(float(count)) or float(count) < 0.0:
+        raise FedLogSolveError(f"n must be a finite count >= 0, got {n!r}")
+    if chi is not None:
+        c = _as_matrix(chi, "chi")
+        if c.shape != p.shape:
+            raise FedLogSolveError(f"chi has shape {c.shape} but phi has shape {p.shape}")
+        p = p + c
+    return solve_map(p, _as_count(total, "nu + n"), tol=tol, max_iter=max_iter)
+
+
+# ----------------------------------------------------------------------------- prediction
+
+
+def predict_logits(eta: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """Class scores of FedLog's classifier (paper Eq. 10): ``logits_y = eta_y . [1, phi]``.
+
+    ``eta`` is the ``(C, D)`` head, ``features`` the body outputs phi(x) *without* the
+    constant 1, shape ``(n, D - 1)`` (or ``(D - 1,)`` for one record). Returns ``(n, C)``
+    (or ``(C,)``) float64 logits; ``softmax`` of them is Pr(y | phi, eta). Equivalent to
+    ``torch.nn.Linear(D - 1, C)`` with ``weight = eta[:, 1:]`` and ``bias = eta[:, 0]``.
+    """
+    e = _as_matrix(eta, "eta")
+    try:
+        f = np.asarray(features)
+    except (TypeError, ValueError) as exc:
+        raise FedLogSolveError(f"features is not an array: {exc}") from exc
+    single = f.ndim == 1
+    if single:
+        f = f[None, :]
+    if f.ndim != 2 or f.shape[1] != e.shape[1] - 1:
+        raise FedLogSolveError(
+            f"features must have shape (n, {e.shape[1] - 1}) for eta of shape {e.shape}, "
+            f"got {np.shape(features)}"
+        )
+    if f.dtype == np.bool_ or not (
+        np.issubdtype(f.dtype, np.integer) or np.issubdtype(f.dtype, np.floating)
+    ):
+        raise FedLogSolveError(f"features must be a real numeric array, got dtype {f.dtype}")
+    f = np.asarray(f, dtype=np.float64)
+    if not np.all(np.isfinite(f)):
+        raise FedLogSolveError("features contains NaN or infinite entries")
+    logits = f @ e[:, 1:].T + e[:, 0]
+    return logits[0] if single else logits

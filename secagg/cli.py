@@ -1,0 +1,270 @@
+"""The ``secagg`` command line.
+
+``secagg run``   run an algorithm under a privacy layer and print the closing table.
+``secagg audit`` read a transcript and print what the server saw, per phase and field.
+
+Algorithms are found through the ``secagg.algorithms`` entry-point group (the ``algorithms``
+package registers its own; a third-party package can add more), or given as
+``module:Class``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, NoReturn
+
+from secagg import __version__
+from secagg.costs import PROFILES
+from secagg.errors import SecaggError
+
+LAYERS = ("plaintext", "secure-sum", "homomorphic", "central-dp", "local-dp", "distributed-dp")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def available_algorithms() -> dict[str, Any]:
+    """Registered algorithm entry points, by name."""
+    return {ep.name: ep for ep in entry_points(group="secagg.algorithms")}
+
+
+def load_algorithm(name: str) -> type:
+    """The algorithm class registered as ``name``, or named ``module:Class``."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise SecaggError(f"cannot load algorithm {name!r}: {exc}") from None
+    eps = available_algorithms()
+    if name not in eps:
+        known = ", ".join(sorted(eps)) or "none (is the package installed? pip install -e .)"
+        raise SecaggError(f"unknown algorithm {name!r}; available: {known}")
+    try:
+        return eps[name].load()
+    except (ImportError, AttributeError) as exc:
+        raise SecaggError(f"algorithm {name!r} is registered but cannot be loaded: {exc}") from None
+
+
+def build_layer(args: argparse.Namespace) -> Any:
+    """The layer named by ``--layer`` with its options."""
+    from secagg.layers.plaintext import Plaintext
+
+    name = args.layer
+    if name == "plaintext":
+        return Plaintext()
+    if name == "secure-sum":
+        from secagg.secure_sum import SecureSum
+
+        return SecureSum(threshold=args.threshold, graph=args.graph)
+    if name == "homomorphic":
+        from secagg.homomorphic import Homomorphic
+
+        return Homomorphic(scheme=args.he_scheme)
+    from secagg import privacy
+
+    if args.epsilon is None:
+        raise SecaggError(f"--layer {name} needs --epsilon (and optionally --delta)")
+    common = {"epsilon": args.epsilon, "delta": args.delta, "rounds": args.rounds}
+    if name == "central-dp":
+        return privacy.CentralDP(Plaintext(), **common)
+    if name == "local-dp":
+        return privacy.LocalDP(Plaintext(), **common)
+    from secagg.secure_sum import SecureSum
+
+    return privacy.DistributedDP(SecureSum(threshold=args.threshold, graph=args.graph), **common)
+
+
+def _make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="secagg", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"secagg {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    r = sub.add_parser(
+        "run",
+        help="run an algorithm under a privacy layer",
+        description="Run a federated algorithm under a privacy layer, write the "
+        "result, cost ledger and transcript, and print a summary table.",
+    )
+    r.add_argument(
+        "--algorithm",
+        default="fedlog",
+        help="algorithm name (%(default)s; see --list) or module:Class",
+    )
+    r.add_argument(
+        "--layer", default="plaintext", choices=LAYERS, help="privacy layer (%(default)s)"
+    )
+    r.add_argument(
+        "--dataset",
+        default="digits",
+        choices=("digits", "fashion-mnist", "mnist"),
+        help="data set (%(default)s)",
+    )
+    r.add_argument(
+        "--data-dir",
+        default=None,
+        help="directory of the standard IDX .gz files (fashion-mnist, mnist)",
+    )
+    r.add_argument("--clients", type=int, default=10, help="number of clients (%(default)s)")
+    r.add_argument(
+        "--alpha",
+        type=float,
+        default=0.5,
+        help="Dirichlet label-skew concentration; 0 means IID (%(default)s)",
+    )
+    r.add_argument("--rounds", type=int, default=10, help="rounds (%(default)s)")
+    r.add_argument(
+        "--fraction",
+        type=float,
+        default=1.0,
+        help="fraction of clients sampled per round (%(default)s)",
+    )
+    r.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="injected dropout probability per client per layer stage (%(default)s)",
+    )
+    r.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
+    r.add_argument(
+        "--device-profile",
+        default="phone-wifi",
+        choices=sorted(PROFILES),
+        help="hardware profile for latency/energy estimates (%(default)s)",
+    )
+    r.add_argument(
+        "--out",
+        default=None,
+        type=Path,
+        help="output directory (default: runs/ALGORITHM-LAYER-seedSEED)",
+    )
+    r.add_argument(
+        "--threshold",
+        type=float,
+        default=0.7,
+        help="secure-sum threshold: fraction (<1) or count of clients (%(default)s)",
+    )
+    r.add_argument(
+        "--graph",
+        default="complete",
+        choices=("complete", "harary", "auto"),
+        help="secure-sum neighbour graph (%(default)s)",
+    )
+    r.add_argument(
+        "--he-scheme",
+        default="bfv",
+        choices=("bfv", "ckks"),
+        help="homomorphic scheme (%(default)s)",
+    )
+    r.add_argument("--epsilon", type=float, default=None, help="DP layers: total epsilon")
+    r.add_argument("--delta", type=float, default=1e-5, help="DP layers: delta (%(default)s)")
+    r.add_argument(
+        "--include-values",
+        action="store_true",
+        help="store observed values in the transcript (sensitive)",
+    )
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--list", action="store_true", help="list the available algorithms and exit")
+
+    a = sub.add_parser(
+        "audit",
+        help="print what each party saw, from a transcript",
+        description="Read a transcript (JSON Lines) and print, per phase and "
+        "field: which clients sent it, in what form the server saw it, bytes, "
+        "and the DP guarantee.",
+    )
+    a.add_argument("file", type=Path, help="transcript.jsonl (or a run directory holding one)")
+    a.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.list:
+        for name in sorted(available_algorithms()):
+            print(name)
+        return 0
+    from secagg.data import dirichlet_split, iid_split, load_dataset
+    from secagg.federation import Federation
+
+    if args.clients < 1:
+        raise SecaggError("--clients must be >= 1")
+    if args.alpha < 0:
+        raise SecaggError("--alpha must be >= 0 (0 means IID)")
+    algo_cls = load_algorithm(args.algorithm)
+    layer = build_layer(args)
+    ds = load_dataset(args.dataset, args.data_dir)
+    if args.alpha == 0:
+        part = iid_split(ds, args.clients, seed=args.seed, local_test_fraction=0.2)
+    else:
+        part = dirichlet_split(
+            ds, args.clients, args.alpha, seed=args.seed, local_test_fraction=0.2
+        )
+    threshold = args.threshold
+    if threshold >= 1 and float(threshold).is_integer():
+        args.threshold = int(threshold)
+    fed = Federation(
+        algo_cls(),
+        layer,
+        part,
+        rounds=args.rounds,
+        fraction=args.fraction,
+        dropout=args.dropout,
+        seed=args.seed,
+        include_values=args.include_values,
+        progress=False if args.quiet else None,
+    )
+    result = fed.run()
+    out = (
+        args.out
+        or Path("runs") / f"{args.algorithm.replace(':', '.')}-{args.layer}-seed{args.seed}"
+    )
+    paths = result.save(out)
+    print(result.table(args.device_profile))
+    print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}")
+    print(f"audit with: secagg audit {paths['transcript']}")
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from secagg.audit import audit, format_audit
+    from secagg.transcript import Transcript
+
+    path = args.file / "transcript.jsonl" if args.file.is_dir() else args.file
+    if not path.exists():
+        raise SecaggError(f"no such transcript: {path}")
+    report = audit(Transcript.read(path))
+    print(json.dumps(report, indent=2) if args.json else format_audit(report))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``secagg`` command; returns the exit status."""
+    parser = _make_parser()
+    args = parser.parse_args(argv)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit}
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return commands[args.command](args)
+    except KeyboardInterrupt:
+        print("secagg: interrupted", file=sys.stderr)
+        return 130
+    except (SecaggError, ValueError, OSError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"secagg {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The command line: a run writes its outputs, errors are one line."""
+
+import json
+
+import pytest
+
+from secagg.cli import main
+
+
+def test_run_writes_outputs_and_table(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--algorithm", "fedavg", "--rounds", "1", "--quiet", "--out", str(out),
+                 "--device-profile", "rpi4-lte"]) == 0
+    text = capsys.readouterr().out
+    assert "accuracy (global test)" in text and "rpi4-lte" in text
+    res = json.loads((out / "result.json").read_text())
+    assert res["rounds"] == 1 and res["algorithm"]["name"] == "fedavg"
+    assert 0.0 <= res["accuracy"] <= 1.0
+    assert (out / "costs.csv").read_text().count("\n") > 10
+    assert (out / "transcript.jsonl").exists()
+
+
+@pytest.mark.parametrize("argv,code,needle", [
+    (["run", "--rounds", "x"], 2, "invalid int value"),
+    (["run", "--layer", "magic"], 2, "invalid choice"),
+    (["run", "--algorithm", "nope"], 1, "unknown algorithm 'nope'"),
+    (["run", "--clients", "0"], 1, "--clients must be >= 1"),
+    (["run", "--layer", "central-dp"], 1, "needs --epsilon"),
+    (["audit", "/no/such/file.jsonl"], 1, "no such transcript"),
+])
+def test_bad_arguments_give_one_line_errors(argv, code, needle, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == code
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    for opt in ("--algorithm", "--layer", "--dataset", "--data-dir", "--clients", "--alpha",
+                "--rounds", "--seed", "--device-profile", "--out"):
+        assert opt in text

@@ -1,0 +1,117 @@
+"""The engine with FedAvg and FedLog under the Plaintext layer."""
+
+import numpy as np
+import pytest
+
+from algorithms.fedavg import FedAvg
+from algorithms.fedlog import FedLog, class_statistics
+from algorithms.models import get_flat
+from secagg.audit import audit
+from secagg.cli import main
+from secagg.dropouts import DropoutModel
+from secagg.errors import ConfigurationError, UploadError
+from secagg.federation import ClientState, Federation
+from secagg.layers import Plaintext, RoundContext
+from secagg.messages import Upload
+
+
+def test_fedavg_aggregate_is_the_weighted_mean(digits_clients):
+    algo = FedAvg(local_epochs=1)
+    states = [ClientState(c) for c in digits_clients]
+    algo.setup(digits_clients.dataset, states, seed=0)
+    phase = algo.phases(0, 1)[0]
+    spec = phase.spec()
+    bcast = phase.broadcast()
+    uploads = {s.id: Upload.validate(spec, phase.client_step(s, bcast), s.id, s.n_records)
+               for s in states}
+    agg = Plaintext().aggregate(uploads, spec, RoundContext(0, phase.name, 0))
+    phase.server_step(agg)
+    # central computation from the clients' own trained models, in float64
+    ws = [get_flat(s.state["model"]).astype(np.float64) for s in states]
+    ns = [s.n_records for s in states]
+    central = sum(n * w for n, w in zip(ns, ws)) / sum(ns)
+    assert not np.allclose(central, bcast["params"], atol=1e-3)  # training moved the model
+    np.testing.assert_allclose(algo.params, central, atol=1e-6, rtol=0)
+
+
+def test_class_statistics_match_a_loop():
+    rng = np.random.default_rng(1)
+    phi, y = rng.normal(size=(30, 4)), rng.integers(0, 3, 30)
+    s = class_statistics(phi, y, 3)
+    for c in range(3):
+        want = np.zeros(5)
+        for i in range(30):
+            if y[i] == c:
+                want += np.concatenate([[1.0], phi[i]])
+        np.testing.assert_allclose(s[c], want)
+
+
+def test_runs_are_deterministic_and_seed_sensitive(digits_clients):
+    def run(seed):
+        r = Federation(FedAvg(local_epochs=1), Plaintext(), digits_clients, rounds=2,
+                       fraction=0.5, dropout=0.2, seed=seed).run()
+        return r.history, [(x.sender, x.wire_bytes) for x in r.costs.rows if x.direction == "up"]
+    a, b, c = run(0), run(0), run(1)
+    assert a == b
+    assert a != c
+
+
+def test_dropouts_remove_contributors_and_are_seeded():
+    d = DropoutModel(0.5, seed=3).at(2, "train")
+    s1 = d.survivors("upload", list(range(100)))
+    assert 30 < len(s1) < 70
+    assert s1 == DropoutModel(0.5, seed=3).at(2, "train").survivors("upload", list(range(100)))
+    assert s1 != DropoutModel(0.5, seed=4).at(2, "train").survivors("upload", list(range(100)))
+    with pytest.raises(ValueError):
+        DropoutModel(1.0)
+
+
+def test_fedlog_learns_on_digits_and_is_personalized(digits_clients):
+    r = Federation(FedLog(), Plaintext(), digits_clients, rounds=4, seed=0).run()
+    assert r.accuracy_kind == "mean local test"
+    assert r.accuracy >= 0.85, r.history
+    up = r.costs.total("up")
+    # each upload: C x (d+1) float64 stats + n, plus the wire header
+    assert up["messages"] == 40
+    assert up["plaintext_bytes"] == 40 * (10 * 65 * 8 + 8)
+
+
+def test_engine_rejects_bad_configuration(digits_clients):
+    with pytest.raises(ConfigurationError):
+        Federation(FedAvg(), Plaintext(), digits_clients, rounds=0)
+    with pytest.raises(ConfigurationError):
+        Federation(FedAvg(), Plaintext(), digits_clients, fraction=0)
+    with pytest.raises(ConfigurationError):
+        Federation(FedAvg(), "plaintext", digits_clients)  # type: ignore[arg-type]
+
+
+class _Leaky(FedAvg):
+    """FedAvg whose clients over-report n (10 per record), breaking the field's bound."""
+
+    def phases(self, round, rounds):
+        (p,) = super().phases(round, rounds)
+        orig = p.client_step
+        p.client_step = lambda c, b: {**orig(c, b), "n": np.array([10 * c.n_records])}
+        return [p]
+
+
+def test_out_of_bound_upload_raises_or_is_clipped(digits_clients):
+    with pytest.raises(UploadError, match="field 'n'"):
+        Federation(_Leaky(local_epochs=1), Plaintext(), digits_clients, rounds=1).run()
+    r = Federation(_Leaky(local_epochs=1), Plaintext(), digits_clients, rounds=1,
+                   on_violation="clip").run()
+    assert r.clips == {"n": 10}
+
+
+def test_plaintext_audit_shows_every_field_in_the_clear(digits_clients, tmp_path, capsys):
+    r = Federation(FedLog(local_epochs=1), Plaintext(), digits_clients, rounds=1, seed=0).run()
+    paths = r.save(tmp_path)
+    rep = audit(r.transcript)
+    assert {e["field"] for e in rep["fields"]} == {"stats", "n"}
+    for e in rep["fields"]:
+        assert e["server_saw"] == {"clear upload": 10}
+        assert e["clear_individual_uploads"] == 10 and len(e["senders"]) == 10
+    assert main(["audit", str(paths["transcript"])]) == 0
+    out = capsys.readouterr().out
+    assert out.count("server saw   : clear upload x10") == 2
+    assert "YES - the server read individual uploads in the clear" in out
