@@ -155,7 +155,17 @@ class Result:
         """The closing table: accuracy, rounds, bytes, estimated latency on ``profile``."""
         prof = get_profile(profile) if isinstance(profile, str) else profile
         up, down = self.costs.total("up"), self.costs.total("down")
-        per = max(1, self.rounds * max(1, self.n_clients))
+        # client-rounds that actually exchanged messages (sampling and dropouts included)
+        per = max(
+            1,
+            len(
+                {
+                    (r.round, r.sender if r.direction == "up" else r.receiver)
+                    for r in self.costs.rows
+                    if r.direction in ("up", "down")
+                }
+            ),
+        )
         est = self.costs.estimate(prof)
         rows = [
             (f"accuracy ({self.accuracy_kind})", f"{self.accuracy:.4f}"),
