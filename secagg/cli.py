@@ -71,10 +71,10 @@ def build_layer(args: argparse.Namespace) -> Any:
         from secagg.homomorphic import Homomorphic
 
         return Homomorphic(scheme=args.he_scheme)
-    from secagg import privacy
-
     if args.epsilon is None:
         raise SecaggError(f"--layer {name} needs --epsilon (and optionally --delta)")
+    from secagg import privacy
+
     common = {"epsilon": args.epsilon, "delta": args.delta, "rounds": args.rounds}
     if name == "central-dp":
         return privacy.CentralDP(Plaintext(), **common)

@@ -30,7 +30,7 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> bytes:
     """Serialize named arrays (float32/64, int64, uint64/32, uint8)."""
     parts = [MAGIC, bytes([VERSION]), struct.pack(">H", len(arrays))]
     for name, value in arrays.items():
-        arr = np.ascontiguousarray(value)
+        arr = np.ascontiguousarray(value).reshape(np.shape(value))
         dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
         code = _CODES.get(np.dtype(dt.str.replace("=", "<")))
         if code is None:

@@ -1,0 +1,339 @@
+"""The Homomorphic layer: additively homomorphic aggregation through TenSEAL."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from secagg.costs import SERVER
+from secagg.encoding import FixedPoint, plan, plan_ring_bits
+from secagg.errors import (
+    ConfigurationError,
+    EncodingOverflow,
+    InadmissibleField,
+    SecureSumAborted,
+)
+from secagg.homomorphic.keys import KEY_HOLDER_MODES, Aggregator, Encryptor, KeyHolder
+from secagg.homomorphic.packing import Packing
+from secagg.homomorphic.params import (
+    MAX_BFV_RING_BITS,
+    MAX_MODULUS_BITS,
+    HEParams,
+    bfv_params,
+    ckks_error_bound,
+    ckks_params,
+)
+from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.messages import Upload, UploadSpec
+from secagg.wire import pack_arrays
+
+#: Name of the designated decryptor in ledgers and transcripts.
+DECRYPTOR = "decryptor"
+#: Name of the provisioning step that hands out the shared secret context in "clients" mode.
+PROVISIONER = "provisioner"
+
+
+@dataclass
+class _Keyset:
+    """One generation of keys and the parties holding it."""
+
+    params: HEParams
+    holder: KeyHolder
+    encryptor: Encryptor
+    aggregator: Aggregator
+    keygen_s: float
+    clients_with_context: set[int] = field(default_factory=set)
+    server_has_context: bool = False
+
+
+class Homomorphic(Layer):
+    """Additively homomorphic aggregation (TenSEAL): the server adds ciphertexts it cannot
+    read; a key holder that is not the server decrypts only the sum.
+
+    Key roles (``key_holder``):
+
+    * ``"decryptor"`` (default): a designated decryptor party generates the keys, gives the
+      server and every client the *public* context only, and decrypts the aggregated
+      ciphertext; it sees the sum in the clear and returns it to the server. Trust: the
+      decryptor must not collude with the server (together they could decrypt any upload).
+    * ``"clients"``: the clients share one secret context, handed out by a provisioning step
+      (as NVIDIA FLARE does); the server gets the public context. One surviving client
+      decrypts the aggregate and returns the sum. Trust: no client may collude with the
+      server (every client holds the secret key).
+
+    In both modes the server's context is deserialized from bytes that never held the secret
+    key, and this is checked (:class:`~secagg.homomorphic.errors.KeyRoleError`). The
+    transcript records: the server sees each upload ``encrypted``; the server holds the
+    aggregate ``encrypted`` (what="sum"); the decrypting party (``"decryptor"``, or the
+    decrypting client's id) sees it ``encrypted`` then in the ``clear``; the server
+    receives the ``clear`` sum.
+
+    Schemes:
+
+    * ``"bfv"``: exact. Fields are encoded with the fixed-point plan of
+      :func:`secagg.encoding.plan` (from their bounds, the cohort size and ``precision``,
+      the quantisation step), into the smallest ring Z_{2^k} that holds the cohort's sum;
+      the plain modulus t is a prime > 2^k, so the integer sum cannot wrap and the decoded
+      sum equals the sum of the quantised inputs bit for bit. t is at most 60 bits, so
+      k <= 59: a plan needing more is refused with
+      :class:`~secagg.errors.EncodingOverflow` (values are not split into limbs).
+    * ``"ckks"``: approximate. The scale and modulus are chosen so that every entry of the
+      decrypted sum is within ``precision`` of the true sum, by the bound of
+      :func:`secagg.homomorphic.params.ckks_error_bound` (noise at 8 standard deviations,
+      plus float64 decoding); integer fields are rounded back to integers (exact, since the
+      bound is < 1/2). The bound for the actual contributors is reported in
+      ``aggregate.notes["error_bound"]``.
+
+    Packing: all additive fields of an upload are flattened into one vector and cut into
+    ``ceil(values / slots)`` ciphertexts (slots = N for BFV, N/2 for CKKS). Parameters are
+    sized for the cohort size rounded up to a power of two (or ``max_clients``), so keys are
+    reused across rounds; they are regenerated (and re-distributed, booked in the ledger)
+    only when the parameters change. Dropouts: stage ``"upload"`` (any pattern is tolerated;
+    no threshold) and, in ``"clients"`` mode, stage ``"decrypt"`` (at least one client must
+    survive it to decrypt; otherwise :class:`~secagg.errors.SecureSumAborted`).
+
+    Only additive fields are admissible: the server can only add ciphertexts.
+
+    Args:
+        scheme: ``"ckks"`` or ``"bfv"``.
+        poly_modulus_degree: N in {4096, 8192, 16384, 32768}; None picks the smallest that
+            fits the precision and cohort within 128-bit security.
+        key_holder: ``"decryptor"`` or ``"clients"`` (see above).
+        precision: BFV: quantisation step of float fields (default 1e-9, as
+            :func:`secagg.encoding.plan`); CKKS: bound on the absolute error of every entry
+            of the sum (default 1e-6). Must be < 0.5.
+        max_clients: size the parameters for at most this many clients (None: the cohort
+            size rounded up to a power of two).
+    """
+
+    name: ClassVar[str] = "homomorphic"
+
+    def __init__(
+        self,
+        scheme: str = "ckks",
+        poly_modulus_degree: int | None = None,
+        key_holder: str = "decryptor",
+        precision: float | None = None,
+        max_clients: int | None = None,
+    ) -> None:
+        if scheme not in ("ckks", "bfv"):
+            raise ConfigurationError(f"scheme must be 'ckks' or 'bfv', got {scheme!r}")
+        if key_holder not in KEY_HOLDER_MODES:
+            raise ConfigurationError(
+                f"key_holder must be one of {KEY_HOLDER_MODES}, got {key_holder!r}")
+        if poly_modulus_degree is not None and poly_modulus_degree not in MAX_MODULUS_BITS:
+            raise ConfigurationError(
+                f"poly_modulus_degree must be one of {sorted(MAX_MODULUS_BITS)}, got "
+                f"{poly_modulus_degree}")
+        if precision is None:
+            precision = 1e-9 if scheme == "bfv" else 1e-6
+        if not (isinstance(precision, int | float) and 0 < precision < 0.5):
+            raise ConfigurationError(f"precision must be in (0, 0.5), got {precision!r}")
+        if max_clients is not None and max_clients < 1:
+            raise ConfigurationError(f"max_clients must be >= 1, got {max_clients}")
+        self.scheme = scheme
+        self.poly_modulus_degree = poly_modulus_degree
+        self.key_holder = key_holder
+        self.precision = float(precision)
+        self.max_clients = max_clients
+        self._keysets: dict[HEParams, _Keyset] = {}
+
+    # -- admissibility and parameters -------------------------------------------------
+
+    def check(self, spec: UploadSpec) -> None:
+        """Refuse non-additive fields and additive fields without a usable bound."""
+        for f in spec.fields:
+            if not f.additive:
+                raise InadmissibleField(
+                    self.name, f.name,
+                    "not additive: the server can only add ciphertexts, so it would need "
+                    "each client's value, which it cannot decrypt")
+            try:
+                spec.client_linf(f.name)
+            except ValueError as exc:
+                raise InadmissibleField(
+                    self.name, f.name,
+                    f"no per-client bound to size the encryption parameters ({exc})") from None
+
+    def planned_clients(self, cohort: int) -> int:
+        """The cohort size parameters are sized for (``max_clients``, or ``cohort`` rounded
+        up to a power of two)."""
+        if self.max_clients is not None:
+            if cohort > self.max_clients:
+                raise ConfigurationError(
+                    f"cohort of {cohort} clients exceeds max_clients={self.max_clients}")
+            return self.max_clients
+        return 1 << max(0, math.ceil(math.log2(max(cohort, 1))))
+
+    def fixed_point(self, spec: UploadSpec, n_clients: int) -> dict[str, FixedPoint]:
+        """BFV: the fixed-point plan of the additive fields in the smallest ring that holds
+        the sum of ``n_clients`` uploads (raises EncodingOverflow beyond 59 bits)."""
+        wide = plan(spec, n_clients, self.precision, ring_bits=MAX_BFV_RING_BITS)
+        return plan(spec, n_clients, self.precision, ring_bits=plan_ring_bits(wide))
+
+    def sum_bound(self, spec: UploadSpec, n_clients: int) -> float:
+        """Largest |entry| of a sum of ``n_clients`` uploads over all additive fields."""
+        return n_clients * max((spec.client_linf(f.name) for f in spec.additive), default=1.0)
+
+    def params_for(self, spec: UploadSpec, n_clients: int) -> HEParams:
+        """The encryption parameters this layer uses for ``spec`` and a planned cohort."""
+        if self.scheme == "bfv":
+            ring = plan_ring_bits(self.fixed_point(spec, n_clients))
+            return bfv_params(ring, n_clients, self.poly_modulus_degree)
+        return ckks_params(self.sum_bound(spec, n_clients), n_clients, self.precision,
+                           self.poly_modulus_degree)
+
+    def keyset(self, params: HEParams) -> _Keyset:
+        """The keys for ``params`` (generated by the key holder on first use)."""
+        ks = self._keysets.get(params)
+        if ks is None:
+            t0 = time.process_time()
+            holder = KeyHolder(params, self.key_holder)
+            keygen_s = time.process_time() - t0
+            ks = _Keyset(
+                params=params, holder=holder,
+                encryptor=Encryptor(params.scheme, holder.client_context, holder.fingerprint),
+                aggregator=Aggregator(params.scheme, holder.public_context),
+                keygen_s=keygen_s,
+            )
+            self._keysets[params] = ks
+        return ks
+
+    # -- the protocol -------------------------------------------------------------------
+
+    def _distribute(self, ks: _Keyset, cohort: list[int], ctx: RoundContext) -> None:
+        sender = DECRYPTOR if self.key_holder == "decryptor" else PROVISIONER
+        if not ks.server_has_context:
+            ctx.message(sender, SERVER, "keys", wire_bytes=len(ks.holder.public_context),
+                        client_cpu_s=ks.keygen_s)
+            ks.server_has_context = True
+        for c in cohort:
+            if c not in ks.clients_with_context:
+                ctx.message(sender, c, "keys", wire_bytes=len(ks.holder.client_context))
+                ks.clients_with_context.add(c)
+
+    def _flatten(self, up: Upload, spec: UploadSpec, packing: Packing,
+                 fps: dict[str, FixedPoint] | None) -> np.ndarray:
+        if fps is None:
+            for f in spec.additive:  # CKKS would wrap modulo q silently beyond the bound
+                x = np.asarray(up[f.name])
+                if x.size and not float(np.max(np.abs(x))) <= spec.client_linf(f.name):
+                    raise EncodingOverflow(
+                        f"client {up.client}, field {f.name!r}: max |entry| "
+                        f"{float(np.max(np.abs(x))):.6g} exceeds the per-client bound "
+                        f"{spec.client_linf(f.name):.6g} the CKKS parameters were sized for")
+            return packing.flatten({f.name: up[f.name] for f in spec.additive}, np.float64)
+        return packing.flatten({f.name: fps[f.name].to_int(up[f.name]) for f in spec.additive},
+                               np.int64)
+
+    def aggregate(
+        self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
+    ) -> Aggregate:
+        """Encrypt each surviving client's packed upload, add the ciphertexts at the server
+        (public context only), decrypt the sum at the key holder, return it to the server."""
+        self.check(spec)
+        cohort = sorted(uploads)
+        n_plan = self.planned_clients(len(cohort))
+        params = self.params_for(spec, n_plan)
+        fps = self.fixed_point(spec, n_plan) if self.scheme == "bfv" else None
+        ks = self.keyset(params)
+        ks.aggregator.assert_public()
+        self._distribute(ks, cohort, ctx)
+        packing = Packing.from_spec(spec, params.slots)
+        live = ctx.dropouts.survivors("upload", cohort)
+        notes: dict[str, Any] = {
+            "he_params": params.as_dict(),
+            "key_holder": self.key_holder,
+            "ciphertexts_per_upload": packing.n_ciphertexts,
+            "slot_utilisation": packing.utilisation,
+        }
+        if self.scheme == "ckks":
+            notes["error_bound"] = ckks_error_bound(params, max(len(live), 1),
+                                                    self.sum_bound(spec, max(len(live), 1)))
+        sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
+                for f in spec.additive}
+        if not live or packing.total == 0:
+            return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(live), notes)
+
+        agg = ks.aggregator
+        agg.start(packing)
+        share = {f.name: f.size / packing.total for f in spec.additive}
+        for c in live:
+            up = uploads[c]
+            t0 = time.process_time()
+            wire = ks.encryptor.encrypt(self._flatten(up, spec, packing, fps), packing)
+            client_s = time.process_time() - t0
+            t0 = time.process_time()
+            agg.add(wire)
+            server_s = time.process_time() - t0
+            ctx.message(c, SERVER, "upload", wire_bytes=len(wire), plaintext_bytes=spec.nbytes,
+                        fields={f.name: f.nbytes for f in spec.additive},
+                        client_cpu_s=client_s + up.cpu_s, server_cpu_s=server_s, flops=up.flops)
+            for f in spec.additive:
+                ctx.observe(SERVER, c, "upload", f.name, "encrypted", wire,
+                            nbytes=round(len(wire) * share[f.name]))
+        t0 = time.process_time()
+        agg_wire = agg.finish()
+        finish_s = time.process_time() - t0
+
+        party: str | int = DECRYPTOR
+        if self.key_holder == "clients":
+            able = ctx.dropouts.survivors("decrypt", live)
+            if not able:
+                raise SecureSumAborted("decrypt", 0, 1)
+            party = able[0]
+        ctx.message(SERVER, party, "decrypt", wire_bytes=len(agg_wire), server_cpu_s=finish_s)
+        for f in spec.additive:
+            n = round(len(agg_wire) * share[f.name])
+            ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum", nbytes=n)
+            ctx.observe(party, SERVER, "decrypt", f.name, "encrypted", agg_wire, what="sum",
+                        nbytes=n)
+
+        t0 = time.process_time()
+        flat = ks.holder.decrypt(agg_wire, packing)
+        parts = packing.unflatten(flat)
+        for f in spec.additive:
+            if fps is not None:
+                ring = parts[f.name].ravel().view(np.uint64)
+                sums[f.name] = fps[f.name].decode_sum(ring).reshape(f.shape)
+            elif f.is_integer:
+                sums[f.name] = np.rint(parts[f.name]).astype(np.int64)
+            else:
+                sums[f.name] = parts[f.name]
+        decrypt_s = time.process_time() - t0
+        result = pack_arrays(sums)
+        ctx.message(party, SERVER, "result", wire_bytes=len(result),
+                    plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
+                    fields={k: int(v.nbytes) for k, v in sums.items()}, client_cpu_s=decrypt_s)
+        for f in spec.additive:
+            ctx.observe(party, SERVER, "decrypt", f.name, "clear", sums[f.name], what="sum")
+            ctx.observe(SERVER, party, "result", f.name, "clear", sums[f.name], what="sum")
+        return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(live), notes)
+
+    def describe(self) -> dict[str, Any]:
+        """Parameters and key roles (read by threat models and written to results)."""
+        decrypts = DECRYPTOR if self.key_holder == "decryptor" else "one surviving client"
+        return {
+            "name": self.name,
+            "scheme": self.scheme,
+            "poly_modulus_degree": self.poly_modulus_degree,
+            "precision": self.precision,
+            "max_clients": self.max_clients,
+            "key_holder": self.key_holder,
+            "secret_key_held_by": [DECRYPTOR] if self.key_holder == "decryptor"
+            else ["every client"],
+            "decrypting_party": decrypts,
+            "server_holds": "public context only (no secret key; checked)",
+            "server_sees": "encrypted uploads and the encrypted sum; then the clear sum",
+            "clear_sum_seen_by": [decrypts, SERVER],
+            "must_not_collude_with_server": [DECRYPTOR] if self.key_holder == "decryptor"
+            else ["any client"],
+            "exact": self.scheme == "bfv",
+            "dropout_threshold": None if self.key_holder == "decryptor" else 1,
+            "active_security": False,
+        }

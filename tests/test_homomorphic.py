@@ -1,0 +1,443 @@
+"""Homomorphic layer: exact BFV sums, CKKS within its stated bound, key roles, packing,
+malformed and foreign ciphertexts, ledger and transcript."""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import tenseal as ts
+
+from secagg.dropouts import ScheduledDropouts
+from secagg.encoding import plan
+from secagg.errors import (
+    ConfigurationError,
+    EncodingOverflow,
+    InadmissibleField,
+    ProtocolError,
+    SecureSumAborted,
+)
+from secagg.homomorphic import (
+    Aggregator,
+    CiphertextError,
+    Encryptor,
+    ForeignContextError,
+    Homomorphic,
+    KeyHolder,
+    KeyRoleError,
+    Packing,
+    bfv_params,
+    ckks_params,
+)
+from secagg.homomorphic.params import MAX_MODULUS_BITS, is_prime
+from secagg.layers.base import RoundContext
+from secagg.messages import Bound, Field, Upload, UploadSpec
+
+C, D = 10, 16          # FedLog: classes, feature dim
+B = 2.0                # feature clamp
+MAX_REC = 50
+P = 5000               # FedAvg: parameters (more than one BFV / CKKS ciphertext)
+
+
+def fedlog_spec() -> UploadSpec:
+    return UploadSpec((
+        Field("stats", (C, D + 1), "float64", bound=Bound(linf=B)),
+        Field("n", (1,), "int64", bound=Bound(linf=1.0)),
+    ), max_records=MAX_REC)
+
+
+def fedlog_uploads(spec: UploadSpec, n_clients: int, seed: int = 0) -> dict[int, Upload]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for c in range(n_clients):
+        n = int(rng.integers(1, MAX_REC + 1))
+        y = rng.integers(0, C, n)
+        phi = rng.uniform(-B, B, (n, D))
+        stats = np.zeros((C, D + 1))
+        np.add.at(stats, y, np.concatenate([np.ones((n, 1)), phi], axis=1))
+        out[c] = Upload.validate(spec, {"stats": stats, "n": np.array([n])}, c, n)
+    return out
+
+
+def fedavg_spec() -> UploadSpec:
+    return UploadSpec((
+        Field("n", (1,), "int64", bound=Bound(linf=1.0)),
+        Field("weighted_params", (P,), "float64", bound=Bound(linf=1.0)),
+    ), max_records=MAX_REC)
+
+
+def fedavg_uploads(spec: UploadSpec, n_clients: int, seed: int = 1) -> dict[int, Upload]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for c in range(n_clients):
+        n = int(rng.integers(1, MAX_REC + 1))
+        w = n * rng.uniform(-1, 1, P)
+        out[c] = Upload.validate(spec, {"n": np.array([n]), "weighted_params": w}, c, n)
+    return out
+
+
+def quantised_sum(uploads: dict[int, Upload], name: str, clients, scale_bits: int) -> np.ndarray:
+    """Exact sum of round(x * 2^f) over clients, in int64 (independent of the layer)."""
+    acc = 0
+    for c in clients:
+        acc = acc + np.rint(np.ldexp(np.asarray(uploads[c][name], dtype=np.float64),
+                                     scale_bits)).astype(np.int64)
+    return acc
+
+
+def ctx(round_: int = 0, dropouts=None) -> RoundContext:
+    if dropouts is None:
+        return RoundContext(round_, "p", 0)
+    return RoundContext(round_, "p", 0, dropouts=dropouts)
+
+
+# --- BFV: exact -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", ["fedlog", "fedavg"])
+def test_bfv_sum_equals_sum_of_quantised_inputs(make):
+    spec = fedlog_spec() if make == "fedlog" else fedavg_spec()
+    ups = (fedlog_uploads if make == "fedlog" else fedavg_uploads)(spec, 5)
+    layer = Homomorphic("bfv", precision=2.0**-24)
+    drop = ScheduledDropouts({"upload": {1}})
+    agg = layer.aggregate(ups, spec, ctx(dropouts=drop))
+    live = [0, 2, 3, 4]
+    assert agg.contributors == tuple(live)
+    float_field = "stats" if make == "fedlog" else "weighted_params"
+    want = np.ldexp(quantised_sum(ups, float_field, live, 24).astype(np.float64), -24)
+    assert np.array_equal(agg[float_field], want)
+    n_sum = sum(int(ups[c]["n"][0]) for c in live)
+    assert agg["n"].dtype == np.int64 and agg["n"].tolist() == [n_sum]
+    # The planned ring is the smallest that holds the cohort's sum, within t.
+    params = agg.notes["he_params"]
+    assert params["plain_modulus"] > 2 ** params["ring_bits"]
+
+
+def test_bfv_negative_and_extreme_values_do_not_wrap():
+    spec = UploadSpec((Field("x", (8,), bound=Bound(linf=3.0, adjacency="client")),))
+    vals = {0: np.full(8, -3.0), 1: np.full(8, -3.0), 2: np.array([3.0, -3, 0, 1e-3, -1e-3, 2.5,
+                                                                  -2.5, 3])}
+    ups = {c: Upload.validate(spec, {"x": v}, c, 1) for c, v in vals.items()}
+    agg = Homomorphic("bfv", precision=1e-6).aggregate(ups, spec, ctx())
+    f = plan(spec, 4, 1e-6)["x"].scale_bits
+    want = np.ldexp(quantised_sum(ups, "x", [0, 1, 2], f).astype(np.float64), -f)
+    assert np.array_equal(agg["x"], want)
+    assert agg["x"][0] == -3.0
+
+
+def test_bfv_exact_at_the_edge_of_the_largest_ring():
+    """64 clients at +-bound in a 59-bit ring under a 60-bit t: no wrap, no noise error."""
+    bound = 2.0**12 - 1
+    spec = UploadSpec((Field("x", (64,), bound=Bound(linf=bound, adjacency="client")),))
+    sign = np.where(np.arange(64) % 2 == 0, 1.0, -1.0)
+    ups = {c: Upload.validate(spec, {"x": sign * bound}, c, 1) for c in range(64)}
+    layer = Homomorphic("bfv", precision=2.0**-40, max_clients=64)
+    agg = layer.aggregate(ups, spec, ctx())
+    assert agg.notes["he_params"]["ring_bits"] == 59
+    assert agg.notes["he_params"]["plain_modulus"].bit_length() == 60
+    assert np.array_equal(agg["x"], sign * bound * 64)
+
+
+def test_bfv_refuses_a_plan_beyond_the_plain_modulus():
+    spec = UploadSpec((Field("x", (4,), bound=Bound(linf=1e9, adjacency="client")),))
+    layer = Homomorphic("bfv", precision=1e-12)
+    with pytest.raises(EncodingOverflow):
+        layer.params_for(spec, 16)
+    with pytest.raises(EncodingOverflow):
+        bfv_params(60, 2)
+
+
+# --- CKKS: within the stated bound -------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", ["fedlog", "fedavg"])
+def test_ckks_sum_within_stated_bound(make):
+    spec = fedlog_spec() if make == "fedlog" else fedavg_spec()
+    ups = (fedlog_uploads if make == "fedlog" else fedavg_uploads)(spec, 6)
+    precision = 1e-6
+    layer = Homomorphic("ckks", precision=precision)
+    agg = layer.aggregate(ups, spec, ctx())
+    bound = agg.notes["error_bound"]
+    assert 0 < bound <= precision
+    for f in spec.fields:
+        exact = sum(np.asarray(ups[c][f.name], dtype=np.float64) for c in range(6))
+        err = np.max(np.abs(agg[f.name] - exact))
+        assert err <= bound, (f.name, err, bound)
+    assert agg["n"].dtype == np.int64
+    assert agg["n"][0] == sum(int(ups[c]["n"][0]) for c in range(6))
+
+
+def test_ckks_bound_holds_at_a_coarse_precision():
+    """With a coarse target the scale is small, so the noise is visible -- and bounded."""
+    spec = fedavg_spec()
+    ups = fedavg_uploads(spec, 4, seed=3)
+    agg = Homomorphic("ckks", precision=1e-2).aggregate(ups, spec, ctx())
+    exact = sum(np.asarray(ups[c]["weighted_params"]) for c in range(4))
+    err = np.max(np.abs(agg["weighted_params"] - exact))
+    assert 0 < err <= agg.notes["error_bound"] <= 1e-2
+
+
+def test_ckks_refuses_precision_beyond_float64():
+    with pytest.raises(EncodingOverflow):
+        ckks_params(1e9, 8, 1e-12)
+
+
+# --- parameters and packing --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ring,n", [(20, 1), (43, 8), (59, 64)])
+def test_bfv_parameters_are_valid_and_secure(ring, n):
+    p = bfv_params(ring, n)
+    t, big_n = p.plain_modulus, p.poly_modulus_degree
+    assert is_prime(t) and t % (2 * big_n) == 1 and t > 2**ring and t.bit_length() <= 60
+    assert sum(p.coeff_mod_bit_sizes) <= MAX_MODULUS_BITS[big_n]
+    # noise margin above t: log2(n) + log2(N) + 6 bits
+    assert p.data_bits >= t.bit_length() + math.ceil(math.log2(n)) + int(math.log2(big_n)) + 6
+
+
+def test_is_prime_agrees_with_trial_division():
+    small = [k for k in range(2, 3000) if all(k % d for d in range(2, int(k**0.5) + 1))]
+    assert [k for k in range(3000) if is_prime(k)] == small
+    assert is_prime(2**61 - 1) and not is_prime(2**61 + 1)
+
+
+@pytest.mark.parametrize("scheme", ["bfv", "ckks"])
+def test_packing_uses_ceil_values_over_slots(scheme):
+    spec = fedavg_spec()
+    layer = Homomorphic(scheme)
+    params = layer.params_for(spec, 4)
+    packing = Packing.from_spec(spec, params.slots)
+    total = 1 + P
+    assert packing.total == total
+    assert packing.n_ciphertexts == math.ceil(total / params.slots) >= 2
+    assert [b - a for a, b in packing.chunks()][:-1] == [params.slots] * (packing.n_ciphertexts - 1)
+    big = Packing(("x",), ((10**6,),), (0,), 10**6, params.slots)
+    assert big.utilisation >= 0.95
+    ups = fedavg_uploads(spec, 3)
+    agg = layer.aggregate(ups, spec, ctx())
+    assert agg.notes["ciphertexts_per_upload"] == packing.n_ciphertexts
+
+
+# --- key roles -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key_holder", ["decryptor", "clients"])
+def test_aggregator_holds_no_secret_key(key_holder):
+    spec = fedlog_spec()
+    layer = Homomorphic("bfv", key_holder=key_holder)
+    params = layer.params_for(spec, 4)
+    ks = layer.keyset(params)
+    server_ctx = ks.aggregator.context
+    assert not server_ctx.has_secret_key() and not server_ctx.is_private()
+    assert server_ctx.is_public()
+    # The server's sum cannot be decrypted with what the server holds.
+    layer.aggregate(fedlog_uploads(spec, 3), spec, ctx())
+    with pytest.raises(ValueError):
+        ks.aggregator.accumulators[0].decrypt()
+    # Handing the server a context that holds the secret key is refused.
+    secret = ks.holder._ctx.serialize(save_secret_key=True, save_relin_keys=False,
+                                      save_galois_keys=False)
+    with pytest.raises(KeyRoleError):
+        Aggregator("bfv", secret)
+    assert ks.holder.client_context != ks.holder.public_context or key_holder == "decryptor"
+    assert ts.context_from(ks.holder.client_context).has_secret_key() == (key_holder == "clients")
+
+
+def test_describe_and_transcript_name_the_key_holder():
+    spec = fedlog_spec()
+    layer = Homomorphic("ckks", key_holder="decryptor")
+    d = layer.describe()
+    assert d["key_holder"] == "decryptor" and d["decrypting_party"] == "decryptor"
+    assert d["secret_key_held_by"] == ["decryptor"] and "server" not in d["secret_key_held_by"]
+    c = ctx()
+    layer.aggregate(fedlog_uploads(spec, 3), spec, c)
+    obs = list(c.transcript.observations())
+    server_uploads = [o for o in obs if o["party"] == "server" and o["what"] == "upload"]
+    assert server_uploads and all(o["form"] == "encrypted" for o in server_uploads)
+    clear = {(o["party"], o["form"]) for o in obs if o["what"] == "sum"}
+    assert ("server", "encrypted") in clear and ("decryptor", "encrypted") in clear
+    assert ("decryptor", "clear") in clear
+    # the server never sees an individual upload in the clear
+    assert not [o for o in obs if o["party"] == "server" and o["what"] == "upload"
+                and o["form"] == "clear"]
+    assert Homomorphic("bfv", key_holder="clients").describe()["secret_key_held_by"] == [
+        "every client"]
+
+
+def test_clients_mode_decrypts_at_a_surviving_client_or_aborts():
+    spec = fedlog_spec()
+    ups = fedlog_uploads(spec, 4)
+    layer = Homomorphic("bfv", key_holder="clients")
+    c = ctx(dropouts=ScheduledDropouts({"decrypt": {0}}))
+    agg = layer.aggregate(ups, spec, c)
+    assert agg["n"][0] == sum(int(ups[k]["n"][0]) for k in range(4))
+    dec = [r for r in c.ledger.rows if r.stage == "decrypt"]
+    assert len(dec) == 1 and dec[0].receiver == 1
+    with pytest.raises(SecureSumAborted):
+        layer.aggregate(ups, spec, ctx(dropouts=ScheduledDropouts({"decrypt": {0, 1, 2, 3}})))
+    # Everyone drops before uploading: an empty, correctly typed sum and no upload rows.
+    c2 = ctx(dropouts=ScheduledDropouts({"upload": {0, 1, 2, 3}}))
+    empty = layer.aggregate(ups, spec, c2)
+    assert empty.contributors == () and empty["n"].tolist() == [0]
+    assert not [r for r in c2.ledger.rows if r.stage == "upload"]
+
+
+def test_ckks_refuses_a_value_beyond_the_bound_it_was_sized_for():
+    spec = UploadSpec((Field("x", (4,), bound=Bound(linf=1.0, adjacency="client")),))
+    good = Upload.validate(spec, {"x": np.zeros(4)}, 0, 1)
+    bad = Upload({"x": np.array([0.0, 5.0, 0.0, 0.0])}, spec, 1, 1)  # skips validation
+    with pytest.raises(EncodingOverflow):
+        Homomorphic("ckks").aggregate({0: good, 1: bad}, spec, ctx())
+
+
+# --- server-side addition ------------------------------------------------------------------
+
+
+def test_server_adds_in_place_without_copies(monkeypatch):
+    spec = fedavg_spec()
+    ups = fedavg_uploads(spec, 3)
+    layer = Homomorphic("ckks")
+    params = layer.params_for(spec, 4)
+    ks = layer.keyset(params)
+    packing = Packing.from_spec(spec, params.slots)
+    wires = [ks.encryptor.encrypt(layer._flatten(ups[c], spec, packing, None), packing)
+             for c in range(3)]
+    copies = []
+    original = ts.Context.copy
+    monkeypatch.setattr(ts.Context, "copy", lambda self: copies.append(1) or original(self))
+    agg = ks.aggregator
+    agg.start(packing)
+    agg.add(wires[0])
+    ids = [id(a) for a in agg.accumulators]
+    data_ids = [id(a.data) for a in agg.accumulators]
+    agg.add(wires[1])
+    agg.add(wires[2])
+    assert [id(a) for a in agg.accumulators] == ids
+    assert [id(a.data) for a in agg.accumulators] == data_ids
+    assert copies == []
+    flat = ks.holder.decrypt(agg.finish(), packing)
+    exact = sum(np.asarray(ups[c]["weighted_params"]) for c in range(3))
+    assert np.max(np.abs(flat[1:] - exact)) <= 1e-6
+
+
+# --- malformed and foreign ciphertexts ------------------------------------------------------
+
+
+def _setup(scheme="bfv"):
+    spec = fedlog_spec()
+    ups = fedlog_uploads(spec, 3)
+    layer = Homomorphic(scheme)
+    params = layer.params_for(spec, 4)
+    ks = layer.keyset(params)
+    packing = Packing.from_spec(spec, params.slots)
+    fps = layer.fixed_point(spec, 4) if scheme == "bfv" else None
+    wire = ks.encryptor.encrypt(layer._flatten(ups[0], spec, packing, fps), packing)
+    return layer, ks, packing, wire, params
+
+
+def _reframe(wire: bytes, body: bytes) -> bytes:
+    """Replace the single ciphertext of a message, with a valid checksum."""
+    head = bytearray(wire[:34])
+    head[22:26] = struct.pack(">I", zlib.crc32(body))
+    return bytes(head) + struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.parametrize("scheme", ["bfv", "ckks"])
+def test_malformed_ciphertexts_raise_typed_errors(scheme):
+    layer, ks, packing, wire, _ = _setup(scheme)
+    agg = ks.aggregator
+    agg.start(packing)
+    bad = {
+        "truncated": wire[:-100],
+        "header only": wire[:20],
+        "bad magic": b"XXX" + wire[3:],
+        "flipped body byte": wire[:5000] + bytes([wire[5000] ^ 0xFF]) + wire[5001:],
+        "trailing": wire + b"\x00",
+        "garbage ciphertext": _reframe(wire, b"\x5e\xa1" * 500),
+        "not bytes": "hello",
+    }
+    for name, data in bad.items():
+        with pytest.raises(CiphertextError):
+            agg.add(data)  # type: ignore[arg-type]
+        assert agg.count == 0, name
+    assert issubclass(CiphertextError, ProtocolError)
+    agg.add(wire)  # a good upload still goes through afterwards
+    assert agg.count == 1
+
+
+def test_foreign_context_ciphertexts_raise_typed_errors():
+    layer, ks, packing, wire, params = _setup("bfv")
+    # Same parameters, other keys: caught by the context fingerprint.
+    other = KeyHolder(params)
+    foreign = Encryptor("bfv", other.client_context, other.fingerprint)
+    flat = np.zeros(packing.total, dtype=np.int64)
+    agg = ks.aggregator
+    agg.start(packing)
+    with pytest.raises(ForeignContextError):
+        agg.add(foreign.encrypt(flat, packing))
+    # Other parameters, even with our fingerprint forged on the message: SEAL rejects it.
+    big = bfv_params(params.ring_bits, 4, poly_modulus_degree=8192)
+    holder8k = KeyHolder(big)
+    forged = Encryptor("bfv", holder8k.client_context, ks.aggregator.fingerprint)
+    with pytest.raises(ForeignContextError):
+        agg.add(forged.encrypt(flat, packing))
+    # A CKKS message sent to a BFV aggregator.
+    _, ks_ckks, _, wire_ckks, _ = _setup("ckks")
+    with pytest.raises(ForeignContextError):
+        agg.add(wire_ckks)
+    assert agg.count == 0
+    # The key holder refuses an aggregate made under another context too.
+    agg.add(wire)
+    ours = agg.finish()
+    with pytest.raises(ForeignContextError):
+        other.decrypt(ours, packing)
+    assert ks.holder.decrypt(ours, packing).shape == (packing.total,)
+
+
+# --- admissibility and configuration --------------------------------------------------------
+
+
+def test_non_additive_fields_are_refused_with_the_reason():
+    spec = UploadSpec((Field("emb", (3, 4), additive=False, bound=Bound(linf=1.0)),
+                       Field("n", (1,), "int64", bound=Bound(linf=1.0))), max_records=5)
+    layer = Homomorphic("ckks")
+    with pytest.raises(InadmissibleField) as ei:
+        layer.check(spec)
+    assert ei.value.field == "emb" and ei.value.layer == "homomorphic"
+    assert "additive" in ei.value.reason
+    unbounded = UploadSpec((Field("x", (3,)),))
+    with pytest.raises(InadmissibleField):
+        layer.check(unbounded)
+    for bad in [dict(scheme="paillier"), dict(key_holder="server"), dict(precision=0.7),
+                dict(poly_modulus_degree=1000), dict(max_clients=0)]:
+        with pytest.raises(ConfigurationError):
+            Homomorphic(**bad)
+
+
+# --- ledger -----------------------------------------------------------------------------
+
+
+def test_ledger_books_true_sizes_and_each_context_once_per_client():
+    spec = fedlog_spec()
+    layer = Homomorphic("bfv")
+    c0 = ctx(0)
+    layer.aggregate(fedlog_uploads(spec, 3), spec, c0)
+    params = layer.params_for(spec, 4)
+    ks = layer.keyset(params)
+    keys = [r for r in c0.ledger.rows if r.stage == "keys"]
+    assert sorted(str(r.receiver) for r in keys) == ["0", "1", "2", "server"]
+    assert all(r.wire_bytes == len(ks.holder.public_context) for r in keys)
+    packing = Packing.from_spec(spec, params.slots)
+    ups = [r for r in c0.ledger.rows if r.stage == "upload"]
+    # an upload is the header plus its ciphertexts: about one compressed ciphertext here
+    assert len(ups) == 3 and all(
+        r.wire_bytes > 34 + 4 * packing.n_ciphertexts and r.receiver == "server" for r in ups)
+    # Round 1: one new client gets the context; nobody else is sent it again.
+    ups2 = fedlog_uploads(spec, 4, seed=5)
+    c1 = ctx(1)
+    layer.aggregate(ups2, spec, c1)
+    keys1 = [r for r in c1.ledger.rows if r.stage == "keys"]
+    assert [r.receiver for r in keys1] == [3]
