@@ -70,24 +70,35 @@ class FixedPoint:
     def to_int(self, x: np.ndarray) -> np.ndarray:
         """round(x * 2^f) as int64, checked against the client bound (no wrap possible)."""
         arr = np.asarray(x)
+        limit = bound_to_int(self.client_bound, self.scale_bits)
         if self.integer:
             q = arr.astype(np.int64)
-        else:
-            a = arr.astype(np.float64)
-            if not np.all(np.isfinite(a)):
+            if q.size and max(-int(q.min()), int(q.max())) > limit:
+                self._out_of_bound(arr)
+            return q
+        a = np.array(arr, dtype=np.float64)  # one copy; the rest is in place
+        np.ldexp(a, self.scale_bits, out=a)
+        np.rint(a, out=a)
+        if a.size:
+            lo, hi = float(a.min()), float(a.max())  # NaN/inf propagate into min/max
+            if not (np.isfinite(lo) and np.isfinite(hi)):
                 raise EncodingOverflow(f"field {self.field!r}: non-finite value cannot be encoded")
-            q = np.rint(np.ldexp(a, self.scale_bits)).astype(np.int64)
-        limit = bound_to_int(self.client_bound, self.scale_bits)
-        if q.size and int(np.max(np.abs(q))) > limit:
-            raise EncodingOverflow(
-                f"field {self.field!r}: value {float(np.max(np.abs(arr))):.6g} exceeds the bound "
-                f"{self.client_bound:.6g} the encoding was planned for"
-            )
-        return q
+            if max(-lo, hi) > limit:
+                self._out_of_bound(arr)
+        return a.astype(np.int64)
+
+    def _out_of_bound(self, arr: np.ndarray) -> None:
+        raise EncodingOverflow(
+            f"field {self.field!r}: value {float(np.max(np.abs(arr))):.6g} exceeds the bound "
+            f"{self.client_bound:.6g} the encoding was planned for"
+        )
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         """Encode values into the ring: uint64 in [0, 2^k), two's complement for negatives."""
-        return self.to_int(x).ravel().view(np.uint64) & self._mask()
+        u = self.to_int(x).ravel().view(np.uint64)
+        if self.ring_bits < 64:
+            u &= self._mask()
+        return u
 
     def quantise(self, x: np.ndarray) -> np.ndarray:
         """What the encoding keeps of ``x``: round(x * 2^f) * 2^-f (float64 or int64)."""

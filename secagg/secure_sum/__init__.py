@@ -1,0 +1,33 @@
+"""Secure summation: Bonawitz et al. (2017) secure aggregation with the SecAgg+ graph.
+
+Modules: :mod:`.keys` (X25519, HKDF), :mod:`.shamir` (vectorised Shamir over 2^127 - 1),
+:mod:`.prg` (AES-CTR mask expansion), :mod:`.wire` (the message format), :mod:`.graph`
+(complete / Harary neighbours and thresholds), :mod:`.client` and :mod:`.server` (the parties'
+state machines), :mod:`.protocol` (one session end to end) and :mod:`.layer` (the
+:class:`SecureSum` layer).
+"""
+
+from secagg.secure_sum.errors import (
+    AuthenticationFailed,
+    MalformedMessage,
+    MisaddressedMessage,
+    ReplayedMessage,
+    StageOrderError,
+    TruncatedMessage,
+    UnmaskingRefused,
+)
+from secagg.secure_sum.layer import SecureSum
+from secagg.secure_sum.protocol import SessionReport, run_secure_sum
+
+__all__ = [
+    "AuthenticationFailed",
+    "MalformedMessage",
+    "MisaddressedMessage",
+    "ReplayedMessage",
+    "SecureSum",
+    "SessionReport",
+    "StageOrderError",
+    "TruncatedMessage",
+    "UnmaskingRefused",
+    "run_secure_sum",
+]

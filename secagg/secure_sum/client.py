@@ -1,0 +1,312 @@
+"""The client side of the secure-sum protocol, as an explicit state machine.
+
+A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, in order:
+
+1. :meth:`advertise` -- fresh X25519 key pairs; sends both public keys.
+2. :meth:`share_keys` -- reads its neighbours' keys (ROSTER), draws the self-mask seed b_u,
+   Shamir-shares b_u and its mask private key t_k-out-of-(neighbours + itself), and encrypts
+   each neighbour's shares with AES-256-GCM under an X25519+HKDF channel key; the associated
+   data binds session, round, sender, receiver, stage and both parties' public keys. It also
+   sends the server a hash commitment to b_u (checked when the server rebuilds b_u).
+3. :meth:`receive_forward` -- decrypts the shares addressed to it; a share that fails
+   authentication counts as that sender's dropout (reported back in an ACK, never a crash).
+4. :meth:`masked_input` -- y_u = x_u + PRG(b_u) + sum_{v accepted, u<v} PRG(s_uv)
+   - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag keyed by b_u.
+5. :meth:`unmask` -- answers one unmasking request; refuses one that asks for both the
+   self-mask share and the mask-key shares of the same peer, for its own mask key, or for
+   shares it does not hold.
+
+Any step out of order raises :class:`StageOrderError`; a bad message raises a typed
+:class:`~secagg.errors.ProtocolError` and leaves the client's state unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from collections.abc import Callable
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from secagg.errors import ConfigurationError, EncodingOverflow
+from secagg.secure_sum import shamir, wire
+from secagg.secure_sum.errors import (
+    MalformedMessage,
+    MisaddressedMessage,
+    ReplayedMessage,
+    StageOrderError,
+    UnmaskingRefused,
+)
+from secagg.secure_sum.keys import (
+    PURPOSE_MASKED_TAG,
+    PURPOSE_PAIR_MASK,
+    PURPOSE_SELF_MASK,
+    PURPOSE_SHARE_KEY,
+    KeyPairs,
+    agree,
+    derive,
+    pair,
+)
+from secagg.secure_sum.prg import MaskAccumulator, word_dtype
+from secagg.secure_sum.wire import SERVER_ID, MsgType
+
+_K = shamir.CHUNKS_PER_KEY
+
+
+def share_nonce(sender: int, receiver: int) -> bytes:
+    """AES-GCM nonce of a share ciphertext: unique per direction under a per-pair key."""
+    return struct.pack(">II4s", sender, receiver, b"shr1")
+
+
+def share_aad(
+    session: bytes,
+    round: int,
+    sender: int,
+    receiver: int,
+    sender_keys: tuple[bytes, bytes],
+    receiver_keys: tuple[bytes, bytes],
+) -> bytes:
+    """Associated data of a share ciphertext: session, round, sender, receiver and stage, and
+    both parties' public keys as the encrypting party saw them -- so a key swapped on its way
+    through the server makes the share fail authentication (the sender then counts as
+    dropped) instead of silently breaking the masks."""
+    head = struct.pack(">QIIB", round & (2**64 - 1), sender, receiver, MsgType.SHARES)
+    return session + head + b"".join(sender_keys) + b"".join(receiver_keys)
+
+
+def encode_share(b_elems: list[int], sk_elems: list[int]) -> bytes:
+    """The plaintext of one holder's shares: 3 elements of b_u, then 3 of the mask key."""
+    return b"".join(shamir.element_bytes(e) for e in [*b_elems, *sk_elems])
+
+
+def decode_share(raw: bytes) -> tuple[list[int], list[int]]:
+    """Inverse of :func:`encode_share` (raises ValueError on out-of-field elements)."""
+    if len(raw) != wire.SHARE_PLAINTEXT_BYTES:
+        raise ValueError("bad share length")
+    els = [shamir.element_from_bytes(raw[i : i + 16]) for i in range(0, len(raw), 16)]
+    return els[:_K], els[_K:]
+
+
+def commit_seed(session: bytes, round: int, cid: int, b: bytes) -> bytes:
+    """SHA-256 commitment to the self-mask seed b_u (hiding: b_u has 256 random bits). The
+    server checks the seed it rebuilds against it, so corrupted shares cannot go unnoticed."""
+    h = hashlib.sha256(b"secagg/secure-sum/v1|seed-commitment|" + session)
+    h.update(struct.pack(">QI", round & (2**64 - 1), cid) + b)
+    return h.digest()
+
+
+def masked_tag(b: bytes, session: bytes, round: int, cid: int, digest: bytes) -> bytes:
+    """Integrity tag of a masked vector: HMAC-SHA256, under a key derived from the self-mask
+    seed b_u (which the server learns only when it unmasks), of the SHA-256 of its bytes."""
+    key = derive(b, PURPOSE_MASKED_TAG, session, round, cid, cid)
+    return hmac.new(key, digest, hashlib.sha256).digest()
+
+
+class Client:
+    """One client's party in one secure-sum session.
+
+    Args:
+        cid: the client id (0 <= cid < 2^32 - 1); also its Shamir evaluation point minus one.
+        session: the 16-byte session id the server announced for this run.
+        round: the training round (bound into every derived key and associated data).
+        entropy: byte source for keys, b_u and Shamir coefficients; default the OS CSPRNG
+            (a seeded source is for reproducible experiments and tests only).
+    """
+
+    def __init__(
+        self,
+        cid: int,
+        session: bytes,
+        round: int,
+        entropy: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        if not 0 <= cid <= wire.MAX_ID:
+            raise ConfigurationError(f"client ids must be in 0..{wire.MAX_ID}, got {cid}")
+        self.cid = cid
+        self.session = session
+        self.round = round
+        self._rand = entropy
+        self.stage = "new"
+        self._keys: KeyPairs | None = None
+        self._roster: wire.Roster | None = None
+        self._b: bytes = b""
+        self._held: dict[int, tuple[list[int], list[int]]] = {}
+        self._channels: dict[int, AESGCM] = {}
+        self.accepted: set[int] = set()
+        self.rejected: set[int] = set()
+
+    def _expect(self, stage: str, nxt: str) -> None:
+        if self.stage != stage:
+            raise StageOrderError(
+                f"client {self.cid}: cannot run {nxt!r} in state {self.stage!r}"
+                + (" (message already processed)" if self.stage == nxt else "")
+            )
+
+    def _open(self, data: bytes, mtype: MsgType) -> memoryview:
+        return wire.decode_header(data, mtype, self.session, self.cid, SERVER_ID)[1]
+
+    def _channel(self, v: int) -> AESGCM:
+        assert self._keys is not None and self._roster is not None
+        shared = agree(self._keys.enc, self._roster.keys[v][0])
+        ids = pair(self.cid, v)
+        return AESGCM(derive(shared, PURPOSE_SHARE_KEY, self.session, self.round, *ids))
+
+    # ------------------------------------------------------------ stages
+
+    def advertise(self) -> bytes:
+        """Stage 1: generate key pairs and return the ADVERTISE message."""
+        self._expect("new", "advertised")
+        self._keys = KeyPairs.generate(self._rand)
+        self.stage = "advertised"
+        body = wire.advertise_body(self._keys.enc_public, self._keys.mask_public)
+        return wire.encode(MsgType.ADVERTISE, self.session, self.cid, SERVER_ID, body)
+
+    def share_keys(self, roster_msg: bytes) -> bytes:
+        """Stage 2: read the ROSTER, share b_u and the mask key, return the SHARES message."""
+        if self.stage == "shared":
+            raise ReplayedMessage(f"client {self.cid}: ROSTER already processed")
+        self._expect("advertised", "shared")
+        assert self._keys is not None
+        roster = wire.parse_roster(self._open(roster_msg, MsgType.ROSTER))
+        if roster.round != self.round & (2**64 - 1):
+            raise ReplayedMessage(f"client {self.cid}: ROSTER of round {roster.round}")
+        if self.cid in roster.keys:
+            raise MisaddressedMessage(
+                f"client {self.cid}: ROSTER lists the client as its own neighbour"
+            )
+        pks = [k for pair_ in roster.keys.values() for k in pair_]
+        pks += [self._keys.enc_public, self._keys.mask_public]
+        if len(set(pks)) != len(pks):
+            raise MalformedMessage(f"client {self.cid}: ROSTER repeats a public key")
+        holders = len(roster.keys) + 1
+        if not 2 <= roster.share_threshold <= holders:
+            raise MalformedMessage(
+                f"client {self.cid}: share threshold {roster.share_threshold} "
+                f"with {holders} holders"
+            )
+        self._roster = roster
+        self._b = self._rand(32)
+        secrets_ = shamir.key_to_elements(self._b) + shamir.key_to_elements(self._keys.mask_private)
+        order = sorted(roster.keys) + [self.cid]
+        mine = (self._keys.enc_public, self._keys.mask_public)
+        shares = shamir.share(
+            secrets_, roster.share_threshold, [v + 1 for v in order], self._rand
+        )
+        entries: dict[int, bytes] = {}
+        for row, v in zip(shares, order, strict=True):
+            els = [int(e) for e in row]
+            if v == self.cid:
+                self._held[v] = (els[:_K], els[_K:])
+                continue
+            self._channels[v] = self._channel(v)
+            entries[v] = self._channels[v].encrypt(
+                share_nonce(self.cid, v),
+                encode_share(els[:_K], els[_K:]),
+                share_aad(self.session, self.round, self.cid, v, mine, roster.keys[v]),
+            )
+        self.stage = "shared"
+        body = wire.shares_body(commit_seed(self.session, self.round, self.cid, self._b), entries)
+        return wire.encode(MsgType.SHARES, self.session, self.cid, SERVER_ID, body)
+
+    def receive_forward(self, forward_msg: bytes) -> bytes:
+        """Stage 3a: decrypt the shares addressed to this client; return the ACK message
+        naming the senders whose share failed authentication (they count as dropped)."""
+        if self.stage == "forwarded":
+            raise ReplayedMessage(f"client {self.cid}: FORWARD already processed")
+        self._expect("shared", "forwarded")
+        assert self._roster is not None
+        entries = wire.parse_ciphertexts(self._open(forward_msg, MsgType.FORWARD), "FORWARD")
+        strangers = sorted(set(entries) - set(self._roster.keys))
+        if strangers:
+            raise MisaddressedMessage(
+                f"client {self.cid}: FORWARD carries shares from non-neighbours {strangers}"
+            )
+        assert self._keys is not None
+        mine = (self._keys.enc_public, self._keys.mask_public)
+        accepted, rejected, held = set(), set(), {}
+        for v, ct in entries.items():
+            try:
+                pt = self._channels[v].decrypt(
+                    share_nonce(v, self.cid), ct,
+                    share_aad(self.session, self.round, v, self.cid, self._roster.keys[v], mine),
+                )
+                held[v] = decode_share(pt)
+            except (InvalidTag, ValueError):
+                rejected.add(v)
+                continue
+            accepted.add(v)
+        self._held.update(held)
+        self.accepted, self.rejected = accepted, rejected
+        self.stage = "forwarded"
+        return wire.encode(MsgType.ACK, self.session, self.cid, SERVER_ID, wire.ids_body(rejected))
+
+    def masked_input(self, vector: np.ndarray) -> bytes:
+        """Stage 3b: mask the encoded vector (uint64 ring elements) and return MASKED."""
+        self._expect("forwarded", "masked")
+        assert self._roster is not None and self._keys is not None
+        r = self._roster
+        x = np.asarray(vector)
+        if x.ndim != 1 or x.size != r.length:
+            raise ConfigurationError(
+                f"client {self.cid}: vector must be 1-D of length {r.length}, got {x.shape}"
+            )
+        if x.dtype.kind not in "ui":
+            raise ConfigurationError(
+                f"client {self.cid}: vector must hold ring elements (integers), got {x.dtype}"
+            )
+        if x.size and (
+            (x.dtype.kind == "i" and int(x.min()) < 0)
+            or (r.ring_bits < 64 and int(x.max()) >> r.ring_bits)
+        ):
+            raise EncodingOverflow(f"client {self.cid}: vector entries outside Z_2^{r.ring_bits}")
+        acc = x.astype(word_dtype(r.ring_bits))  # a fresh copy
+        masks = MaskAccumulator(acc)
+        masks.add(derive(self._b, PURPOSE_SELF_MASK, self.session, self.round, self.cid, self.cid))
+        for v in sorted(self.accepted):
+            s = agree(self._keys.mask, r.keys[v][1])
+            masks.add(
+                derive(s, PURPOSE_PAIR_MASK, self.session, self.round, *pair(self.cid, v)),
+                1 if self.cid < v else -1,
+            )
+        if r.ring_bits < acc.dtype.itemsize * 8:
+            np.bitwise_and(acc, acc.dtype.type((1 << r.ring_bits) - 1), out=acc)
+        self.stage = "masked"
+        data = wire.pack_ring(acc, r.ring_bits)
+        tag = masked_tag(self._b, self.session, self.round, self.cid, hashlib.sha256(data).digest())
+        parts = wire.masked_parts(r.ring_bits, r.length, tag, data)
+        return wire.encode(MsgType.MASKED, self.session, self.cid, SERVER_ID, parts)
+
+    def unmask(self, request_msg: bytes) -> bytes:
+        """Stage 4: answer the server's UNMASK_REQUEST with the requested shares.
+
+        Raises:
+            UnmaskingRefused: the request asks for both kinds of share of one peer, for this
+                client's own mask key, or for a share it does not hold.
+        """
+        if self.stage == "unmasked":
+            raise ReplayedMessage(f"client {self.cid}: already answered an unmasking request")
+        self._expect("masked", "unmasked")
+        b_ids, sk_ids = wire.parse_unmask_request(self._open(request_msg, MsgType.UNMASK_REQUEST))
+        both = tuple(sorted(set(b_ids) & set(sk_ids)))
+        if both:
+            raise UnmaskingRefused(
+                self.cid, both,
+                "the request asks for both the self-mask share and the mask-key share "
+                "(that would reveal these peers' inputs)",
+            )
+        if self.cid in sk_ids:
+            raise UnmaskingRefused(
+                self.cid, (self.cid,), "a live client never reveals its mask key"
+            )
+        missing = tuple(sorted(v for v in [*b_ids, *sk_ids] if v not in self._held))
+        if missing:
+            raise UnmaskingRefused(self.cid, missing, "no share of these peers is held")
+        self.stage = "unmasked"
+        body = wire.unmask_response_body(
+            {v: self._held[v][0] for v in b_ids}, {v: self._held[v][1] for v in sk_ids}
+        )
+        return wire.encode(MsgType.UNMASK_RESPONSE, self.session, self.cid, SERVER_ID, body)

@@ -1,0 +1,150 @@
+"""Who pairs with whom: the complete graph (SecAgg) or a k-regular Harary graph (SecAgg+).
+
+In SecAgg+ (Bell et al., CCS 2020) each client masks with, and secret-shares among, only its
+k neighbours on a random k-regular graph, so its work grows with k = O(log n) instead of n.
+We build the Harary graph H_{k,n} (a circulant: each node joins the k/2 nearest positions on
+each side of a ring, plus the antipodal position when k is odd) on a random relabelling of the
+cohort. The threshold then applies per neighbourhood: a client's secrets are t_k-out-of-(k+1)
+shared among its closed neighbourhood (itself and its k neighbours).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from secagg.errors import ConfigurationError
+
+GraphKind = Literal["complete", "harary", "auto"]
+
+
+def auto_degree(n: int) -> int:
+    """The degree SecAgg+ uses here for a cohort of n: the even number 2 * ceil(2 log2 n),
+    capped at n - 1 (k = O(log n), as Bell et al. prescribe; e.g. 28 at n = 100, 40 at 1000)."""
+    if n <= 2:
+        return max(n - 1, 0)
+    return min(n - 1, 2 * math.ceil(2 * math.log2(n)))
+
+
+def resolve_threshold(threshold: float | int, n: int) -> int:
+    """A threshold given as a fraction of n (float in (0, 1]) or a count (int), as a count.
+
+    The result is at least 2 (one share alone must never reveal a secret) and at most n.
+    """
+    if isinstance(threshold, bool):
+        raise ConfigurationError("threshold must be a fraction in (0, 1] or an integer count")
+    if isinstance(threshold, int):
+        if threshold < 2:
+            raise ConfigurationError(f"threshold count must be >= 2, got {threshold}")
+        return threshold
+    if not 0.0 < float(threshold) <= 1.0:
+        raise ConfigurationError(f"threshold fraction must be in (0, 1], got {threshold}")
+    return min(max(2, math.ceil(float(threshold) * n - 1e-9)), max(n, 2))
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The neighbour structure of one protocol run.
+
+    Attributes:
+        kind: "complete" or "harary".
+        k: degree (n - 1 for the complete graph).
+        threshold: t, the minimum number of live clients at every stage.
+        share_threshold: t_k, shares needed to rebuild one client's secret (t for complete).
+        neighbours: client -> its neighbours (without itself).
+    """
+
+    kind: str
+    k: int
+    threshold: int
+    share_threshold: int
+    neighbours: dict[int, frozenset[int]]
+
+    def closed(self, u: int) -> frozenset[int]:
+        """u's closed neighbourhood: its neighbours and itself (the holders of its shares)."""
+        return self.neighbours[u] | {u}
+
+    def live_ok(self, live: set[int]) -> tuple[bool, int, int]:
+        """Check a live set: (ok, survivors, needed). Fails when fewer than t are live, or
+        (sparse graph) a live client keeps fewer than t_k live members in its closed
+        neighbourhood; survivors/needed then describe the failing count."""
+        if len(live) < self.threshold:
+            return False, len(live), self.threshold
+        if self.kind != "complete":
+            for u in sorted(live):
+                c = len(self.closed(u) & live)
+                if c < self.share_threshold:
+                    return False, c, self.share_threshold
+        return True, len(live), self.threshold
+
+
+def harary(
+    ids: Sequence[int], k: int, rng: random.Random | None = None
+) -> dict[int, frozenset[int]]:
+    """The Harary graph H_{k,n} on a random relabelling of ``ids``.
+
+    Args:
+        ids: the clients (distinct).
+        k: degree, 1 <= k <= n - 1 (raised by one when both k and n are odd).
+        rng: source of the relabelling; None uses the OS CSPRNG.
+    """
+    order = list(ids)
+    n = len(order)
+    if len(set(order)) != n:
+        raise ConfigurationError("client ids must be distinct")
+    if n < 2:
+        return {u: frozenset() for u in order}
+    if not 1 <= k <= n - 1:
+        raise ConfigurationError(f"graph degree k must be in 1..{n - 1}, got {k}")
+    (rng or secrets.SystemRandom()).shuffle(order)
+    if k % 2 and n % 2:
+        k = min(k + 1, n - 1)
+    half = k // 2
+    out: dict[int, set[int]] = {u: set() for u in order}
+    for i, u in enumerate(order):
+        for off in range(1, half + 1):
+            out[u].add(order[(i + off) % n])
+            out[u].add(order[(i - off) % n])
+        if k % 2:
+            out[u].add(order[(i + n // 2) % n])
+    return {u: frozenset(v) for u, v in out.items()}
+
+
+def build(
+    ids: Sequence[int],
+    threshold: float | int,
+    kind: GraphKind = "complete",
+    k: int | None = None,
+    seed: int | None = None,
+) -> Graph:
+    """Choose the graph and thresholds for a cohort.
+
+    Args:
+        ids: the cohort.
+        threshold: fraction of the cohort (float) or count (int) that must stay live.
+        kind: "complete" (every pair), "harary" (k-regular SecAgg+ graph), or "auto"
+            (harary when the automatic degree is below n - 1, else complete).
+        k: degree for "harary" (None: :func:`auto_degree`).
+        seed: seeds the relabelling (experiments); None draws it from the OS CSPRNG.
+    """
+    n = len(ids)
+    t = resolve_threshold(threshold, n)
+    if kind not in ("complete", "harary", "auto"):
+        raise ConfigurationError(f"graph must be 'complete', 'harary' or 'auto', got {kind!r}")
+    deg = auto_degree(n) if k is None else int(k)
+    if kind == "auto" and k is None and deg >= n - 1:
+        kind = "complete"
+    if kind == "auto":
+        kind = "harary" if deg < n - 1 else "complete"
+    if kind == "complete" or n < 2:
+        nb = {u: frozenset(v for v in ids if v != u) for u in ids}
+        return Graph("complete", max(n - 1, 0), t, t, nb)
+    nb = harary(ids, deg, random.Random(seed) if seed is not None else None)
+    real_k = len(next(iter(nb.values())))
+    frac = float(threshold) if isinstance(threshold, float) else t / n
+    tk = min(real_k + 1, max(2, math.ceil(frac * (real_k + 1) - 1e-9)))
+    return Graph("harary", real_k, t, tk, nb)

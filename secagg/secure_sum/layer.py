@@ -1,0 +1,180 @@
+"""The :class:`SecureSum` layer: dropout-tolerant secure aggregation of additive fields.
+
+Each client's additive fields are encoded with one fixed-point plan
+(:func:`secagg.encoding.plan`) into a single vector of ring elements; the ring is the
+smallest whole number of bytes that holds the cohort's sum (at most ``ring_bits``), so the
+masked vector costs ``ceil(k/8)`` bytes per value on the wire. The vectors are summed by the
+secure-sum protocol (:mod:`secagg.secure_sum.protocol`) and the server decodes only the sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from secagg.encoding import FixedPoint, plan, plan_ring_bits
+from secagg.errors import ConfigurationError, InadmissibleField
+from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.messages import Upload, UploadSpec
+from secagg.secure_sum.graph import GraphKind, resolve_threshold
+from secagg.secure_sum.protocol import SessionReport, run_secure_sum
+
+
+class _Encoded(Mapping[int, np.ndarray]):
+    """Client -> its concatenated ring vector, encoded on access (never all held at once)."""
+
+    def __init__(self, uploads: Mapping[int, Upload], plans: dict[str, FixedPoint]) -> None:
+        self.uploads = uploads
+        self.plans = plans
+
+    def __getitem__(self, u: int) -> np.ndarray:
+        up = self.uploads[u]
+        parts = [p.encode(np.asarray(up[name])) for name, p in self.plans.items()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.uploads)
+
+    def __len__(self) -> int:
+        return len(self.uploads)
+
+
+class SecureSum(Layer):
+    """Secure aggregation (Bonawitz et al. 2017) with the optional SecAgg+ graph (Bell et al.
+    2020): the server learns the sum of the surviving clients' additive fields and nothing
+    else, exactly (after fixed-point quantisation), as long as enough clients stay live.
+
+    Args:
+        threshold: fraction of the cohort (float in (0, 1]) or count (int >= 2) that must stay
+            live at every stage; it is also the Shamir reconstruction threshold (per
+            neighbourhood, scaled to k + 1 holders, on the SecAgg+ graph).
+        graph: "complete" (every pair of clients masks), "harary" (each client pairs with k
+            neighbours on a random k-regular Harary graph) or "auto" (harary when the
+            automatic k is below n - 1).
+        k: the Harary degree; None picks 2 * ceil(2 log2 n).
+        precision: quantisation step target for float fields.
+        ring_bits: the largest ring Z_{2^k} to use (2..64); the layer uses the smallest whole
+            number of bytes that holds the cohort's sum, up to this.
+    """
+
+    name: ClassVar[str] = "secure-sum"
+
+    def __init__(
+        self,
+        threshold: float | int = 0.7,
+        graph: GraphKind = "complete",
+        k: int | None = None,
+        precision: float = 1e-9,
+        ring_bits: int = 64,
+    ) -> None:
+        resolve_threshold(threshold, 100)  # validates the type and range
+        if graph not in ("complete", "harary", "auto"):
+            raise ConfigurationError(f"graph must be 'complete', 'harary' or 'auto', got {graph!r}")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ConfigurationError(f"k must be a positive integer or None, got {k!r}")
+        if not (isinstance(precision, int | float) and precision > 0 and math.isfinite(precision)):
+            raise ConfigurationError(f"precision must be a positive number, got {precision!r}")
+        if isinstance(ring_bits, bool) or not isinstance(ring_bits, int) or not (
+            2 <= ring_bits <= 64
+        ):
+            raise ConfigurationError(f"ring_bits must be an integer in 2..64, got {ring_bits!r}")
+        self.threshold = threshold
+        self.graph = graph
+        self.k = k
+        self.precision = float(precision)
+        self.ring_bits = ring_bits
+        self.last_report: SessionReport | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Name and parameters."""
+        return {"name": self.name, "threshold": self.threshold, "graph": self.graph,
+                "k": self.k, "precision": self.precision, "ring_bits": self.ring_bits}
+
+    def min_survivors(self, n: int) -> int:
+        """The fewest contributors a run over a cohort of n can return a sum for (t)."""
+        return resolve_threshold(self.threshold, n)
+
+    def check(self, spec: UploadSpec) -> None:
+        """Refuse non-additive fields and additive fields without a bound."""
+        if spec.non_additive:
+            raise InadmissibleField(
+                self.name, spec.non_additive[0].name,
+                "secure summation reveals only the sum over clients, but this field is "
+                "not additive (the server needs each client's own value)",
+            )
+        for f in spec.additive:
+            try:
+                spec.client_linf(f.name)
+            except ValueError as exc:
+                raise InadmissibleField(
+                    self.name, f.name,
+                    f"no per-client bound, so no overflow-free ring encoding exists ({exc})",
+                ) from None
+
+    def plan(self, spec: UploadSpec, n_clients: int) -> dict[str, FixedPoint]:
+        """The fixed-point plan for a cohort: every field in one ring, the smallest whole
+        number of bytes that holds the sum (raises EncodingOverflow if even ``ring_bits``
+        cannot)."""
+        plans = plan(spec, max(n_clients, 1), self.precision, self.ring_bits)
+        need = plan_ring_bits(plans)
+        bits = min(self.ring_bits, 8 * math.ceil(need / 8))
+        return {name: dataclasses.replace(p, ring_bits=bits) for name, p in plans.items()}
+
+    def aggregate(
+        self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
+    ) -> Aggregate:
+        """Securely sum the additive fields of ``uploads``; see the class docstring."""
+        self.check(spec)
+        plans = self.plan(spec, len(uploads))
+        bits = next(iter(plans.values())).ring_bits if plans else 8
+        segments, off = {}, 0
+        for f in spec.additive:
+            segments[f.name] = slice(off, off + f.size)
+            off += f.size
+        fields = {f.name: f.nbytes for f in spec.additive}
+        report = run_secure_sum(
+            _Encoded(uploads, plans), bits, ctx,
+            threshold=self.threshold, graph=self.graph, k=self.k,
+            segments=segments, length=off,
+            plaintext_bytes=sum(fields.values()), fields=fields,
+            upload_costs={u: (float(getattr(up, "cpu_s", 0.0)), float(getattr(up, "flops", 0.0)))
+                          for u, up in uploads.items()},
+        )
+        self.last_report = report
+        sums = {
+            f.name: plans[f.name].decode_sum(report.total[segments[f.name]]).reshape(f.shape)
+            for f in spec.additive
+        }
+        notes = {"secure_sum": {
+            "ring_bits": bits, "graph": report.graph.kind, "k": report.graph.k,
+            "threshold": report.graph.threshold,
+            "share_threshold": report.graph.share_threshold,
+            "live": dict(report.live), "excluded": list(report.excluded),
+            "scale_bits": {n: p.scale_bits for n, p in plans.items()},
+        }}
+        return Aggregate(phase=ctx.phase, round=ctx.round, sums=sums, values={},
+                         contributors=report.contributors, notes=notes)
+
+    def sum_encoded(
+        self,
+        vectors: Mapping[int, np.ndarray],
+        ring_bits: int,
+        ctx: RoundContext,
+        label: str = "upload",
+    ) -> tuple[np.ndarray, tuple[int, ...]]:
+        """Run the protocol on already-encoded vectors (uint64 ring elements, one length).
+
+        Returns:
+            (the sum mod 2^ring_bits of the contributors' vectors as uint64, the contributors).
+
+        Raises:
+            SecureSumAborted: too few clients stayed live at some stage.
+        """
+        report = run_secure_sum(vectors, ring_bits, ctx, threshold=self.threshold,
+                                graph=self.graph, k=self.k, label=label)
+        self.last_report = report
+        return report.total, report.contributors

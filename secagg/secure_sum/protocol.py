@@ -1,0 +1,250 @@
+"""Running one secure-sum session: the clients and the server exchange real bytes.
+
+:func:`run_secure_sum` plays the four stages of Bonawitz et al. (2017) -- advertise keys,
+share keys, masked input collection, unmasking -- between :class:`~secagg.secure_sum.client.
+Client` objects and a :class:`~secagg.secure_sum.server.Server`, in one process. At each stage
+it asks ``ctx.dropouts.survivors(stage, ...)`` who stays live, books one ledger row per message
+with its true wire size and the CPU seconds each side spent on it, and transcripts what the
+server saw: each masked vector (form "masked"), then the unmasked sum (form "clear",
+what="sum").
+
+A client whose message the server cannot accept (malformed, replayed, misaddressed), or who
+cannot accept the server's message, is counted as dropped at that stage -- the run goes on if
+enough clients remain, and otherwise raises :class:`~secagg.errors.SecureSumAborted`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from secagg.errors import ConfigurationError, ProtocolError
+from secagg.secure_sum import wire
+from secagg.secure_sum.client import Client
+from secagg.secure_sum.graph import Graph, GraphKind, build
+from secagg.secure_sum.prg import SeededEntropy
+from secagg.secure_sum.server import Server
+
+Tamper = Callable[[str, Any, Any, bytes], bytes | None]
+"""Fault injection: (stage, sender, receiver, message) -> the bytes delivered (None: lost)."""
+
+
+@dataclass
+class SessionReport:
+    """The outcome of one session.
+
+    Attributes:
+        total: the ring sum (uint64, reduced mod 2^ring_bits) of the contributors' vectors.
+        contributors: clients whose input is in ``total``.
+        graph: the neighbour graph and thresholds used.
+        ring_bits: k.
+        live: stage -> live clients the server counted when closing it.
+        excluded: clients excluded because an honest client rejected their share.
+        failures: (stage, client, error text) for every message that could not be processed.
+        bytes_up, bytes_down: wire bytes per client, sent and received.
+        client_cpu_s: CPU seconds per client; server_cpu_s: the server's total.
+    """
+
+    total: np.ndarray
+    contributors: tuple[int, ...]
+    graph: Graph
+    ring_bits: int
+    live: dict[str, int]
+    excluded: tuple[int, ...]
+    failures: list[tuple[str, int, str]] = field(default_factory=list)
+    bytes_up: dict[int, int] = field(default_factory=dict)
+    bytes_down: dict[int, int] = field(default_factory=dict)
+    client_cpu_s: dict[int, float] = field(default_factory=dict)
+    server_cpu_s: float = 0.0
+
+
+def run_secure_sum(
+    vectors: Mapping[int, np.ndarray],
+    ring_bits: int,
+    ctx: Any,
+    *,
+    threshold: float | int = 0.7,
+    graph: GraphKind = "complete",
+    k: int | None = None,
+    label: str = "upload",
+    segments: Mapping[str, slice] | None = None,
+    length: int | None = None,
+    plaintext_bytes: int = 0,
+    fields: Mapping[str, int] | None = None,
+    upload_costs: Mapping[int, tuple[float, float]] | None = None,
+    graph_seed: int | None = None,
+    entropy_seed: int | None = None,
+    tamper: Tamper | None = None,
+) -> SessionReport:
+    """Run one secure-sum session over already-encoded vectors.
+
+    Args:
+        vectors: client id -> 1-D array of ring elements (uint64 < 2^ring_bits), all of one
+            length. A lazy mapping is fine: each vector is read once, when its client masks.
+        ring_bits: k in 1..64; arithmetic is modulo 2^k.
+        ctx: a :class:`secagg.layers.base.RoundContext` (dropouts, ledger, transcript).
+        threshold: fraction of the cohort (float) or count (int) that must stay live.
+        graph: "complete", "harary" (SecAgg+) or "auto".
+        k: the Harary degree (None: chosen for the cohort size).
+        label: the transcript field name when ``segments`` is None.
+        segments: field name -> slice of the vector, to transcript each field separately.
+        length: the vector length (None: read from the first vector).
+        plaintext_bytes, fields: what the MASKED rows carry in plaintext terms (ledger).
+        upload_costs: client -> (CPU seconds, FLOPs) of computing its statistic, added to its
+            MASKED row (reading/encoding the vector is timed as the client's work).
+        graph_seed: seeds the SecAgg+ relabelling (experiments); None uses the OS CSPRNG.
+        entropy_seed: makes every party's randomness (keys, seeds, Shamir coefficients,
+            session id) a deterministic function of this seed -- for reproducible experiments
+            and tests only; None (the default) uses the OS CSPRNG.
+        tamper: fault injection on every delivered message (tests).
+
+    Raises:
+        SecureSumAborted: fewer than the threshold stayed live at some stage.
+    """
+    cohort = sorted(int(u) for u in vectors)
+    if any(not 0 <= u <= wire.MAX_ID for u in cohort):
+        raise ConfigurationError(f"client ids must be in 0..{wire.MAX_ID}")
+    if not 1 <= ring_bits <= 64:
+        raise ConfigurationError(f"ring_bits must be in 1..64, got {ring_bits}")
+    if length is None:
+        length = int(np.asarray(vectors[cohort[0]]).size) if cohort else 0
+    g = build(cohort, threshold, graph, k, graph_seed)
+    if entropy_seed is None:
+        session = secrets.token_bytes(wire.SESSION_BYTES)
+
+        def entropy_of(u: int) -> Callable[[int], bytes]:
+            return os.urandom
+    else:
+        session = SeededEntropy(entropy_seed, "session")(wire.SESSION_BYTES)
+
+        def entropy_of(u: int) -> Callable[[int], bytes]:
+            return SeededEntropy(entropy_seed, u)
+    rnd = int(ctx.round)
+    server = Server(session, rnd, g, ring_bits, length)
+    segs = dict(segments) if segments is not None else {label: slice(0, length)}
+    report = SessionReport(np.zeros(0, np.uint64), (), g, ring_bits, server.live, ())
+    up = report.bytes_up
+    down = report.bytes_down
+    cpu = report.client_cpu_s
+    server_cpu = [0.0]
+    deliver = tamper or (lambda stage, s, r, m: m)
+
+    def client_step(u: int, fn: Callable[..., bytes], *args: Any) -> tuple[bytes | None, float]:
+        t0 = time.thread_time()
+        try:
+            out = fn(*args)
+        except ProtocolError as exc:
+            report.failures.append((stage, u, str(exc)))
+            out = None
+        dt = time.thread_time() - t0
+        cpu[u] = cpu.get(u, 0.0) + dt
+        return out, dt
+
+    def to_server(u: int, msg: bytes, handler: Callable[[bytes], Any], dt_client: float,
+                  **row: Any) -> Any:
+        got = deliver(stage, u, "server", msg)
+        t0 = time.thread_time()
+        result = None
+        if got is not None:
+            try:
+                result = handler(got)
+            except ProtocolError as exc:
+                report.failures.append((stage, u, str(exc)))
+                result = None
+        dt = time.thread_time() - t0
+        server_cpu[0] += dt
+        up[u] = up.get(u, 0) + len(msg)
+        ctx.message(u, "server", stage, len(msg), client_cpu_s=dt_client, server_cpu_s=dt, **row)
+        return result
+
+    def to_clients(msgs: dict[int, bytes], close_dt: float) -> dict[int, bytes | None]:
+        share = close_dt / max(len(msgs), 1)
+        out = {}
+        for v, m in msgs.items():
+            down[v] = down.get(v, 0) + len(m)
+            ctx.message("server", v, stage, len(m), server_cpu_s=share)
+            out[v] = deliver(stage, "server", v, m)
+        return out
+
+    def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+        t0 = time.thread_time()
+        try:
+            return fn(), time.thread_time() - t0
+        finally:
+            server_cpu[0] += time.thread_time() - t0
+
+    # ---- stage 1: advertise keys
+    stage = "advertise"
+    clients = {u: Client(u, session, rnd, entropy_of(u)) for u in cohort}
+    for u in ctx.dropouts.survivors(stage, cohort):
+        msg, dt = client_step(u, clients[u].advertise)
+        if msg is not None:
+            to_server(u, msg, server.receive_advertise, dt)
+    rosters, dt_close = timed(server.close_advertise)
+
+    # ---- stage 2: share keys
+    stage = "share"
+    inbox = to_clients(rosters, dt_close)
+    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
+        if inbox[u] is None:
+            continue
+        msg, dt = client_step(u, clients[u].share_keys, inbox[u])
+        if msg is not None:
+            to_server(u, msg, server.receive_shares, dt)
+    forwards, dt_close = timed(server.close_shares)
+
+    # ---- stage 3: masked input collection (ACK of the forwarded shares, then the vector)
+    stage = "masked-input"
+    inbox = to_clients(forwards, dt_close)
+    live3 = []
+    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
+        if inbox[u] is None:
+            continue
+        msg, dt = client_step(u, clients[u].receive_forward, inbox[u])
+        if msg is not None and to_server(u, msg, server.receive_ack, dt) is not None:
+            live3.append(u)
+    word_bytes = (ring_bits + 7) // 8
+    costs = upload_costs or {}
+    for u in live3:
+        def mask_step(u: int = u) -> bytes:
+            return clients[u].masked_input(np.asarray(vectors[u]).reshape(-1))
+
+        msg, dt = client_step(u, mask_step)
+        if msg is None:
+            continue
+        extra_cpu, flops = costs.get(u, (0.0, 0.0))
+        got = to_server(u, msg, server.receive_masked, dt + extra_cpu,
+                        plaintext_bytes=plaintext_bytes, fields=dict(fields or {}), flops=flops)
+        if got is not None:
+            _, y = got
+            for name, sl in segs.items():
+                part = y[sl]
+                ctx.observe("server", u, stage, name, "masked", part,
+                            nbytes=int(part.size) * word_bytes)
+    requests, dt_close = timed(server.close_masked)
+
+    # ---- stage 4: unmasking
+    stage = "unmask"
+    inbox = to_clients(requests, dt_close)
+    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
+        if inbox[u] is None:
+            continue
+        msg, dt = client_step(u, clients[u].unmask, inbox[u])
+        if msg is not None:
+            to_server(u, msg, server.receive_unmask, dt)
+    (total, contributors), _ = timed(server.finish)
+    for name, sl in segs.items():
+        part = total[sl]
+        ctx.observe("server", "server", stage, name, "clear", part, what="sum",
+                    nbytes=int(part.size) * word_bytes)
+    report.total = total
+    report.contributors = contributors
+    report.excluded = tuple(sorted(server.excluded))
+    report.server_cpu_s = server_cpu[0]
+    return report

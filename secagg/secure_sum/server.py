@@ -1,0 +1,360 @@
+"""The server side of the secure-sum protocol, as an explicit state machine.
+
+The :class:`Server` sees only wire messages. Per stage it collects the clients' messages
+(``receive_*``) and then closes the stage (``close_*``), which checks the live set against the
+thresholds (raising :class:`~secagg.errors.SecureSumAborted` naming the stage and the counts)
+and returns the messages it sends next. :meth:`finish` rebuilds the secrets it needs from the
+unmasking responses, removes the masks and returns the ring sum of the contributors' inputs.
+
+What the server needs to remove, with L = contributors (masked input arrived, not excluded):
+
+* every u in L: its self mask PRG(b_u), with b_u rebuilt from t_k shares;
+* every v that shared keys but is not in L (dropped, or excluded because an honest client
+  rejected its share): the pairwise masks between v and each w in L that accepted v's share,
+  with v's mask private key rebuilt from t_k shares.
+
+It never asks one client for both kinds of share of the same peer (honest clients refuse).
+Every rebuilt secret is verified before use (a mask key against its advertised public key, a
+seed against its owner's commitment; another t_k-subset of shares is tried on a mismatch), and
+every masked vector against its integrity tag, so a corrupted message ends in a
+:class:`~secagg.errors.ProtocolError`, never in a wrong sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from secagg.errors import ProtocolError, SecureSumAborted
+from secagg.secure_sum import shamir, wire
+from secagg.secure_sum.client import commit_seed, masked_tag
+from secagg.secure_sum.errors import MisaddressedMessage, ReplayedMessage, StageOrderError
+from secagg.secure_sum.graph import Graph
+from secagg.secure_sum.keys import (
+    PURPOSE_PAIR_MASK,
+    PURPOSE_SELF_MASK,
+    agree,
+    derive,
+    pair,
+    public_bytes,
+)
+from secagg.secure_sum.prg import MaskAccumulator, word_dtype
+from secagg.secure_sum.wire import SERVER_ID, MsgType
+
+_K = shamir.CHUNKS_PER_KEY
+
+STAGES = ("advertise", "share", "masked-input", "unmask")
+
+
+class Server:
+    """The aggregator's party in one secure-sum session.
+
+    Args:
+        session: 16-byte session id (fresh per run).
+        round: the training round.
+        graph: the neighbour graph and thresholds (:func:`secagg.secure_sum.graph.build`).
+        ring_bits: k, the sum is computed in Z_{2^k}.
+        length: the vector length every client uploads.
+    """
+
+    def __init__(
+        self, session: bytes, round: int, graph: Graph, ring_bits: int, length: int
+    ) -> None:
+        self.session = session
+        self.round = round
+        self.graph = graph
+        self.ring_bits = ring_bits
+        self.length = length
+        self.cohort = frozenset(graph.neighbours)
+        self.stage = "advertise"
+        self.keys: dict[int, tuple[bytes, bytes]] = {}
+        self.u2: set[int] = set()
+        self._shares: dict[int, dict[int, bytes]] = {}
+        self.forwarded: dict[int, set[int]] = {}
+        self.rejected: dict[int, set[int]] = {}
+        self.excluded: set[int] = set()
+        self.masked_from: set[int] = set()
+        self.total: np.ndarray | None = None
+        self.requests: dict[int, tuple[set[int], set[int]]] = {}
+        self.b_shares: dict[int, dict[int, list[int]]] = {}
+        self.sk_shares: dict[int, dict[int, list[int]]] = {}
+        self.responders: set[int] = set()
+        self.live: dict[str, int] = {}
+        self.dropped: set[int] = set()
+        self.commitments: dict[int, bytes] = {}
+        self.tags: dict[int, tuple[bytes, bytes]] = {}
+        self._rostered: dict[int, set[int]] = {}
+
+    # ------------------------------------------------------------ helpers
+
+    def _expect(self, stage: str) -> None:
+        if self.stage != stage:
+            raise StageOrderError(f"server: message for stage {stage!r} while in {self.stage!r}")
+
+    def _open(self, data: bytes, mtype: MsgType) -> tuple[int, memoryview]:
+        head, body = wire.decode_header(data, mtype, self.session, SERVER_ID)
+        if head.sender not in self.cohort:
+            raise MisaddressedMessage(f"{mtype.name} from {head.sender}, who is not in the cohort")
+        return head.sender, body
+
+    def _check(self, stage: str, live: set[int]) -> None:
+        self.live[stage] = len(live)
+        ok, survivors, needed = self.graph.live_ok(live)
+        if not ok:
+            raise SecureSumAborted(stage=stage, survivors=survivors, threshold=needed)
+
+    # ------------------------------------------------------------ advertise
+
+    def receive_advertise(self, data: bytes) -> int:
+        """Take one ADVERTISE message; returns its sender."""
+        self._expect("advertise")
+        u, body = self._open(data, MsgType.ADVERTISE)
+        if u in self.keys:
+            raise ReplayedMessage(f"second ADVERTISE from client {u}")
+        enc, msk = wire.parse_advertise(body)
+        self.keys[u] = (enc, msk)
+        return u
+
+    def close_advertise(self) -> dict[int, bytes]:
+        """Close stage 1; returns the ROSTER message for each client that advertised."""
+        self._expect("advertise")
+        live = set(self.keys)
+        self._check("advertise", live)
+        self.stage = "share"
+        out = {}
+        for u in sorted(live):
+            nb = {v: self.keys[v] for v in self.graph.neighbours[u] if v in live}
+            body = wire.roster_body(self.round, self.ring_bits, self.length,
+                                    self.graph.share_threshold, nb)
+            out[u] = wire.encode(MsgType.ROSTER, self.session, SERVER_ID, u, body)
+        self._rostered = {u: set(self.graph.neighbours[u]) & live for u in live}
+        return out
+
+    # ------------------------------------------------------------ share keys
+
+    def receive_shares(self, data: bytes) -> int:
+        """Take one SHARES message; returns its sender."""
+        self._expect("share")
+        u, body = self._open(data, MsgType.SHARES)
+        if u in self._shares:
+            raise ReplayedMessage(f"second SHARES from client {u}")
+        if u not in self._rostered:
+            raise MisaddressedMessage(f"SHARES from {u}, who did not advertise")
+        commitment, entries = wire.parse_shares(body)
+        if set(entries) != self._rostered[u]:
+            raise MisaddressedMessage(
+                f"SHARES from {u} addressed to {sorted(entries)}, not to its neighbours"
+            )
+        self._shares[u] = entries
+        self.commitments[u] = commitment
+        return u
+
+    def close_shares(self) -> dict[int, bytes]:
+        """Close stage 2; returns the FORWARD message for each client that shared."""
+        self._expect("share")
+        self.u2 = set(self._shares)
+        self._check("share", self.u2)
+        self.stage = "masked-input"
+        out = {}
+        for v in sorted(self.u2):
+            entries = {u: self._shares[u][v] for u in self.u2 if v in self._shares[u]}
+            self.forwarded[v] = set(entries)
+            out[v] = wire.encode(MsgType.FORWARD, self.session, SERVER_ID, v,
+                                 wire.ciphertexts_body(entries))
+        self._shares.clear()
+        return out
+
+    # ------------------------------------------------------------ masked input
+
+    def receive_ack(self, data: bytes) -> int:
+        """Take one ACK (the senders whose shares failed authentication at its sender)."""
+        self._expect("masked-input")
+        if self.masked_from:
+            raise StageOrderError("server: ACKs must all arrive before masked vectors")
+        u, body = self._open(data, MsgType.ACK)
+        if u in self.rejected:
+            raise ReplayedMessage(f"second ACK from client {u}")
+        if u not in self.u2:
+            raise MisaddressedMessage(f"ACK from {u}, who did not share keys")
+        bad = set(wire.parse_ids(body, "ACK"))
+        if not bad <= self.forwarded[u]:
+            raise MisaddressedMessage(f"ACK from {u} rejects shares it was never sent")
+        self.rejected[u] = bad
+        self.excluded |= bad  # a sender whose share failed authentication counts as dropped
+        return u
+
+    def receive_masked(self, data: bytes) -> tuple[int, np.ndarray]:
+        """Take one MASKED message; returns (sender, the masked vector as received).
+
+        The vector is added to the running sum unless its sender was excluded."""
+        self._expect("masked-input")
+        u, body = self._open(data, MsgType.MASKED)
+        if u in self.masked_from:
+            raise ReplayedMessage(f"second MASKED from client {u}")
+        if u not in self.rejected:
+            raise StageOrderError(f"MASKED from {u} before its ACK")
+        tag, raw, y = wire.parse_masked(body, self.ring_bits, self.length)
+        self.masked_from.add(u)
+        self.tags[u] = (tag, hashlib.sha256(raw).digest())
+        if u not in self.excluded:
+            if self.total is None:
+                self.total = np.array(y, dtype=word_dtype(self.ring_bits))
+            else:
+                np.add(self.total, y, out=self.total)
+        return u, y
+
+    @property
+    def contributors(self) -> set[int]:
+        """Clients whose masked input is in the running sum."""
+        return self.masked_from - self.excluded
+
+    def accepted_by(self, w: int) -> set[int]:
+        """The senders whose shares w holds (forwarded to w and authenticated)."""
+        return self.forwarded.get(w, set()) - self.rejected.get(w, set())
+
+    def close_masked(self) -> dict[int, bytes]:
+        """Close stage 3; returns the UNMASK_REQUEST for each contributor."""
+        self._expect("masked-input")
+        live = self.contributors
+        self._check("masked-input", live)
+        self.stage = "unmask"
+        self.dropped = {
+            v for v in self.u2 - live if any(v in self.accepted_by(w) for w in live)
+        }
+        out = {}
+        for w in sorted(live):
+            acc = self.accepted_by(w)
+            b_ids = {u for u in live if u == w or u in acc}
+            sk_ids = {v for v in self.dropped if v in acc}
+            self.requests[w] = (b_ids, sk_ids)
+            out[w] = wire.encode(MsgType.UNMASK_REQUEST, self.session, SERVER_ID, w,
+                                 wire.unmask_request_body(b_ids, sk_ids))
+        return out
+
+    # ------------------------------------------------------------ unmask
+
+    def receive_unmask(self, data: bytes) -> int:
+        """Take one UNMASK_RESPONSE; returns its sender."""
+        self._expect("unmask")
+        w, body = self._open(data, MsgType.UNMASK_RESPONSE)
+        if w in self.responders:
+            raise ReplayedMessage(f"second UNMASK_RESPONSE from client {w}")
+        if w not in self.requests:
+            raise MisaddressedMessage(f"UNMASK_RESPONSE from {w}, who was not asked")
+        b, s = wire.parse_unmask_response(body)
+        if set(b) != self.requests[w][0] or set(s) != self.requests[w][1]:
+            raise MisaddressedMessage(f"UNMASK_RESPONSE from {w} does not answer its request")
+        self.responders.add(w)
+        for u, els in b.items():
+            self.b_shares.setdefault(u, {})[w] = els
+        for v, els in s.items():
+            self.sk_shares.setdefault(v, {})[w] = els
+        return w
+
+    def _verify(self, kind: str, owner: int, secret: bytes) -> bool:
+        """Check a rebuilt secret: a mask key against the advertised public key, a self-mask
+        seed against the commitment its owner sent with its shares."""
+        if kind == "sk":
+            pub = X25519PrivateKey.from_private_bytes(secret).public_key()
+            return public_bytes(pub) == self.keys[owner][1]
+        return commit_seed(self.session, self.round, owner, secret) == self.commitments[owner]
+
+    def _combine(
+        self, holders: tuple[int, ...], items: list[tuple[str, int]]
+    ) -> list[bytes | None]:
+        """Rebuild the secrets of ``items`` from the shares of ``holders`` (one batched
+        Lagrange product); None where a result is not a valid, verified secret."""
+        tk = len(holders)
+        mat = np.empty((tk, _K * len(items)), dtype=object)
+        for j, (kind, owner) in enumerate(items):
+            pool = (self.b_shares if kind == "b" else self.sk_shares)[owner]
+            for i, h in enumerate(holders):
+                mat[i, _K * j : _K * j + _K] = pool[h]
+        flat = shamir.reconstruct([h + 1 for h in holders], mat)
+        out: list[bytes | None] = []
+        for j, (kind, owner) in enumerate(items):
+            try:
+                secret = shamir.elements_to_key(flat[_K * j : _K * j + _K])
+            except ValueError:
+                out.append(None)
+                continue
+            out.append(secret if self._verify(kind, owner, secret) else None)
+        return out
+
+    def _rebuild(self, wanted: Sequence[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+        """Rebuild 32-byte secrets from t_k shares each, batching owners with equal holders.
+
+        Every rebuilt secret is verified; when a holder set gives a wrong secret (a corrupted
+        share), other t_k-subsets of the available shares are tried.
+
+        Raises:
+            SecureSumAborted: fewer than t_k shares of a needed secret arrived.
+            ProtocolError: no t_k-subset of the shares rebuilds a verified secret.
+        """
+        tk = self.graph.share_threshold
+        groups: dict[tuple[int, ...], list[tuple[str, int]]] = {}
+        for kind, owner in wanted:
+            pool = (self.b_shares if kind == "b" else self.sk_shares).get(owner, {})
+            if len(pool) < tk:
+                raise SecureSumAborted(stage="unmask", survivors=len(pool), threshold=tk)
+            groups.setdefault(tuple(sorted(pool)[:tk]), []).append((kind, owner))
+        out: dict[tuple[str, int], bytes] = {}
+        for holders, items in groups.items():
+            for item, secret in zip(items, self._combine(holders, items), strict=True):
+                if secret is not None:
+                    out[item] = secret
+                    continue
+                pool = sorted((self.b_shares if item[0] == "b" else self.sk_shares)[item[1]])
+                for start in range(1, len(pool) - tk + 1):  # other holder windows
+                    secret = self._combine(tuple(pool[start : start + tk]), [item])[0]
+                    if secret is not None:
+                        out[item] = secret
+                        break
+                else:
+                    what = "mask key" if item[0] == "sk" else "self-mask seed"
+                    raise ProtocolError(
+                        f"the shares of client {item[1]}'s {what} are inconsistent "
+                        "(corrupted in transit?); refusing to unmask"
+                    )
+        return out
+
+    def finish(self) -> tuple[np.ndarray, tuple[int, ...]]:
+        """Close stage 4: unmask the running sum.
+
+        Returns:
+            (the ring sum of the contributors' vectors as uint64, the contributors).
+        """
+        self._expect("unmask")
+        live = self.contributors
+        self._check("unmask", set(self.responders))
+        wanted = [("b", u) for u in sorted(live)] + [("sk", v) for v in sorted(self.dropped)]
+        secrets_ = self._rebuild(wanted)
+        for u in sorted(live):
+            tag, digest = self.tags[u]
+            want = masked_tag(secrets_[("b", u)], self.session, self.round, u, digest)
+            if not hmac.compare_digest(tag, want):
+                raise ProtocolError(
+                    f"the masked input of client {u} was altered in transit (integrity tag "
+                    "mismatch); refusing to unmask"
+                )
+        assert self.total is not None
+        masks = MaskAccumulator(self.total)
+        for u in sorted(live):
+            b = secrets_[("b", u)]
+            masks.add(derive(b, PURPOSE_SELF_MASK, self.session, self.round, u, u), -1)
+        for v in sorted(self.dropped):
+            sk = secrets_[("sk", v)]
+            for w in sorted(live):
+                if v in self.accepted_by(w):
+                    s = agree(sk, self.keys[w][1])
+                    key = derive(s, PURPOSE_PAIR_MASK, self.session, self.round, *pair(w, v))
+                    masks.add(key, -1 if w < v else 1)
+        self.stage = "done"
+        out = self.total.astype(np.uint64)
+        if self.ring_bits < 64:
+            out &= np.uint64((1 << self.ring_bits) - 1)
+        return out, tuple(sorted(live))
