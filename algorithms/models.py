@@ -5,7 +5,7 @@
 
 Both return a :class:`SplitModel` whose ``body`` maps inputs to ``feature_dim`` features and
 whose ``head`` is a linear classifier. ``feature_clamp`` ends the body with a clamp to
-[-b, b] (FedLog's bounded features); ``normalize`` makes features unit-norm (SphereFed).
+[-b, b] (FedLog's bounded features). SphereFed adds its own unit-norm feature layer.
 :func:`get_flat` and :func:`set_flat` move parameters to and from one float32 vector.
 """
 

@@ -57,10 +57,28 @@ def load_algorithm(name: str) -> type:
 
 
 def build_layer(args: argparse.Namespace) -> Any:
-    """The layer named by ``--layer`` with its options."""
+    """The layer named by ``--layer`` with its options, routed per field group when
+    ``--group-layer GROUP=LAYER`` is given (other groups take ``--layer``)."""
+    base = _one_layer(args, args.layer)
+    if not args.group_layer:
+        return base
+    from secagg.layers.per_group import PerGroup
+
+    routes = {}
+    for item in args.group_layer:
+        group, sep, name = item.partition("=")
+        if not sep or not group or name not in LAYERS:
+            raise SecaggError(
+                f"--group-layer expects GROUP=LAYER with LAYER one of {', '.join(LAYERS)}, "
+                f"got {item!r}"
+            )
+        routes[group] = _one_layer(args, name)
+    return PerGroup(routes, default=base)
+
+
+def _one_layer(args: argparse.Namespace, name: str) -> Any:
     from secagg.layers.plaintext import Plaintext
 
-    name = args.layer
     if name == "plaintext":
         return Plaintext()
     if name == "secure-sum":
@@ -147,6 +165,14 @@ def _make_parser() -> argparse.ArgumentParser:
         default=None,
         type=Path,
         help="output directory (default: runs/ALGORITHM-LAYER-seedSEED)",
+    )
+    r.add_argument(
+        "--group-layer",
+        action="append",
+        default=[],
+        metavar="GROUP=LAYER",
+        help="route one field group through another layer, e.g. embeddings=plaintext for "
+        "turbosvm (repeatable)",
     )
     r.add_argument(
         "--threshold",

@@ -87,6 +87,8 @@ class Field:
         additive: True when the server needs only the sum over clients.
         bound: bound on one contribution; required for DP noise and for integer encodings.
         group: routing group; :class:`secagg.layers.PerGroup` picks a layer per group.
+        reason: for a non-additive field, why the server needs each client's own value;
+            summing layers quote it when they refuse the field.
     """
 
     name: str
@@ -95,6 +97,7 @@ class Field:
     additive: bool = True
     bound: Bound | None = None
     group: str = "default"
+    reason: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

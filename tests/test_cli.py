@@ -27,6 +27,9 @@ def test_run_writes_outputs_and_table(tmp_path, capsys):
     (["run", "--clients", "0"], 1, "--clients must be >= 1"),
     (["run", "--layer", "central-dp"], 1, "needs --epsilon"),
     (["audit", "/no/such/file.jsonl"], 1, "no such transcript"),
+    (["run", "--algorithm", "turbosvm", "--layer", "secure-sum"], 1,
+     "TurboSVM-FL's server needs each client's class embeddings"),
+    (["run", "--group-layer", "embeddings"], 1, "GROUP=LAYER"),
 ])
 def test_bad_arguments_give_one_line_errors(argv, code, needle, capsys):
     try:
@@ -47,3 +50,15 @@ def test_help_lists_every_option(capsys):
     for opt in ("--algorithm", "--layer", "--dataset", "--data-dir", "--clients", "--alpha",
                 "--rounds", "--seed", "--device-profile", "--out"):
         assert opt in text
+
+
+def test_group_layer_routes_turbosvm_embeddings_in_the_clear(tmp_path, capsys):
+    out = tmp_path / "t"
+    assert main(["run", "--algorithm", "turbosvm", "--layer", "secure-sum", "--group-layer",
+                 "embeddings=plaintext", "--rounds", "1", "--quiet", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["audit", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    seen = {e["field"]: e["server_saw"] for e in rep["fields"]}
+    assert set(seen["weighted_encoder"]) == {"masked upload", "clear sum"}
+    assert set(seen["embeddings"]) == {"clear upload"}

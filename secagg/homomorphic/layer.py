@@ -151,7 +151,8 @@ class Homomorphic(Layer):
             if not f.additive:
                 raise InadmissibleField(
                     self.name, f.name,
-                    "not additive: the server can only add ciphertexts, so it would need "
+                    (f"{f.reason}; " if f.reason else "")
+                    + "not additive: the server can only add ciphertexts, so it would need "
                     "each client's value, which it cannot decrypt")
             try:
                 spec.client_linf(f.name)

@@ -101,9 +101,11 @@ class SecureSum(Layer):
     def check(self, spec: UploadSpec) -> None:
         """Refuse non-additive fields and additive fields without a bound."""
         if spec.non_additive:
+            f = spec.non_additive[0]
             raise InadmissibleField(
-                self.name, spec.non_additive[0].name,
-                "secure summation reveals only the sum over clients, but this field is "
+                self.name, f.name,
+                (f"{f.reason}; " if f.reason else "")
+                + "secure summation reveals only the sum over clients, but this field is "
                 "not additive (the server needs each client's own value)",
             )
         for f in spec.additive:
