@@ -1,0 +1,340 @@
+"""The run's privacy ledger: composes DP events across rounds and phases.
+
+Composition is done by Google's ``dp_accounting`` library:
+
+* when every event is one the privacy-loss-distribution (PLD) accountant handles
+  (Gaussian, Poisson-subsampled Gaussian), the PLD accountant is used — it is tight;
+* otherwise the Renyi-DP accountant is used for all events, with the published RDP bounds
+  for the distributed discrete Gaussian (Kairouz, Liu, Steinke 2021) and the Skellam
+  mechanism (Agarwal, Kairouz, Liu 2021) added through :class:`_RdpAccountant`;
+* an event neither accountant can bound is refused (:class:`PrivacyError`) when it is
+  added, never silently ignored.
+
+A ledger created with a budget ``(epsilon_budget, delta)`` refuses, with
+:class:`BudgetExceeded` and before anything is recorded, an event that would take the
+composed epsilon above the budget (:meth:`PrivacyLedger.spend`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import dp_accounting
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from secagg.errors import BudgetExceeded, PrivacyError
+from secagg.privacy.events import (
+    DistributedDiscreteGaussianDpEvent,
+    PrivacyEvent,
+    SkellamDpEvent,
+)
+
+__all__ = ["PrivacyLedger", "ddg_rdp", "skellam_rdp"]
+
+#: RDP orders: dp_accounting's defaults plus a denser grid of large orders, which small
+#: epsilons at small deltas need.
+RDP_ORDERS: tuple[float, ...] = tuple(
+    sorted(set(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+           | {float(a) for a in range(2, 257)} | {320.0, 384.0, 512.0, 1024.0})
+)
+
+
+#: Composed epsilons already computed (identical event multisets give identical answers).
+_EPS_CACHE: dict[tuple[Any, ...], float] = {}
+_CACHE_SIZE = 4096
+
+
+def ddg_rdp(event: DistributedDiscreteGaussianDpEvent, orders: np.ndarray) -> np.ndarray:
+    """RDP of a sum of n discrete Gaussians (Kairouz, Liu, Steinke, ICML 2021, Thm 1 with
+    Prop 14): with l = Delta_2 / sqrt(n sigma^2), tau = 10 sum_{k=1}^{n-1}
+    exp(-2 pi^2 sigma^2 k/(k+1)) and d entries,
+    eps(a) = min(a l^2 / 2 + tau d, a/2 (l + sqrt(d) tau)^2).  For n = 1, tau = 0 and this
+    is the (Delta_2^2 / (2 sigma^2))-zCDP bound of Canonne, Kamath, Steinke (2020).
+    Non-integer orders are evaluated at the next integer (RDP is non-decreasing in a)."""
+    n, s2, d = event.n_shares, event.sigma_share ** 2, event.dimension
+    ks = np.arange(1, n, dtype=np.float64)
+    tau = 10.0 * float(np.sum(np.exp(-2.0 * math.pi ** 2 * s2 * ks / (ks + 1.0))))
+    l_scale = event.l2_sensitivity / math.sqrt(n * s2)
+    a = np.ceil(np.asarray(orders, dtype=np.float64))
+    t1 = a * l_scale ** 2 / 2.0 + tau * d
+    t2 = a / 2.0 * (l_scale + math.sqrt(d) * tau) ** 2
+    return np.minimum(t1, t2)
+
+
+def skellam_rdp(event: SkellamDpEvent, orders: np.ndarray) -> np.ndarray:
+    """RDP of the multi-dimensional symmetric Skellam mechanism of variance mu (Agarwal,
+    Kairouz, Liu, NeurIPS 2021):
+    eps(a) = a D2^2/(2 mu) + min(((2a - 1) D2^2 + 6 D1) / (4 mu^2), 3 D1 / (2 mu)).
+    Non-integer orders are evaluated at the next integer."""
+    mu, d2, d1 = event.variance, event.l2_sensitivity, event.l1_sensitivity
+    a = np.ceil(np.asarray(orders, dtype=np.float64))
+    extra = np.minimum(((2 * a - 1) * d2 ** 2 + 6 * d1) / (4 * mu ** 2), 3 * d1 / (2 * mu))
+    return a * d2 ** 2 / (2 * mu) + extra
+
+
+class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
+    """dp_accounting's RDP accountant, extended with the two integer mechanisms."""
+
+    def _maybe_compose(self, event: dp_event.DpEvent, count: int, do_compose: bool) -> Any:
+        if isinstance(event, DistributedDiscreteGaussianDpEvent):
+            if do_compose:
+                self._rdp += count * ddg_rdp(event, self._orders)
+            return None
+        if isinstance(event, SkellamDpEvent):
+            if do_compose:
+                self._rdp += count * skellam_rdp(event, self._orders)
+            return None
+        if isinstance(event, dp_event.SelfComposedDpEvent):
+            return self._maybe_compose(event.event, event.count * count, do_compose)
+        if isinstance(event, dp_event.ComposedDpEvent):
+            for e in event.events:
+                r = self._maybe_compose(e, count, do_compose)
+                if r is not None:
+                    return r
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+def _check_delta(delta: float) -> float:
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+    return float(delta)
+
+
+class PrivacyLedger:
+    """All DP releases of a run, composed into one (epsilon, delta) guarantee.
+
+    Args:
+        epsilon_budget: the total epsilon the run may spend (None: no guard).
+        delta: the delta the budget (and default queries) refer to.
+        accountant: ``"auto"`` (PLD when every event allows it, else RDP), ``"pld"`` or
+            ``"rdp"``.
+        pld_discretization: PLD value discretisation interval (smaller is tighter, slower).
+    """
+
+    def __init__(
+        self,
+        epsilon_budget: float | None = None,
+        delta: float | None = None,
+        accountant: str = "auto",
+        pld_discretization: float = 1e-4,
+    ) -> None:
+        if accountant not in ("auto", "pld", "rdp"):
+            raise PrivacyError(f"accountant must be 'auto', 'pld' or 'rdp', got {accountant!r}")
+        if epsilon_budget is not None:
+            if not (isinstance(epsilon_budget, (int, float)) and epsilon_budget > 0
+                    and math.isfinite(epsilon_budget)):
+                raise PrivacyError(f"epsilon budget must be a positive number, got "
+                                   f"{epsilon_budget!r}")
+            if delta is None:
+                raise PrivacyError("an epsilon budget needs a delta")
+        self.epsilon_budget = None if epsilon_budget is None else float(epsilon_budget)
+        self.delta = None if delta is None else _check_delta(delta)
+        self.accountant = accountant
+        self.pld_discretization = float(pld_discretization)
+        self._events: list[PrivacyEvent] = []
+        self._not_private: list[str] = []
+
+    # -- recording -----------------------------------------------------------------------
+
+    @property
+    def events(self) -> tuple[PrivacyEvent, ...]:
+        """Every event recorded so far, in order."""
+        return tuple(self._events)
+
+    @property
+    def private(self) -> bool:
+        """False when some release used user-seeded noise or was marked not private."""
+        return not self._not_private
+
+    @property
+    def not_private_reasons(self) -> tuple[str, ...]:
+        """Why the run is not private (empty when it is)."""
+        return tuple(self._not_private)
+
+    def mark_not_private(self, reason: str) -> None:
+        """Record that the run's guarantee does not hold (e.g. user-fixed noise seed)."""
+        if reason not in self._not_private:
+            self._not_private.append(reason)
+
+    def check(self, *events: PrivacyEvent) -> float:
+        """The epsilon (at the budget's delta) the run would reach with ``events`` added.
+
+        Raises:
+            PrivacyError: an event no accountant can bound.
+            BudgetExceeded: the result would exceed the budget (nothing is recorded).
+        """
+        for e in events:
+            if not isinstance(e, PrivacyEvent):
+                raise PrivacyError(f"not a PrivacyEvent: {e!r}")
+            self._supported(e)
+        if self.epsilon_budget is None or self.delta is None:
+            return math.nan
+        eps = self._epsilon([*self._events, *events], self.delta)
+        if eps > self.epsilon_budget:
+            what = ", ".join(e.label or e.mechanism for e in events)
+            raise BudgetExceeded(
+                f"release ({what}) would bring epsilon to {eps:.4g} at delta={self.delta:g}, "
+                f"above the budget {self.epsilon_budget:g}; nothing was released"
+            )
+        return eps
+
+    def spend(self, *events: PrivacyEvent) -> float:
+        """Record ``events`` after the budget guard (:meth:`check`) passes; returns the
+        epsilon after them (NaN when the ledger has no budget)."""
+        eps = self.check(*events)
+        self._events.extend(events)
+        return eps
+
+    def extend(self, events: Iterable[PrivacyEvent]) -> None:
+        """Record events without the budget guard (e.g. a history replayed from a file)."""
+        for e in events:
+            self.check_supported(e)
+            self._events.append(e)
+
+    def check_supported(self, event: PrivacyEvent) -> None:
+        """Raise :class:`PrivacyError` if no accountant can bound ``event``."""
+        self._supported(event)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def epsilon(
+        self, delta: float | None = None, *, field: str | None = None, phase: str | None = None
+    ) -> float:
+        """Composed epsilon at ``delta`` (default: the ledger's delta) over every event, or
+        only those covering ``field`` / in ``phase``. 0.0 when there is no event."""
+        d = delta if delta is not None else self.delta
+        if d is None:
+            raise PrivacyError("epsilon(delta) needs a delta (none given and no ledger delta)")
+        return self._epsilon(self._select(field, phase), _check_delta(d))
+
+    def delta_for(self, epsilon: float, *, field: str | None = None,
+                  phase: str | None = None) -> float:
+        """Smallest delta for which the selected events are (epsilon, delta)-DP."""
+        if not (isinstance(epsilon, (int, float)) and epsilon >= 0):
+            raise PrivacyError(f"epsilon must be a non-negative number, got {epsilon!r}")
+        events = self._select(field, phase)
+        if not events:
+            return 0.0
+        acc = self._accountant(events)
+        return float(acc.get_delta(float(epsilon)))
+
+    def method(self, events: Sequence[PrivacyEvent] | None = None) -> str:
+        """Which accountant composes ``events`` (default: all): ``"pld"`` or ``"rdp"``."""
+        evs = self._events if events is None else events
+        if self.accountant != "auto":
+            return self.accountant
+        return "pld" if all(e.pld_supported for e in evs) else "rdp"
+
+    def summary(self, delta: float | None = None) -> dict[str, Any]:
+        """JSON-able report: total epsilon, per-field and per-phase epsilons, the accountant,
+        whether the run is private, and the events."""
+        d = delta if delta is not None else self.delta
+        out: dict[str, Any] = {
+            "delta": d, "accountant": self.method(), "private": self.private,
+            "not_private_reasons": list(self._not_private),
+            "epsilon_budget": self.epsilon_budget, "n_events": len(self._events),
+        }
+        if d is not None:
+            out["epsilon"] = self.epsilon(d)
+            fields = sorted({f for e in self._events for f in e.fields})
+            out["per_field"] = {f: self.epsilon(d, field=f) for f in fields}
+            phases = sorted({e.phase for e in self._events if e.phase is not None})
+            out["per_phase"] = {p: self.epsilon(d, phase=p) for p in phases}
+        out["events"] = [e.describe() for e in self._events]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (for ``Result.to_dict``): :meth:`summary` at the ledger's delta."""
+        return self.summary()
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """Rows for the run's closing table: spent epsilon (and budget), per field,
+        and whether the guarantee holds."""
+        if self.delta is None:
+            return [("privacy", f"{len(self._events)} DP events (no delta set)")]
+        eps = self.epsilon()
+        budget = "" if self.epsilon_budget is None else f" of budget {self.epsilon_budget:g}"
+        rows = [(f"DP epsilon spent (delta={self.delta:g}, {self.method().upper()})",
+                 f"{eps:.4g}{budget}")]
+        for f in sorted({f for e in self._events for f in e.fields}):
+            rows.append((f"DP epsilon, field {f}", f"{self.epsilon(field=f):.4g}"))
+        rows.append(("DP guarantee holds", "yes" if self.private else
+                     "NO: " + "; ".join(self._not_private)))
+        return rows
+
+    def record_in(self, transcript: Any) -> None:
+        """Write the guarantee per field and in total into a transcript
+        (:meth:`secagg.transcript.Transcript.privacy` records)."""
+        if self.delta is None:
+            return
+        method = self.method()
+        for f in sorted({f for e in self._events for f in e.fields}):
+            transcript.privacy(field=f, epsilon=self.epsilon(field=f), delta=self.delta,
+                               accountant=method, private=self.private)
+        transcript.privacy(field=None, epsilon=self.epsilon(), delta=self.delta,
+                           accountant=method, private=self.private,
+                           not_private_reasons=list(self._not_private),
+                           epsilon_budget=self.epsilon_budget, n_events=len(self._events))
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _select(self, field: str | None, phase: str | None) -> list[PrivacyEvent]:
+        return [e for e in self._events
+                if (field is None or field in e.fields) and (phase is None or e.phase == phase)]
+
+    def _supported(self, event: PrivacyEvent) -> None:
+        dpe = event.dp_event()  # raises PrivacyError for unboundable events
+        method = self.method([event]) if self.accountant == "auto" else self.accountant
+        acc = self._new(method)
+        if not acc.supports(dpe):
+            if self.accountant == "auto" and method == "pld" and self._new("rdp").supports(dpe):
+                return
+            raise PrivacyError(
+                f"the {method.upper()} accountant cannot bound the event {event.describe()}"
+            )
+
+    def _new(self, method: str) -> dp_accounting.PrivacyAccountant:
+        if method == "pld":
+            return pld_privacy_accountant.PLDAccountant(
+                value_discretization_interval=self.pld_discretization)
+        return _RdpAccountant(orders=RDP_ORDERS)
+
+    @staticmethod
+    def _grouped(events: Sequence[PrivacyEvent]) -> list[tuple[Any, int]]:
+        """Canonical composition: identical mechanisms merged into one count, in a fixed
+        order, so the same multiset of events always gives the same number."""
+        counts: dict[Any, int] = {}
+        for e in events:
+            k = e.dp_event()
+            counts[k] = counts.get(k, 0) + e.count
+        return sorted(counts.items(), key=lambda kv: repr(kv[0]))
+
+    def _accountant(self, events: Sequence[PrivacyEvent]) -> dp_accounting.PrivacyAccountant:
+        acc = self._new(self.method(events))
+        for dpe, count in self._grouped(events):
+            if not acc.supports(dpe):
+                raise PrivacyError(f"the accountant cannot bound {dpe}")
+            acc.compose(dpe, count)
+        return acc
+
+    def _epsilon(self, events: Sequence[PrivacyEvent], delta: float) -> float:
+        if not events:
+            return 0.0
+        groups = self._grouped(events)
+        key = (self.method(events), self.pld_discretization, delta, tuple(groups))
+        if key not in _EPS_CACHE:
+            eps = float(self._accountant(events).get_epsilon(delta))
+            if len(_EPS_CACHE) >= _CACHE_SIZE:
+                _EPS_CACHE.pop(next(iter(_EPS_CACHE)))
+            _EPS_CACHE[key] = math.inf if math.isnan(eps) else eps
+        return _EPS_CACHE[key]
+
+    def __repr__(self) -> str:
+        return (f"PrivacyLedger(events={len(self._events)}, budget={self.epsilon_budget}, "
+                f"delta={self.delta}, private={self.private})")

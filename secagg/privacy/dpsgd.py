@@ -1,0 +1,132 @@
+"""Record-level DP-SGD for local training, through Opacus, accounted in the run's ledger.
+
+An algorithm that trains locally wraps its plain PyTorch model, optimizer and data loader
+with :func:`make_private` (Opacus ``PrivacyEngine``: per-sample gradient clipping to
+``max_grad_norm``, Gaussian noise of std ``noise_multiplier * max_grad_norm``, Poisson
+sampling of batches). After training, :meth:`PrivateTraining.events` turns Opacus'
+history of (noise multiplier, sampling rate, steps) into :class:`SampledGaussianEvent`s,
+which the same :class:`PrivacyLedger` composes with the statistics releases, so the run's
+epsilon covers both.
+
+Federated use, record-level adjacency: each record lives on one client, so within a round
+the clients' trainings compose in parallel; :func:`round_event` gives the one event that
+dominates all of them (largest sampling rate and step count, smallest multiplier), to be
+spent once per round. Before training, :meth:`DPSGD.event` gives the planned event so the
+budget guard can refuse a round before it runs.
+
+Noise: Opacus draws from a ``torch.Generator`` seeded here with 63 bits from ``secrets``
+(Opacus' ``secure_mode`` needs torchcsprng, which is not installed); a user seed makes the
+run reproducible and, as for every DP layer, not private.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from secagg.errors import PrivacyError
+from secagg.privacy.accountant import PrivacyLedger
+from secagg.privacy.events import SampledGaussianEvent
+
+__all__ = ["DPSGD", "PrivateTraining", "make_private", "round_event"]
+
+
+@dataclass(frozen=True)
+class DPSGD:
+    """The DP-SGD option of a locally training algorithm.
+
+    Args:
+        noise_multiplier: z, noise std over the clipping norm.
+        max_grad_norm: per-sample gradient L2 clipping norm.
+        seed: fix Opacus' noise generator (experiments only: the run is then not private).
+    """
+
+    noise_multiplier: float
+    max_grad_norm: float
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("noise_multiplier", "max_grad_norm"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise PrivacyError(f"DPSGD.{name} must be a positive number, got {v!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise PrivacyError(f"DPSGD.seed must be a non-negative integer, got {self.seed!r}")
+
+    def event(self, n_records: int, batch_size: int, epochs: int, **where: Any
+              ) -> SampledGaussianEvent:
+        """The planned event of one client's local training: sampling rate
+        batch_size / n_records, epochs * ceil(n_records / batch_size) steps."""
+        if n_records < 1 or batch_size < 1 or epochs < 1:
+            raise PrivacyError("n_records, batch_size and epochs must be positive")
+        q = min(1.0, batch_size / n_records)
+        steps = epochs * math.ceil(n_records / batch_size)
+        return SampledGaussianEvent(noise_multiplier=float(self.noise_multiplier),
+                                    sampling_rate=q, steps=steps, label="dp-sgd", **where)
+
+
+@dataclass
+class PrivateTraining:
+    """What :func:`make_private` returns: Opacus' wrapped module, DP optimizer and
+    Poisson-sampling loader, plus the engine whose history becomes ledger events."""
+
+    module: Any
+    optimizer: Any
+    data_loader: Any
+    engine: Any
+    config: DPSGD
+
+    def events(self, **where: Any) -> list[SampledGaussianEvent]:
+        """One :class:`SampledGaussianEvent` per (multiplier, rate) block of Opacus'
+        accountant history so far (``where``: round=, phase=, fields=, label=)."""
+        where.setdefault("label", "dp-sgd")
+        out = []
+        for z, q, steps in self.engine.accountant.history:
+            out.append(SampledGaussianEvent(noise_multiplier=float(z), sampling_rate=float(q),
+                                            steps=int(steps), **where))
+        return out
+
+    def record(self, ledger: PrivacyLedger, **where: Any) -> list[SampledGaussianEvent]:
+        """Spend this training's events on ``ledger`` (single-client use; in a federation
+        spend :func:`round_event` of all clients once per round instead)."""
+        evs = self.events(**where)
+        if self.config.seed is not None:
+            ledger.mark_not_private(
+                f"dp-sgd: noise seed fixed by the user (seed={self.config.seed})")
+        ledger.spend(*evs)
+        return evs
+
+
+def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD) -> PrivateTraining:
+    """Wrap a plain torch model, optimizer and DataLoader for record-level DP-SGD (Opacus,
+    Poisson sampling, flat clipping). Train with the returned module/optimizer/loader."""
+    import torch
+    from opacus import PrivacyEngine
+
+    if not isinstance(config, DPSGD):
+        raise PrivacyError(f"config must be a DPSGD, got {config!r}")
+    gen = torch.Generator()
+    gen.manual_seed(secrets.randbits(63) if config.seed is None else config.seed)
+    engine = PrivacyEngine(accountant="rdp")
+    module, opt, loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=data_loader,
+        noise_multiplier=float(config.noise_multiplier),
+        max_grad_norm=float(config.max_grad_norm), poisson_sampling=True,
+        noise_generator=gen,
+    )
+    return PrivateTraining(module, opt, loader, engine, config)
+
+
+def round_event(events: Sequence[SampledGaussianEvent], **where: Any) -> SampledGaussianEvent:
+    """One event dominating the clients' DP-SGD events of a round (parallel composition
+    over disjoint records): smallest multiplier, largest sampling rate, most steps."""
+    if not events:
+        raise PrivacyError("round_event needs at least one event")
+    where.setdefault("label", "dp-sgd")
+    return SampledGaussianEvent(
+        noise_multiplier=min(e.noise_multiplier for e in events),
+        sampling_rate=max(e.sampling_rate for e in events),
+        steps=max(e.steps * e.count for e in events), **where)

@@ -1,0 +1,609 @@
+"""Differential-privacy layers: wrappers that add calibrated noise around an inner layer.
+
+* :class:`CentralDP` — the aggregator adds Gaussian noise to the sums the inner layer
+  produced. The aggregator therefore sees the un-noised sum first (under ``SecureSum`` the
+  sum, under ``Plaintext`` every upload); the aggregate's notes and the transcript say so.
+* :class:`LocalDP` — each client adds Gaussian noise to its own upload before it leaves;
+  the inner layer carries noised uploads (transcripted as ``"noised"``).
+* :class:`DistributedDP` — around ``SecureSum``: each client adds a share of integer noise
+  (discrete Gaussian or Skellam) to its fixed-point-encoded vector before masking, sized so
+  that the survivors' total reaches the target even when as many clients drop as the
+  secure sum's threshold allows. The ring is planned with room for the noise (a 2^-40
+  tail bound, see :func:`noise_tail`), and the noise actually achieved by the contributors
+  is what the ledger records.
+
+Noise level: the user gives two of (epsilon, delta, noise multiplier z); the third follows
+for ``rounds * releases_per_round`` releases (:meth:`_DPLayer.plan_releases` overrides the
+count). A release noises every non-public field f with sigma_f = z * sqrt(k) * Delta_f,
+k the number of noised fields and Delta_f the field's L2 sensitivity (from its Bound and the
+adjacency): the release is then exactly a Gaussian mechanism with multiplier z on the
+joint sensitivity, whatever k. Fields listed in ``public`` are not noised and the
+transcript says so; every other field needs a Bound (else :class:`InadmissibleField`).
+
+Before every release the layer asks the run's :class:`PrivacyLedger` (``ctx.privacy``, or
+the layer's own) to :meth:`~PrivacyLedger.spend` the event; a release that would exceed
+the budget raises :class:`BudgetExceeded` and nothing is released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from secagg.costs import SERVER
+from secagg.encoding import FixedPoint, plan, plan_ring_bits
+from secagg.errors import InadmissibleField, PrivacyError
+from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.messages import Bound, Field, Upload, UploadSpec
+from secagg.privacy.accountant import PrivacyLedger
+from secagg.privacy.calibrate import calibrate, delta_for, epsilon_for
+from secagg.privacy.events import (
+    DiscreteGaussianEvent,
+    GaussianEvent,
+    PrivacyEvent,
+    SkellamEvent,
+)
+from secagg.privacy.samplers import (
+    NoiseSource,
+    discrete_gaussian,
+    gaussian,
+    noise_generator,
+    skellam,
+)
+from secagg.privacy.sensitivity import field_l1, field_l2
+
+__all__ = ["CentralDP", "DistributedDP", "LocalDP", "noise_tail"]
+
+DEFAULT_DELTA = 1e-5
+#: Probability that the noise of one release exceeds the headroom planned for it.
+TAIL_PROBABILITY = 2.0 ** -40
+
+
+def noise_tail(std: float, entries: int, mechanism: str = "gaussian",
+               failure: float = TAIL_PROBABILITY) -> float:
+    """A bound B with P[max over ``entries`` entries of |noise| > B] <= ``failure``.
+
+    Gaussian and discrete Gaussian (sub-Gaussian with variance proxy std^2, Canonne-Kamath-
+    Steinke 2020; sums of independent shares add their proxies): B = std sqrt(2 ln(2 n/p)).
+    Skellam of variance v = std^2 (Chernoff: P[X >= a] <= exp(-(a asinh(a/v) - sqrt(v^2 + a^2)
+    + v))): B solves that bound = p / (2 n) by bisection.
+    """
+    if entries < 1 or std <= 0:
+        return 0.0
+    per = failure / (2.0 * entries)
+    if mechanism != "skellam":
+        return std * math.sqrt(2.0 * math.log(1.0 / per))
+    v = std * std
+
+    def log_tail(a: float) -> float:
+        return -(a * math.asinh(a / v) - math.sqrt(v * v + a * a) + v)
+
+    lo, hi = 0.0, std * math.sqrt(2.0 * math.log(1.0 / per)) + 1.0
+    while log_tail(hi) > math.log(per):
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        if log_tail(mid) > math.log(per):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _derived_seed(seed: int, *parts: Any) -> int:
+    words = [seed] + [zlib.crc32(str(p).encode()) for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(2, np.uint64).view(np.uint64)[0])
+
+
+class _RelabelContext(RoundContext):
+    """A RoundContext whose observations of noised fields are recorded as ``"noised"``."""
+
+    _noised: frozenset[str] = frozenset()
+
+    def observe(self, party: str, sender: Any, stage: str, field: str, form: str,
+                value: np.ndarray | bytes, what: str = "upload",
+                nbytes: int | None = None) -> None:
+        """Record an observation; ``"clear"`` becomes ``"noised"`` for noised fields."""
+        if form == "clear" and field in self._noised:
+            form = "noised"
+        super().observe(party, sender, stage, field, form, value, what, nbytes)
+
+
+def _relabel(ctx: RoundContext, noised: Sequence[str]) -> RoundContext:
+    new = _RelabelContext(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)})
+    new._noised = frozenset(noised)
+    return new
+
+
+class _DPLayer(Layer):
+    """Common machinery of the DP wrappers (parameters, calibration, ledger, noise)."""
+
+    name: ClassVar[str] = "dp"
+    allow_non_additive: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        inner: Layer,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        noise_multiplier: float | None = None,
+        rounds: int | None = None,
+        releases_per_round: int = 1,
+        adjacency: Literal["record", "client"] = "record",
+        public: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(inner, Layer):
+            raise PrivacyError(f"{self.name}: inner must be a secagg Layer, got {inner!r}")
+        if adjacency not in ("record", "client"):
+            raise PrivacyError(f"adjacency must be 'record' or 'client', got {adjacency!r}")
+        given = sum(v is not None for v in (epsilon, delta, noise_multiplier))
+        if given == 3:
+            raise PrivacyError("give two of (epsilon, delta, noise_multiplier); the third follows")
+        if epsilon is None and noise_multiplier is None:
+            raise PrivacyError(f"{self.name} needs epsilon (with delta) or a noise_multiplier")
+        for nm, v in (("epsilon", epsilon), ("noise_multiplier", noise_multiplier)):
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise PrivacyError(f"{nm} must be a positive number, got {v!r}")
+        if delta is not None and not (isinstance(delta, (int, float)) and 0 < delta < 1):
+            raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+        if rounds is not None and (not isinstance(rounds, int) or rounds < 1):
+            raise PrivacyError(f"rounds must be a positive integer, got {rounds!r}")
+        if not isinstance(releases_per_round, int) or releases_per_round < 1:
+            raise PrivacyError(f"releases_per_round must be a positive integer, got "
+                               f"{releases_per_round!r}")
+        self.inner = inner
+        self._epsilon = None if epsilon is None else float(epsilon)
+        self._delta = None if delta is None else float(delta)
+        self._z = None if noise_multiplier is None else float(noise_multiplier)
+        self._z_given = noise_multiplier is not None
+        self.adjacency = adjacency
+        if isinstance(public, str):
+            public = (public,)
+        if not all(isinstance(p, str) for p in public):
+            raise PrivacyError(f"public must be field names, got {public!r}")
+        self.public = tuple(public)
+        self.seed = seed
+        self.releases = None if rounds is None else rounds * releases_per_round
+        self._own_ledger: PrivacyLedger | None = None
+        if seed is not None:
+            noise_generator(seed)  # validates the seed
+
+    # -- parameters --------------------------------------------------------------------
+
+    @property
+    def delta(self) -> float:
+        """The delta of the guarantee (given, derived from epsilon and z, or 1e-5)."""
+        if self._delta is not None:
+            return self._delta
+        if self._epsilon is not None and self._z_given:
+            self._delta = delta_for(self._z, self._epsilon, rounds=self._n_releases(),
+                                    event=self._event_factory())
+            return self._delta
+        return DEFAULT_DELTA
+
+    @property
+    def epsilon(self) -> float:
+        """The planned total epsilon (given, or derived from the noise multiplier)."""
+        if self._epsilon is None:
+            assert self._z is not None
+            self._epsilon = epsilon_for(self._z, self.delta, rounds=self._n_releases(),
+                                        event=self._event_factory())
+        return self._epsilon
+
+    @property
+    def noise_multiplier(self) -> float:
+        """z: per release, the noise standard deviation over the joint L2 sensitivity."""
+        if self._z is None:
+            self._z = calibrate(self.epsilon, self.delta, rounds=self._n_releases(),
+                                event=self._event_factory())
+        return self._z
+
+    def plan_releases(self, releases: int) -> None:
+        """Set how many releases the run makes through this layer (rounds x phases using
+        it); the noise is (re)calibrated for that count."""
+        if not isinstance(releases, int) or releases < 1:
+            raise PrivacyError(f"releases must be a positive integer, got {releases!r}")
+        self.releases = releases
+        if not self._z_given:
+            self._z = None
+
+    def _n_releases(self) -> int:
+        if self.releases is None:
+            raise PrivacyError(
+                f"{self.name}: the number of releases is unknown; pass rounds= (and "
+                "releases_per_round=) or call plan_releases(n) before the run"
+            )
+        return self.releases
+
+    def _event_factory(self) -> Any:
+        return lambda z: GaussianEvent(noise_multiplier=z)
+
+    def make_privacy_ledger(self) -> PrivacyLedger:
+        """A ledger for the run, with this layer's (epsilon, delta) as its budget."""
+        eps = self._epsilon if not self._z_given or self._epsilon is not None else None
+        return PrivacyLedger(epsilon_budget=eps, delta=self.delta)
+
+    def describe(self) -> dict[str, Any]:
+        """Name, inner layer and DP parameters."""
+        out: dict[str, Any] = {
+            "name": self.name, "inner": self.inner.describe(), "delta": self.delta,
+            "adjacency": self.adjacency, "public": list(self.public),
+            "seeded": self.seed is not None, "releases": self.releases,
+        }
+        if self.releases is not None:
+            out["epsilon"] = self.epsilon
+            out["noise_multiplier"] = self.noise_multiplier
+        return out
+
+    # -- checks and helpers ------------------------------------------------------------
+
+    def check(self, spec: UploadSpec) -> None:
+        """Refuse fields that cannot get DP noise: unbounded ones (unless public) and, for
+        sum-only layers, non-additive ones (unless public)."""
+        unknown = set(self.public) - set(spec.names)
+        if unknown:
+            raise PrivacyError(f"{self.name}: public names unknown fields {sorted(unknown)}")
+        for f in spec.fields:
+            if f.name in self.public:
+                continue
+            if not f.additive and not self.allow_non_additive:
+                raise InadmissibleField(
+                    self.name, f.name,
+                    "it is not additive, so the server would read it per client; a DP layer "
+                    "noises sums only (declare it public to release it without DP)",
+                )
+            field_l2(spec, f.name, self.adjacency, self.name)  # raises if unbounded
+        self._check_inner(spec)
+
+    def _check_inner(self, spec: UploadSpec) -> None:
+        self.inner.check(spec)
+
+    def _noised(self, spec: UploadSpec) -> list[Field]:
+        return [f for f in spec.fields if f.name not in self.public
+                and (f.additive or self.allow_non_additive)]
+
+    def _sigmas(self, spec: UploadSpec, noised: Sequence[Field]) -> dict[str, float]:
+        """sigma_f = z sqrt(k) Delta_f (real units)."""
+        z, k = self.noise_multiplier, len(noised)
+        return {f.name: z * math.sqrt(k) * field_l2(spec, f.name, self.adjacency, self.name)
+                for f in noised}
+
+    def ledger(self, ctx: RoundContext) -> PrivacyLedger:
+        """The ledger events go to: the run's (``ctx.privacy``) or the layer's own."""
+        if ctx.privacy is not None:
+            if not isinstance(ctx.privacy, PrivacyLedger):
+                raise PrivacyError(f"ctx.privacy must be a PrivacyLedger, got {ctx.privacy!r}")
+            return ctx.privacy
+        if self._own_ledger is None:
+            self._own_ledger = self.make_privacy_ledger()
+        return self._own_ledger
+
+    def _source(self, ctx: RoundContext, party: Any, ledger: PrivacyLedger) -> NoiseSource:
+        if self.seed is None:
+            return noise_generator()
+        ledger.mark_not_private(f"{self.name}: noise seed fixed by the user (seed={self.seed})")
+        return noise_generator(_derived_seed(self.seed, ctx.round, ctx.phase, party))
+
+    def _record_public(self, spec: UploadSpec, ctx: RoundContext) -> None:
+        """Say in the transcript which fields were released without DP noise."""
+        for name in self.public:
+            if name in spec.names:
+                ctx.transcript.privacy(field=name, public=True, round=ctx.round,
+                                       phase=ctx.phase, layer=self.name,
+                                       note="declared public: released without DP noise")
+
+    def _notes(self, spec: UploadSpec, sigmas: Mapping[str, float], mechanism: str,
+               private: bool, z: float | None = None, **extra: Any) -> dict[str, Any]:
+        return {
+            "layer": self.name, "mechanism": mechanism, "adjacency": self.adjacency,
+            "noise_multiplier": self.noise_multiplier if z is None else z,
+            "private": private,
+            "fields": {f: {"sigma": s, "noised": True} for f, s in sigmas.items()},
+            "public": [f for f in self.public if f in spec.names],
+            **extra,
+        }
+
+
+class CentralDP(_DPLayer):
+    """The aggregator adds Gaussian noise to the inner layer's sums (central DP).
+
+    The aggregator sees the un-noised sums first; only what is released after this layer
+    (the noised sums) is protected. Integer fields get rounded Gaussian noise (rounding is
+    post-processing). Args: see the module docstring; ``inner`` is any layer.
+    """
+
+    name: ClassVar[str] = "central-dp"
+
+    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
+                  ctx: RoundContext) -> Aggregate:
+        """Run the inner layer, spend one Gaussian event, noise every non-public sum."""
+        self.check(spec)
+        self._record_public(spec, ctx)
+        noised = self._noised(spec)
+        ledger = self.ledger(ctx)
+        agg = self.inner.aggregate(uploads, spec, ctx)
+        if not noised:
+            return agg
+        sigmas = self._sigmas(spec, noised)
+        event = GaussianEvent(noise_multiplier=self.noise_multiplier, round=ctx.round,
+                              phase=ctx.phase, fields=tuple(sigmas), label=self.name)
+        ledger.spend(event)  # raises BudgetExceeded before anything is released
+        src = self._source(ctx, SERVER, ledger)
+        for f in noised:
+            noisy = agg.sums[f.name] + gaussian(sigmas[f.name], f.shape, src.rng)
+            if f.is_integer:
+                noisy = np.rint(noisy).astype(np.int64)
+            agg.sums[f.name] = noisy
+            ctx.observe(SERVER, SERVER, "dp-noise", f.name, "noised", noisy, what="sum")
+        agg.notes["dp"] = self._notes(spec, sigmas, "gaussian", src.private,
+                                      server_saw_unnoised_sum=True)
+        return agg
+
+
+class LocalDP(_DPLayer):
+    """Each client adds Gaussian noise to its own upload before it leaves (local DP).
+
+    Every client's upload is by itself a Gaussian mechanism with multiplier z, so the
+    guarantee holds even against a server that reads uploads individually; the sum carries
+    n times the variance of :class:`CentralDP`. Non-additive fields may be noised too. The
+    inner layer sees a spec whose bounds include the noise (a 2^-40 tail bound).
+    """
+
+    name: ClassVar[str] = "local-dp"
+    allow_non_additive: ClassVar[bool] = True
+
+    def _wide_spec(self, spec: UploadSpec, sigmas: Mapping[str, float]) -> UploadSpec:
+        fields = []
+        for f in spec.fields:
+            if f.name in sigmas:
+                base = spec.client_linf(f.name)
+                tail = noise_tail(sigmas[f.name], f.size) + (0.5 if f.is_integer else 0.0)
+                f = dataclasses.replace(f, bound=Bound(linf=base + tail, adjacency="client"))
+            fields.append(f)
+        return UploadSpec(tuple(fields), spec.max_records)
+
+    def _check_inner(self, spec: UploadSpec) -> None:
+        noised = self._noised(spec)
+        if self.releases is None or not noised:
+            self.inner.check(spec)
+            return
+        self.inner.check(self._wide_spec(spec, self._sigmas(spec, noised)))
+
+    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
+                  ctx: RoundContext) -> Aggregate:
+        """Spend one Gaussian event, noise each client's upload, run the inner layer."""
+        self.check(spec)
+        self._record_public(spec, ctx)
+        noised = self._noised(spec)
+        ledger = self.ledger(ctx)
+        if not noised:
+            return self.inner.aggregate(uploads, spec, ctx)
+        sigmas = self._sigmas(spec, noised)
+        event = GaussianEvent(noise_multiplier=self.noise_multiplier, round=ctx.round,
+                              phase=ctx.phase, fields=tuple(sigmas), label=self.name)
+        ledger.spend(event)
+        wide = self._wide_spec(spec, sigmas)
+        private = True
+        noisy_uploads: dict[int, Upload] = {}
+        for c, up in uploads.items():
+            src = self._source(ctx, c, ledger)
+            private = private and src.private
+            values: dict[str, np.ndarray] = {}
+            for f in spec.fields:
+                v = np.asarray(up[f.name])
+                if f.name in sigmas:
+                    v = v + gaussian(sigmas[f.name], f.shape, src.rng)
+                    v = np.rint(v).astype(np.int64) if f.is_integer else v.astype(f.dtype)
+                values[f.name] = v
+            nu = Upload(values, wide, c, up.n_records, up.clipped)
+            nu.cpu_s, nu.flops = up.cpu_s, up.flops
+            noisy_uploads[c] = nu
+        agg = self.inner.aggregate(noisy_uploads, wide, _relabel(ctx, list(sigmas)))
+        agg.notes["dp"] = self._notes(spec, sigmas, "gaussian", private,
+                                      sum_sigma={f: s * math.sqrt(len(agg.contributors))
+                                                 for f, s in sigmas.items()})
+        return agg
+
+
+class DistributedDP(_DPLayer):
+    """Distributed DP under secure summation: integer noise shares added before masking.
+
+    Args (besides those of the module docstring):
+        inner: a ``SecureSum`` layer (anything with ``sum_encoded(vectors, ring_bits, ctx,
+            label) -> (ring_sum, contributors)`` and a ``threshold``).
+        mechanism: ``"discrete_gaussian"`` (default) or ``"skellam"``.
+        precision: fixed-point quantisation step for float fields.
+
+    Each of the n clients adds noise of standard deviation sigma_f / sqrt(t) (integer units)
+    where t is the fewest contributors the secure sum accepts, so any t' >= t survivors
+    carry total noise sigma_f sqrt(t'/t) >= sigma_f. The integer sensitivity accounts for
+    rounding: Delta_int = Delta 2^s + sqrt(d) for float fields. The ledger records the
+    noise of the actual contributors (discrete Gaussian: Kairouz-Liu-Steinke bound for a sum
+    of t' shares; Skellam: total variance t' v).
+    """
+
+    name: ClassVar[str] = "distributed-dp"
+
+    def __init__(self, inner: Layer, *, mechanism: Literal["discrete_gaussian", "skellam"] =
+                 "discrete_gaussian", precision: float = 1e-6, **kwargs: Any) -> None:
+        if mechanism not in ("discrete_gaussian", "skellam"):
+            raise PrivacyError(f"mechanism must be 'discrete_gaussian' or 'skellam', got "
+                               f"{mechanism!r}")
+        if not callable(getattr(inner, "sum_encoded", None)):
+            raise PrivacyError(
+                "DistributedDP needs a SecureSum inner layer (with sum_encoded); got "
+                f"{type(inner).__name__}"
+            )
+        if not (isinstance(precision, (int, float)) and 0 < precision < 1):
+            raise PrivacyError(f"precision must be in (0, 1), got {precision!r}")
+        self.mechanism = mechanism
+        self.precision = float(precision)
+        super().__init__(inner, **kwargs)
+        self._cal: dict[tuple[Any, ...], float] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """Parameters, including the integer mechanism."""
+        out = super().describe()
+        out.update(mechanism=self.mechanism, precision=self.precision)
+        return out
+
+    def _event_factory(self) -> Any:
+        # Planning-level accounting (used for epsilon <-> z before the spec is known): the
+        # release is one Gaussian of multiplier z; the integer mechanisms are accounted
+        # exactly in aggregate() (they converge to it for the large noise used here).
+        return lambda z: GaussianEvent(noise_multiplier=z)
+
+    def _check_inner(self, spec: UploadSpec) -> None:
+        self.inner.check(spec)
+
+    def min_survivors(self, n: int) -> int:
+        """Fewest contributors the inner secure sum returns a result for."""
+        fn = getattr(self.inner, "min_survivors", None)
+        if callable(fn):
+            return int(fn(n))
+        from secagg.secure_sum.graph import resolve_threshold
+
+        return int(resolve_threshold(self.inner.threshold, n))  # type: ignore[attr-defined]
+
+    def _events(self, z: float, spec: UploadSpec, noised: Sequence[Field],
+                scales: Mapping[str, int], shares: int, worst: int,
+                ctx: RoundContext | None = None) -> list[PrivacyEvent]:
+        """The release's events when ``shares`` clients each added the shares sized for
+        ``worst`` survivors at multiplier z."""
+        out: list[PrivacyEvent] = []
+        where = {} if ctx is None else {"round": ctx.round, "phase": ctx.phase}
+        stds = self._share_stds(z, spec, noised, scales, worst)
+        for f in noised:
+            d2 = self._int_l2(spec, f, scales[f.name])
+            sigma_share = stds[f.name]
+            if self.mechanism == "discrete_gaussian":
+                out.append(DiscreteGaussianEvent(
+                    l2_sensitivity=d2, sigma_share=sigma_share, n_shares=shares,
+                    dimension=max(f.size, 1), fields=(f.name,), label=self.name, **where))
+            else:
+                d1 = self._int_l1(spec, f, scales[f.name])
+                out.append(SkellamEvent(
+                    l2_sensitivity=d2, l1_sensitivity=d1,
+                    variance=shares * sigma_share ** 2, fields=(f.name,), label=self.name,
+                    **where))
+        return out
+
+    def _share_stds(self, z: float, spec: UploadSpec, noised: Sequence[Field],
+                    scales: Mapping[str, int], worst: int) -> dict[str, float]:
+        """Per-client noise std (integer units): z sqrt(k) Delta_int / sqrt(worst), and at
+        least 1/2 for the discrete Gaussian (its published bound needs it; more noise only
+        helps privacy)."""
+        k = len(noised)
+        floor = 0.5 if self.mechanism == "discrete_gaussian" else 0.0
+        return {f.name: max(floor, z * math.sqrt(k) * self._int_l2(spec, f, scales[f.name])
+                            / math.sqrt(worst)) for f in noised}
+
+    def _int_l2(self, spec: UploadSpec, f: Field, scale_bits: int) -> float:
+        base = field_l2(spec, f.name, self.adjacency, self.name) * 2.0 ** scale_bits
+        return base if f.is_integer else base + math.sqrt(f.size)
+
+    def _int_l1(self, spec: UploadSpec, f: Field, scale_bits: int) -> float:
+        base = field_l1(spec, f.name, self.adjacency, self.name) * 2.0 ** scale_bits
+        return base if f.is_integer else base + f.size
+
+    def _calibrated(self, spec: UploadSpec, noised: Sequence[Field], scales: Mapping[str, int],
+                    worst: int) -> float:
+        """z for the integer mechanism at ``worst`` survivors (exact RDP accounting)."""
+        if self._z_given:
+            return self.noise_multiplier
+        key = (tuple((f.name, f.size, scales[f.name]) for f in noised), worst,
+               self._n_releases())
+        if key not in self._cal:
+            self._cal[key] = calibrate(
+                self.epsilon, self.delta, rounds=self._n_releases(),
+                event=lambda z: self._events(z, spec, noised, scales, worst, worst))
+        return self._cal[key]
+
+    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
+                  ctx: RoundContext) -> Aggregate:
+        """Encode, add noise shares, secure-sum, account the achieved noise, decode."""
+        self.check(spec)
+        self._record_public(spec, ctx)
+        ledger = self.ledger(ctx)
+        clients = sorted(uploads)
+        n = len(clients)
+        # Noised integer fields (counts) travel as fixed point too: with scale 2^s their
+        # sensitivity, hence the per-share noise, is large, which keeps the discrete
+        # Gaussian sum bound tight (tau ~ 0); the noised sum is rounded back (post-processing).
+        additive = [dataclasses.replace(f, dtype="float64")
+                    if f.is_integer and f.name not in self.public else f for f in spec.additive]
+        integer = {f.name for f in spec.additive if f.is_integer}
+        noised = [f for f in additive if f.name not in self.public]
+        worst = max(1, min(self.min_survivors(n), n))
+        sub = UploadSpec(tuple(additive), spec.max_records)
+        base = plan(sub, n, self.precision, 64)
+        scales = {name: fp.scale_bits for name, fp in base.items()}
+        z = self._calibrated(spec, noised, scales, worst) if noised else 0.0
+        planned = self._events(z, spec, noised, scales, worst, worst) if noised else []
+        ledger.check(*planned)  # the worst case fits the budget, before anyone adds noise
+        share_std = self._share_stds(z, spec, noised, scales, worst) if noised else {}
+        extra = {f.name: noise_tail(share_std[f.name] * math.sqrt(n), f.size, self.mechanism)
+                 / 2.0 ** scales[f.name] for f in noised}
+        plans64 = plan(sub, n, self.precision, 64, extra_bound=extra)
+        ring_bits = min(64, 8 * math.ceil(plan_ring_bits(plans64) / 8))  # whole bytes
+        plans = plan(sub, n, self.precision, ring_bits, extra_bound=extra)
+        mask = np.uint64((1 << ring_bits) - 1) if ring_bits < 64 else np.uint64(2**64 - 1)
+        vectors: dict[int, np.ndarray] = {}
+        private = True
+        for c in clients:
+            src = self._source(ctx, c, ledger)
+            private = private and src.private
+            parts = []
+            for f in additive:
+                enc = plans[f.name].encode(np.asarray(uploads[c][f.name]))
+                if f.name in share_std:
+                    noise = self._draw(share_std[f.name], f.size, src.rng)
+                    enc = (enc + noise.view(np.uint64)) & mask
+                parts.append(enc)
+            vectors[c] = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        label = "+".join(f.name for f in additive) + " (dp-noised)"
+        # The secure sum transcripts the ring sum under ``label``; it carries the noise.
+        ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
+            vectors, ring_bits, _relabel(ctx, [label] if noised else []), label)
+        contributors = tuple(sorted(int(c) for c in contributors))
+        achieved = self._events(z, spec, noised, scales, len(contributors), worst, ctx)
+        ledger.spend(*achieved)  # what actually happened: fewer survivors, less noise
+        sums = _split_decode(np.asarray(ring_sum, dtype=np.uint64), additive, plans)
+        for name in integer:
+            sums[name] = np.rint(sums[name]).astype(np.int64)
+        for f in noised:
+            ctx.observe(SERVER, SERVER, "dp-sum", f.name, "noised", sums[f.name], what="sum")
+        real = {f.name: share_std[f.name] * math.sqrt(len(contributors))
+                / 2.0 ** scales[f.name] for f in noised}
+        target = {f.name: share_std[f.name] * math.sqrt(worst) / 2.0 ** scales[f.name]
+                  for f in noised}
+        notes = self._notes(spec, real, self.mechanism, private, z=z,
+                            target_sigma=target, survivors=len(contributors),
+                            min_survivors=worst, ring_bits=ring_bits,
+                            scale_bits=dict(scales), tail_probability=TAIL_PROBABILITY)
+        return Aggregate(ctx.phase, ctx.round, sums, {}, contributors, {"dp": notes})
+
+    def _draw(self, std: float, size: int, rng: np.random.Generator) -> np.ndarray:
+        if self.mechanism == "discrete_gaussian":
+            return discrete_gaussian(std, size, rng)
+        return skellam(std * std / 2.0, size, rng)
+
+
+def _split_decode(ring_sum: np.ndarray, fields: Sequence[Field],
+                  plans: Mapping[str, FixedPoint]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    pos = 0
+    for f in fields:
+        part = ring_sum[pos:pos + f.size]
+        pos += f.size
+        out[f.name] = plans[f.name].decode_sum(part).reshape(f.shape)
+    if pos != ring_sum.size:
+        raise PrivacyError(f"secure sum returned {ring_sum.size} entries, expected {pos}")
+    return out

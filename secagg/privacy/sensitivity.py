@@ -1,0 +1,136 @@
+"""L2 (and L1) sensitivity of a release, derived from the fields' declared bounds.
+
+The sensitivity of a sum over clients depends on the adjacency the guarantee refers to:
+
+* ``"record"`` — neighbouring datasets differ in one record (add/remove). A field whose
+  :class:`~secagg.messages.Bound` is record-level changes by at most its bound. A
+  client-level bound B also bounds a record's effect, by 2B (the client's value moves
+  between two points of the ball of radius B).
+* ``"client"`` — neighbouring datasets differ in one client's whole data (add/remove).
+  A client-level bound B gives B; a record-level bound b gives ``max_records * b`` (the
+  spec must declare ``max_records``, else the field is refused).
+
+An L2 bound is used when declared; otherwise L-inf bound times sqrt(size). One record
+touches every field at once, so a release of several fields has the joint sensitivity
+sqrt(sum of squares).
+
+Two sensitivities from the papers, as helpers for the algorithms' declarations:
+:func:`fedlog_record_l2` (FedLog, Thm 3.1) and :func:`spherefed_record_l2`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from secagg.errors import InadmissibleField, PrivacyError
+from secagg.messages import Field, UploadSpec
+
+__all__ = [
+    "fedlog_record_l2",
+    "field_l1",
+    "field_l2",
+    "joint_l2",
+    "spherefed_record_l2",
+]
+
+Adjacency = Literal["record", "client"]
+
+
+def _check_adjacency(adjacency: str) -> None:
+    if adjacency not in ("record", "client"):
+        raise PrivacyError(f"adjacency must be 'record' or 'client', got {adjacency!r}")
+
+
+def _unit_l2(f: Field) -> float:
+    """L2 bound on one contribution in the bound's own unit (record or client)."""
+    b = f.bound
+    assert b is not None
+    cands = []
+    if b.l2 is not None:
+        cands.append(b.l2)
+    if b.linf is not None:
+        cands.append(b.linf * math.sqrt(max(f.size, 1)))
+    return min(cands)
+
+
+def _unit_l1(f: Field) -> float:
+    """L1 bound on one contribution in the bound's own unit."""
+    b = f.bound
+    assert b is not None
+    n = max(f.size, 1)
+    cands = []
+    if b.l2 is not None:
+        cands.append(b.l2 * math.sqrt(n))
+    if b.linf is not None:
+        cands.append(b.linf * n)
+    return min(cands)
+
+
+def _scale(f: Field, spec: UploadSpec, adjacency: str, layer: str) -> float:
+    _check_adjacency(adjacency)
+    if f.bound is None:
+        raise InadmissibleField(
+            layer, f.name,
+            "it has no Bound, so its DP sensitivity is unknown; declare Field(bound=Bound(...))"
+            " or list the field as public",
+        )
+    if adjacency == "record":
+        return 1.0 if f.bound.adjacency == "record" else 2.0
+    if f.bound.adjacency == "client":
+        return 1.0
+    if spec.max_records is None:
+        raise InadmissibleField(
+            layer, f.name,
+            "client-level DP needs a per-client bound, but the bound is per record and the "
+            "UploadSpec declares no max_records",
+        )
+    return float(spec.max_records)
+
+
+def field_l2(spec: UploadSpec, name: str, adjacency: Adjacency = "record",
+             layer: str = "dp") -> float:
+    """L2 sensitivity of the sum of field ``name`` under ``adjacency``.
+
+    Raises:
+        InadmissibleField: the field has no bound (or client adjacency lacks max_records).
+        PrivacyError: bad adjacency.
+    """
+    f = spec[name]
+    return _scale(f, spec, adjacency, layer) * _unit_l2(f)
+
+
+def field_l1(spec: UploadSpec, name: str, adjacency: Adjacency = "record",
+             layer: str = "dp") -> float:
+    """L1 sensitivity of the sum of field ``name`` under ``adjacency`` (for Skellam)."""
+    f = spec[name]
+    return _scale(f, spec, adjacency, layer) * _unit_l1(f)
+
+
+def joint_l2(spec: UploadSpec, names: Sequence[str], adjacency: Adjacency = "record",
+             layer: str = "dp") -> float:
+    """Joint L2 sensitivity of releasing the sums of ``names`` together:
+    sqrt(sum of the squared per-field sensitivities)."""
+    return math.sqrt(sum(field_l2(spec, n, adjacency, layer) ** 2 for n in names))
+
+
+def fedlog_record_l2(m: int, b: float) -> float:
+    """FedLog's per-record L2 sensitivity sqrt(1 + (m - 1) b^2) (FedLog, Theorem 3.1).
+
+    A record adds [1, phi] (phi clamped to [-b, b]^(m-1)) to the row of its class in the
+    C x m statistic, so adding or removing it moves the statistic by a vector with one
+    entry 1 and m - 1 entries of magnitude <= b.
+    """
+    if not (isinstance(m, int) and m >= 1):
+        raise PrivacyError(f"m must be a positive integer, got {m!r}")
+    if not (isinstance(b, (int, float)) and b >= 0 and math.isfinite(b)):
+        raise PrivacyError(f"b must be a non-negative number, got {b!r}")
+    return math.sqrt(1.0 + (m - 1) * float(b) ** 2)
+
+
+def spherefed_record_l2(joint: bool = False) -> float:
+    """SphereFed calibration statistics with unit-norm features z: one record adds z z^T
+    to V (Frobenius norm ||z||^2 = 1) and z onehot(y)^T to U (norm 1), so each has
+    per-record sensitivity 1 and the pair sqrt(2)."""
+    return math.sqrt(2.0) if joint else 1.0
