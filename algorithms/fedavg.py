@@ -37,13 +37,17 @@ class FedAvg(Algorithm):
         param_bound: |parameter| clamp before upload (the field's L-inf bound per record).
         feature_dim: width of the model's feature layer.
         upload_dtype: dtype of ``weighted_params`` on the wire (``"float32"`` or ``"float64"``).
+        dpsgd: train locally with record-level DP-SGD (a :class:`secagg.privacy.dpsgd.DPSGD`);
+            its accounting joins the run's privacy ledger. The averaged parameters are then
+            post-processing of DP-SGD; ``n`` is not, so it needs a DP layer (or counts as a
+            non-private release).
     """
 
     name: ClassVar[str] = "fedavg"
 
     def __init__(self, local_epochs: int = 2, lr: float = 0.05, momentum: float = 0.9,
                  batch_size: int = 32, param_bound: float = 10.0, feature_dim: int = 128,
-                 upload_dtype: str = "float32") -> None:
+                 upload_dtype: str = "float32", dpsgd: Any | None = None) -> None:
         self.local_epochs = local_epochs
         self.lr = lr
         self.momentum = momentum
@@ -51,6 +55,8 @@ class FedAvg(Algorithm):
         self.param_bound = param_bound
         self.feature_dim = feature_dim
         self.upload_dtype = upload_dtype
+        self.dpsgd = dpsgd
+        self.pending_events: list[Any] = []
         self.model: SplitModel | None = None
         self.params: np.ndarray | None = None
         self.seed = 0
@@ -91,7 +97,8 @@ class FedAvg(Algorithm):
         """Name and hyper-parameters."""
         return {"name": self.name, "local_epochs": self.local_epochs, "lr": self.lr,
                 "momentum": self.momentum, "batch_size": self.batch_size,
-                "param_bound": self.param_bound, "upload_dtype": self.upload_dtype}
+                "param_bound": self.param_bound, "upload_dtype": self.upload_dtype,
+                "dpsgd": None if self.dpsgd is None else vars(self.dpsgd)}
 
     # -- pieces the phase uses ----------------------------------------------------------
     def spec(self) -> UploadSpec:
@@ -116,7 +123,8 @@ class FedAvg(Algorithm):
         train_local(model, client.data.x, client.data.y, epochs=self.local_epochs,
                     batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
                     loss_fn=self.loss_fn(client, model),
-                    seed=derive_seed(self.seed, round, client.id))
+                    seed=derive_seed(self.seed, round, client.id),
+                    dpsgd=self.dpsgd, events=self.pending_events)
         return get_flat(self.shared_parameters(model))
 
     def apply_average(self, aggregate: Aggregate) -> None:
@@ -153,6 +161,15 @@ class _TrainPhase(Phase):
 
     def server_step(self, aggregate: Aggregate) -> None:
         self.algo.apply_average(aggregate)
+
+    def privacy_events(self) -> list[Any]:
+        """DP-SGD events of this round's local trainings (cleared once read)."""
+        out, self.algo.pending_events[:] = list(self.algo.pending_events), []
+        return out
+
+    def dp_covered_fields(self) -> tuple[str, ...]:
+        """Fields that are post-processing of DP-SGD output (when it is on)."""
+        return ("weighted_params",) if self.algo.dpsgd is not None else ()
 
     def client_flops(self, client: ClientState) -> float:
         # forward + backward ~ 6 FLOPs per parameter per sample per epoch

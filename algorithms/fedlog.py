@@ -52,19 +52,25 @@ class FedLog(Algorithm):
         nu: prior count (the paper suggests 1, the reference code uses 0); chi = 0.
         local_epochs, lr, batch_size: local Adam training of the body (fresh optimizer every
             epoch, as in the reference code).
+        dpsgd: train the bodies with record-level DP-SGD (a
+            :class:`secagg.privacy.dpsgd.DPSGD`); its accounting joins the run's ledger. The
+            statistics are computed afresh from the data, so they still need a DP layer.
     """
 
     name: ClassVar[str] = "fedlog"
     personalized: ClassVar[bool] = True
 
     def __init__(self, feature_dim: int = 64, feature_bound: float = 2.0, nu: float = 0.0,
-                 local_epochs: int = 5, lr: float = 1e-3, batch_size: int = 10) -> None:
+                 local_epochs: int = 5, lr: float = 1e-3, batch_size: int = 10,
+                 dpsgd: Any | None = None) -> None:
         self.feature_dim = feature_dim
         self.feature_bound = feature_bound
         self.nu = nu
         self.local_epochs = local_epochs
         self.lr = lr
         self.batch_size = batch_size
+        self.dpsgd = dpsgd
+        self.pending_events: list[Any] = []
         self.eta: np.ndarray | None = None
         self.n_classes = 0
         self.seed = 0
@@ -117,7 +123,8 @@ class FedLog(Algorithm):
         """Name and hyper-parameters."""
         return {"name": self.name, "feature_dim": self.feature_dim,
                 "feature_bound": self.feature_bound, "nu": self.nu,
-                "local_epochs": self.local_epochs, "lr": self.lr, "batch_size": self.batch_size}
+                "local_epochs": self.local_epochs, "lr": self.lr, "batch_size": self.batch_size,
+                "dpsgd": None if self.dpsgd is None else vars(self.dpsgd)}
 
 
 class _StatsPhase(Phase):
@@ -143,7 +150,8 @@ class _StatsPhase(Phase):
             train_local(model, client.data.x, client.data.y, epochs=a.local_epochs,
                         batch_size=a.batch_size, lr=a.lr, optimizer="adam",
                         params=model.body.parameters(), fresh_optimizer_each_epoch=True,
-                        seed=derive_seed(a.seed, self.round, client.id))
+                        seed=derive_seed(a.seed, self.round, client.id),
+                        dpsgd=a.dpsgd, events=a.pending_events)
         phi = features(model, client.data.x)
         return {"stats": class_statistics(phi, client.data.y, a.n_classes),
                 "n": np.array([client.n_records], dtype=np.int64)}
@@ -154,6 +162,11 @@ class _StatsPhase(Phase):
         if n + a.nu <= 0:
             return
         a.eta = solve_map(aggregate["stats"], a.nu + n).eta
+
+    def privacy_events(self) -> list[Any]:
+        """DP-SGD events of this round's body trainings (cleared once read)."""
+        out, self.algo.pending_events[:] = list(self.algo.pending_events), []
+        return out
 
     def client_flops(self, client: ClientState) -> float:
         # the statistic: one forward pass per record plus C x (d+1) accumulations

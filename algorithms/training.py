@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +31,8 @@ def train_local(
     loss_fn: LossFn = cross_entropy,
     seed: int = 0,
     fresh_optimizer_each_epoch: bool = False,
+    dpsgd: Any | None = None,
+    events: list[Any] | None = None,
 ) -> float:
     """Train ``model`` on (x, y) in place and return the mean loss of the last epoch.
 
@@ -40,7 +43,11 @@ def train_local(
         loss_fn: ``loss_fn(model, xb, yb)`` -> scalar tensor (add regularizers here).
         seed: makes the batch order deterministic.
         fresh_optimizer_each_epoch: rebuild the optimizer (resetting Adam state) every epoch,
-            as FedLog's reference code does.
+            as FedLog's reference code does (ignored under DP-SGD: one private optimizer).
+        dpsgd: a :class:`secagg.privacy.dpsgd.DPSGD` to train with record-level DP-SGD
+            through Opacus (per-sample clipping, Gaussian noise, Poisson-sampled batches of
+            expected size ``batch_size``); the model is left unwrapped afterwards.
+        events: with ``dpsgd``, the training's accounting events are appended here.
     """
     if len(y) == 0:
         return 0.0
@@ -56,6 +63,8 @@ def train_local(
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
 
     opt = make()
+    if dpsgd is not None:
+        return _train_private(model, xt, yt, opt, loss_fn, epochs, batch_size, dpsgd, events)
     gen = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
     model.train()
     last = 0.0
@@ -73,6 +82,38 @@ def train_local(
             total += float(loss.detach()) * len(idx)
             count += len(idx)
         last = total / max(1, count)
+    return last
+
+
+def _train_private(model: nn.Module, xt: torch.Tensor, yt: torch.Tensor,
+                   opt: torch.optim.Optimizer, loss_fn: LossFn, epochs: int, batch_size: int,
+                   dpsgd: Any, events: list[Any] | None) -> float:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from secagg.privacy.dpsgd import make_private
+
+    loader = DataLoader(TensorDataset(xt, yt), batch_size=batch_size)
+    model.train()
+    private = make_private(model, opt, loader, dpsgd)
+    private.module.train()
+    last = 0.0
+    try:
+        for _ in range(epochs):
+            total, count = 0.0, 0
+            for xb, yb in private.data_loader:
+                if len(yb) == 0:  # Poisson sampling can draw an empty batch
+                    continue
+                private.optimizer.zero_grad()
+                loss = loss_fn(private.module, xb, yb)
+                loss.backward()
+                private.optimizer.step()
+                total += float(loss.detach()) * len(yb)
+                count += len(yb)
+            last = total / max(1, count)
+    finally:
+        private.module._close()  # remove Opacus' hooks: the plain model is usable again
+    if events is not None:
+        events.extend(private.events())
     return last
 
 

@@ -192,6 +192,19 @@ def _make_parser() -> argparse.ArgumentParser:
         choices=("bfv", "ckks"),
         help="homomorphic scheme (%(default)s)",
     )
+    r.add_argument(
+        "--dpsgd-noise",
+        type=float,
+        default=None,
+        metavar="Z",
+        help="train locally with record-level DP-SGD (Opacus) at noise multiplier Z",
+    )
+    r.add_argument(
+        "--dpsgd-clip",
+        type=float,
+        default=1.0,
+        help="DP-SGD per-sample gradient clipping norm (%(default)s)",
+    )
     r.add_argument("--epsilon", type=float, default=None, help="DP layers: total epsilon")
     r.add_argument("--delta", type=float, default=1e-5, help="DP layers: delta (%(default)s)")
     r.add_argument(
@@ -238,8 +251,19 @@ def _run(args: argparse.Namespace) -> int:
     threshold = args.threshold
     if threshold >= 1 and float(threshold).is_integer():
         args.threshold = int(threshold)
+    algo_kwargs: dict[str, Any] = {}
+    if args.dpsgd_noise is not None:
+        import inspect
+
+        from secagg.privacy.dpsgd import DPSGD
+
+        if "dpsgd" not in inspect.signature(algo_cls).parameters and not any(
+            p.kind is p.VAR_KEYWORD for p in inspect.signature(algo_cls).parameters.values()
+        ):
+            raise SecaggError(f"algorithm {args.algorithm!r} has no DP-SGD option")
+        algo_kwargs["dpsgd"] = DPSGD(args.dpsgd_noise, args.dpsgd_clip)
     fed = Federation(
-        algo_cls(),
+        algo_cls(**algo_kwargs),
         layer,
         part,
         rounds=args.rounds,

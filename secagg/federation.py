@@ -24,7 +24,7 @@ import numpy as np
 from secagg.costs import SERVER, HardwareProfile, Ledger, get_profile
 from secagg.data import ClientData, Dataset, Partition
 from secagg.dropouts import DropoutModel
-from secagg.errors import ConfigurationError, SecureSumAborted
+from secagg.errors import BudgetExceeded, ConfigurationError, SecureSumAborted
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import ClipReport, Upload, UploadSpec
 from secagg.transcript import Transcript
@@ -259,8 +259,8 @@ class Federation:
         self.on_violation = on_violation
         self.on_abort = on_abort
         self.include_values = include_values
-        maker = getattr(layer, "make_privacy_ledger", None)
-        self.privacy = privacy if privacy is not None else (maker() if callable(maker) else None)
+        self._privacy_arg = privacy
+        self.privacy = privacy
         self.progress = _progress_wanted() if progress is None else progress
 
     def _cohort(self, rng: np.random.Generator) -> list[int]:
@@ -292,6 +292,12 @@ class Federation:
             fraction=self.fraction,
         )
         self.algorithm.setup(dataset, states, self.seed)
+        plan = getattr(self.layer, "plan_releases", None)
+        if callable(plan):  # DP layers calibrate their noise for the run's release count
+            plan(sum(len(self.algorithm.phases(r, self.rounds)) for r in range(self.rounds)))
+        if self.privacy is None:
+            maker = getattr(self.layer, "make_privacy_ledger", None)
+            self.privacy = maker() if callable(maker) else self._privacy_arg
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
         history: list[float] = []
         clips = ClipReport()
@@ -307,6 +313,7 @@ class Federation:
                 unit="round",
                 file=sys.stderr,
             )
+        stopped = False
         for r in range(self.rounds):
             cohort = self._cohort(rng)
             for phase in self.algorithm.phases(r, self.rounds):
@@ -325,31 +332,23 @@ class Federation:
                     self.dropouts,
                     self.privacy,
                 )
-                bcast = self._broadcast(phase, cohort, ctx)
-                uploads: dict[int, Upload] = {}
-                for c in cohort:
-                    st = states[c]
-                    t0 = time.process_time()
-                    values = phase.client_step(st, bcast)
-                    dt = time.process_time() - t0
-                    up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
-                    up.cpu_s, up.flops = dt, float(phase.client_flops(st))
-                    clips.add(up)
-                    uploads[c] = up
                 try:
-                    agg = self.layer.aggregate(uploads, spec, ctx)
+                    self._run_phase(phase, spec, cohort, states, ctx, clips)
                 except SecureSumAborted as exc:
                     if self.on_abort == "raise":
                         raise
                     aborted.append((r, phase.name, str(exc)))
-                    continue
-                t0 = time.process_time()
-                phase.server_step(agg)
-                ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+                except BudgetExceeded as exc:
+                    # the guard refused a release before it happened: stop here, keep results
+                    aborted.append((r, phase.name, str(exc)))
+                    stopped = True
+                    break
             history.append(float(self.algorithm.evaluate(dataset, states)))
             if bar is not None:
                 bar.set_postfix(acc=f"{history[-1]:.3f}")
                 bar.update(1)
+            if stopped:
+                break
         if bar is not None:
             bar.close()
         if self.privacy is not None and hasattr(self.privacy, "record_in"):
@@ -360,7 +359,7 @@ class Federation:
         return Result(
             algorithm=self.algorithm.describe(),
             layer=self.layer.describe(),
-            rounds=self.rounds,
+            rounds=len(history),
             seed=self.seed,
             accuracy=history[-1],
             accuracy_kind=kind,
@@ -399,3 +398,55 @@ class Federation:
                 server_cpu_s=server_s,
             )
         return decoded
+
+    def _run_phase(
+        self,
+        phase: _Phase,
+        spec: UploadSpec,
+        cohort: list[int],
+        states: list[ClientState],
+        ctx: RoundContext,
+        clips: ClipReport,
+    ) -> None:
+        """Broadcast, client steps, privacy accounting of the local work, layer, server step."""
+        bcast = self._broadcast(phase, cohort, ctx)
+        uploads: dict[int, Upload] = {}
+        for c in cohort:
+            st = states[c]
+            t0 = time.process_time()
+            values = phase.client_step(st, bcast)
+            dt = time.process_time() - t0
+            up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
+            up.cpu_s, up.flops = dt, float(phase.client_flops(st))
+            clips.add(up)
+            uploads[c] = up
+        self._account_local_training(phase, spec, ctx)
+        agg = self.layer.aggregate(uploads, spec, ctx)
+        t0 = time.process_time()
+        phase.server_step(agg)
+        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+
+    def _account_local_training(self, phase: _Phase, spec: UploadSpec, ctx: RoundContext) -> None:
+        """Spend the phase's DP-SGD events before anything leaves a client (one dominating
+        event per round: the clients' records are disjoint), and, when a privacy ledger is
+        in use, mark every field released without DP noise as breaking the guarantee."""
+        events = list(getattr(phase, "privacy_events", lambda: [])())
+        if events:
+            from secagg.privacy.accountant import PrivacyLedger
+            from secagg.privacy.dpsgd import round_event
+
+            if self.privacy is None:  # DP-SGD under a non-DP layer: a ledger at delta 1e-5
+                self.privacy = PrivacyLedger(delta=1e-5)
+                ctx.privacy = self.privacy
+            covered = tuple(getattr(phase, "dp_covered_fields", lambda: ())())
+            self.privacy.spend(
+                round_event(events, round=ctx.round, phase=ctx.phase, fields=covered)
+            )
+        if self.privacy is not None and not callable(getattr(self.layer, "plan_releases", None)):
+            covered = set(getattr(phase, "dp_covered_fields", lambda: ())())
+            for name in spec.names:
+                if name not in covered:
+                    self.privacy.mark_not_private(
+                        f"phase {phase.name!r}: field {name!r} released through layer "
+                        f"{self.layer.name!r} without DP noise"
+                    )

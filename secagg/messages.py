@@ -245,6 +245,15 @@ class Upload(Mapping[str, np.ndarray]):
     def __repr__(self) -> str:
         return f"Upload(client={self.client}, fields={list(self._values)})"
 
+    def derive(self, values: Mapping[str, np.ndarray], spec: UploadSpec,
+               keep_costs: bool = True) -> Upload:
+        """A new upload of the same client with other values (a layer's rewrite of this
+        one), keeping its records, clip counts and, unless told not to, its CPU and FLOPs."""
+        out = Upload(values, spec, self.client, self.n_records, self.clipped)
+        if keep_costs:
+            out.cpu_s, out.flops = self.cpu_s, self.flops
+        return out
+
     @classmethod
     def validate(
         cls,

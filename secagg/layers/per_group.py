@@ -56,9 +56,10 @@ class PerGroup(Layer):
         ``contributors`` is the set of clients present in every group's result."""
         out = Aggregate(ctx.phase, ctx.round)
         contributors: set[int] | None = None
-        for layer, sub in self._split(spec):
+        for i, (layer, sub) in enumerate(self._split(spec)):
+            # the client's compute is booked once, with its first group's message
             part_uploads = {
-                c: Upload({n: u[n] for n in sub.names}, sub, u.client, u.n_records, u.clipped)
+                c: u.derive({n: u[n] for n in sub.names}, sub, keep_costs=i == 0)
                 for c, u in uploads.items()
             }
             agg = layer.aggregate(part_uploads, sub, ctx)

@@ -402,7 +402,7 @@ class LocalDP(_DPLayer):
                     v = v + gaussian(sigmas[f.name], f.shape, src.rng)
                     v = np.rint(v).astype(np.int64) if f.is_integer else v.astype(f.dtype)
                 values[f.name] = v
-            nu = Upload(values, wide, c, up.n_records, up.clipped)
+            nu = up.derive(values, wide)
             nu.cpu_s, nu.flops = up.cpu_s, up.flops
             noisy_uploads[c] = nu
         agg = self.inner.aggregate(noisy_uploads, wide, _relabel(ctx, list(sigmas)))
