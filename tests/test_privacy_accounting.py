@@ -172,3 +172,15 @@ def test_per_field_and_total_epsilon() -> None:
     # Two Gaussians with z compose like one with z/sqrt(2).
     assert abs(both - _gdp_epsilon(math.sqrt(2) / 4.0, DELTA)) / both < 0.01
     assert one < both and abs(one - _gdp_epsilon(1 / 4.0, DELTA)) / one < 0.01
+
+
+def test_calibrate_refuses_meaningless_epsilon_quickly():
+    import time
+
+    from secagg.privacy.calibrate import MAX_TARGET_EPSILON, calibrate
+
+    t0 = time.perf_counter()
+    with pytest.raises(PrivacyError, match="Plaintext"):
+        calibrate(1e6, 1e-5, rounds=3)
+    assert time.perf_counter() - t0 < 1.0
+    assert MAX_TARGET_EPSILON == 100.0

@@ -73,6 +73,12 @@ def delta_for(
     return _ledger(noise_multiplier, n, event or _gaussian, prior, accountant).delta_for(epsilon)
 
 
+#: Largest target epsilon :func:`calibrate` accepts. Beyond it a DP guarantee means
+#: little, and the PLD accountant's discretisation of near-zero noise would need
+#: gigabytes (eps = 1e6 was killed for memory here); use the Plaintext layer instead.
+MAX_TARGET_EPSILON = 100.0
+
+
 def calibrate(
     target_epsilon: float, delta: float, *, rounds: int = 1, releases_per_round: int = 1,
     event: EventFactory | None = None, prior: PrivacyLedger | None = None,
@@ -92,6 +98,12 @@ def calibrate(
     if not (isinstance(target_epsilon, (int, float)) and target_epsilon > 0
             and math.isfinite(target_epsilon)):
         raise PrivacyError(f"target epsilon must be a positive number, got {target_epsilon!r}")
+    if target_epsilon > MAX_TARGET_EPSILON:
+        raise PrivacyError(
+            f"target epsilon {target_epsilon:g} is above {MAX_TARGET_EPSILON:g}: no meaningful "
+            "guarantee, and too little noise to calibrate; use the Plaintext layer for a "
+            "non-private baseline"
+        )
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
     if not (0 < rel_tol < 0.5):
