@@ -5,8 +5,7 @@ Each algorithm lives in its own module; this package imports them lazily by name
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from secagg.lazy import lazy_exports
 
 _EXPORTS = {
     "Algorithm": "algorithms.base", "Phase": "algorithms.base", "ClientState": "algorithms.base",
@@ -19,10 +18,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'algorithms' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports("algorithms", _EXPORTS, globals())

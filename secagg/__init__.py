@@ -10,8 +10,7 @@ back-ends (TenSEAL, Opacus) load only when used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from secagg.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -39,14 +38,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'secagg' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports("secagg", _EXPORTS, globals())

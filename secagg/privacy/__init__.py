@@ -7,8 +7,7 @@ Heavy parts load lazily: ``import secagg.privacy`` does not import torch or Opac
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from secagg.lazy import lazy_exports
 
 _EXPORTS = {
     "PrivacyLedger": "secagg.privacy.accountant",
@@ -38,14 +37,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'secagg.privacy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports("secagg.privacy", _EXPORTS, globals())
