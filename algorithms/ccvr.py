@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from algorithms.base import Aggregate, ClientState, Phase
-from algorithms.fedavg import FedAvg
+from algorithms.fedavg import FedAvg, GlobalModelPhase
 from algorithms.fedprox import with_proximal
 from algorithms.models import SplitModel, get_flat, set_flat
 from algorithms.spherefed import pack_upper, packed_size, unpack_upper
@@ -332,20 +332,15 @@ class CCVR(FedAvg):
         self.params = get_flat(self.shared_parameters(model))
 
 
-class _MomentsPhase(Phase):
+class _MomentsPhase(GlobalModelPhase):
     """CCVR: per-class moment sums under the final body; the server re-trains the head."""
 
     name: ClassVar[str] = "moments"
 
-    def __init__(self, algo: CCVR) -> None:
-        self.algo = algo
+    algo: CCVR
 
     def spec(self) -> UploadSpec:
         return self.algo.moments_spec()
-
-    def broadcast(self) -> dict[str, np.ndarray]:
-        assert self.algo.params is not None
-        return {"params": self.algo.params}
 
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
         return self.algo.client_moments(client, broadcast["params"])

@@ -134,19 +134,25 @@ class FedAvg(Algorithm):
             self.params = (aggregate["weighted_params"] / total).astype(np.float32)
 
 
-class _TrainPhase(Phase):
-    name: ClassVar[str] = "train"
+class GlobalModelPhase(Phase):
+    """A phase of a FedAvg-family algorithm: the server broadcasts the global parameters
+    (``params``); subclasses say what clients upload and what the server does with it."""
 
-    def __init__(self, algo: FedAvg, round: int) -> None:
+    def __init__(self, algo: FedAvg, round: int = 0) -> None:
         self.algo = algo
         self.round = round
 
-    def spec(self) -> UploadSpec:
-        return self.algo.spec()
-
     def broadcast(self) -> dict[str, np.ndarray]:
+        """The current global parameters."""
         assert self.algo.params is not None
         return {"params": self.algo.params}
+
+
+class _TrainPhase(GlobalModelPhase):
+    name: ClassVar[str] = "train"
+
+    def spec(self) -> UploadSpec:
+        return self.algo.spec()
 
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
         w = self.algo.local_update(client, broadcast["params"], self.round)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from algorithms.base import Aggregate, ClientState, Phase
-from algorithms.fedavg import FedAvg
+from algorithms.fedavg import FedAvg, GlobalModelPhase
 from algorithms.fedprox import with_proximal
 from algorithms.models import SplitModel, build_model, set_flat
 from algorithms.training import LossFn, accuracy, features
@@ -271,20 +271,15 @@ class SphereFed(FedAvg):
             self.model.head.weight.copy_(torch.as_tensor(w, dtype=torch.float32))
 
 
-class _FFCPhase(Phase):
+class _FFCPhase(GlobalModelPhase):
     """FFC: each client uploads (V, U) under the final body; the server solves for W*."""
 
     name: ClassVar[str] = "ffc"
 
-    def __init__(self, algo: SphereFed) -> None:
-        self.algo = algo
+    algo: SphereFed
 
     def spec(self) -> UploadSpec:
         return self.algo.ffc_spec()
-
-    def broadcast(self) -> dict[str, np.ndarray]:
-        assert self.algo.params is not None
-        return {"params": self.algo.params}
 
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
         z = self.algo.client_features(client, broadcast["params"])
