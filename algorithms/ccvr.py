@@ -18,7 +18,6 @@ those, :func:`merge_gaussians`, is kept here to test that both routes agree.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -291,12 +290,7 @@ class CCVR(FedAvg):
 
     def client_moments(self, client: ClientState, params: np.ndarray) -> dict[str, np.ndarray]:
         """One client's clipped per-class moments under the global ``params``."""
-        assert self.model is not None
-        model = client.state.get("model")
-        if model is None:
-            model = copy.deepcopy(self.model)
-            client.state["model"] = model
-        set_flat(self.shared_parameters(model), params)
+        model = self.client_model(client, params)
         z, clipped = clip_rows(features(model, client.data.x), self.feature_bound)
         self.feature_clips += clipped
         n, s, o = class_moments(z, client.data.y, self.n_classes)

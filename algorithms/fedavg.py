@@ -14,6 +14,7 @@ Subclasses (FedProx, FedUV, SphereFed) override :meth:`FedAvg.build_model` and
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -110,16 +111,20 @@ class FedAvg(Algorithm):
                   bound=Bound(linf=self.param_bound)),
         ))
 
-    def local_update(self, client: ClientState, params: np.ndarray, round: int) -> np.ndarray:
-        """Train a copy of the global model on the client's data; return its parameters."""
+    def client_model(self, client: ClientState, params: np.ndarray) -> SplitModel:
+        """The client's own copy of the global model (made on first use), loaded with the
+        broadcast ``params``."""
         assert self.model is not None
         model = client.state.get("model")
         if model is None:
-            import copy
-
             model = copy.deepcopy(self.model)
             client.state["model"] = model
         set_flat(self.shared_parameters(model), params)
+        return model
+
+    def local_update(self, client: ClientState, params: np.ndarray, round: int) -> np.ndarray:
+        """Train a copy of the global model on the client's data; return its parameters."""
+        model = self.client_model(client, params)
         train_local(model, client.data.x, client.data.y, epochs=self.local_epochs,
                     batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
                     loss_fn=self.loss_fn(client, model),

@@ -14,7 +14,6 @@ so FFC goes through any additive layer.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -256,12 +255,7 @@ class SphereFed(FedAvg):
 
     def client_features(self, client: ClientState, params: np.ndarray) -> np.ndarray:
         """Unit-norm float64 features of the client's training data under ``params``."""
-        assert self.model is not None
-        model = client.state.get("model")
-        if model is None:
-            model = copy.deepcopy(self.model)
-            client.state["model"] = model
-        set_flat(self.shared_parameters(model), params)
+        model = self.client_model(client, params)
         return normalise(features(model, client.data.x))
 
     def set_head(self, w: np.ndarray) -> None:
