@@ -6,7 +6,8 @@ time per upload, server add time per upload, decrypt time, and the ratio of this
 raw TenSEAL calls on the same chunks with the same parameters (``ts.ckks_vector`` /
 ``ts.bfv_vector`` on the same vectors, serialize, load against the public context, ``add_``,
 decrypt). Times are CPU seconds (``time.process_time``, single-threaded contexts), the
-median of ``--repeats`` runs. Targets (issue 5): layer / raw <= 1.2 in time and bytes, and
+median of ``--repeats`` runs (more for small uploads, see :func:`repeats_for`), with layer
+and raw runs interleaved. Targets (issue 5): layer / raw <= 1.2 in time and bytes, and
 slot utilisation >= 95% for uploads of more than one ciphertext.
 
 SecureSum rows (``secagg.secure_sum``) come from its ledger: bytes are everything one client
@@ -101,7 +102,17 @@ def run_raw(holder: KeyHolder, packing: Packing, flats: list[np.ndarray]) -> dic
 def median_of(fn: Callable[[int], dict[str, float]], repeats: int) -> dict[str, float]:
     """Median of each metric over ``repeats`` runs."""
     runs = [fn(i) for i in range(repeats)]
+    return _medians(runs)
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def repeats_for(size: int, repeats: int) -> int:
+    """At least ``repeats``; more for small uploads, whose sub-millisecond timings are
+    noisy (about 10^6 values' worth of work per measurement, at most 50 runs)."""
+    return max(repeats, min(50, 1_000_000 // max(size, 1)))
 
 
 def bench_scheme(scheme: str, size: int, n_clients: int, repeats: int) -> list[dict[str, Any]]:
@@ -114,8 +125,11 @@ def bench_scheme(scheme: str, size: int, n_clients: int, repeats: int) -> list[d
     packing = Packing.from_spec(spec, params.slots)
     fps = layer.fixed_point(spec, n_plan) if scheme == "bfv" else None
     flats = [layer._flatten(ups[c], spec, packing, fps) for c in sorted(ups)]
-    mine = median_of(lambda i: run_layer(layer, spec, ups, i), repeats)
-    raw = median_of(lambda i: run_raw(ks.holder, packing, flats), repeats)
+    mine_runs, raw_runs = [], []
+    for i in range(repeats_for(size, repeats)):  # interleaved, so drift hits both alike
+        mine_runs.append(run_layer(layer, spec, ups, i))
+        raw_runs.append(run_raw(ks.holder, packing, flats))
+    mine, raw = _medians(mine_runs), _medians(raw_runs)
     base = {"scheme": scheme, "values": size, "ciphertexts": packing.n_ciphertexts,
             "utilisation": packing.utilisation, "N": params.poly_modulus_degree,
             "coeff_bits": "+".join(map(str, params.coeff_mod_bit_sizes))}
@@ -130,7 +144,7 @@ def bench_secure_sum(size: int, n_clients: int, repeats: int) -> dict[str, Any] 
         return None
     spec, ups = make_uploads(size, n_clients)
     layer = SecureSum()
-    out = median_of(lambda i: run_layer(layer, spec, ups, i), repeats)
+    out = median_of(lambda i: run_layer(layer, spec, ups, i), repeats_for(size, repeats))
     return {"scheme": "-", "values": size, "ciphertexts": 0, "utilisation": float("nan"),
             "N": 0, "coeff_bits": "-", "impl": "secure sum", **out}
 
@@ -149,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-secure-sum", action="store_true")
     args = ap.parse_args(argv)
 
-    print(f"clients per aggregate: {args.clients}; CPU seconds; median of {args.repeats}")
+    print(f"clients per aggregate: {args.clients}; CPU seconds; median of "
+          + ", ".join(f"{repeats_for(n, args.repeats)} (n={n})" for n in args.sizes))
     head = (f"{'impl':<12} {'scheme':<6} {'values':>8} {'N':>6} {'coeff bits':<11} {'cts':>4} "
             f"{'util':>6} {'B/value':>8} {'enc s':>8} {'add s':>8} {'dec s':>8}")
     print(head)

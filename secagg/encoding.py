@@ -107,17 +107,23 @@ class FixedPoint:
 
     def lift(self, s: np.ndarray) -> np.ndarray:
         """Centred lift of ring elements to signed int64 (values in [-2^(k-1), 2^(k-1)))."""
-        u = np.asarray(s, dtype=np.uint64) & self._mask()
+        u = np.bitwise_and(np.asarray(s, dtype=np.uint64), self._mask())  # a fresh array
         if self.ring_bits == 64:
             return u.view(np.int64)
-        signed = u.astype(np.int64)
-        half = 1 << (self.ring_bits - 1)
-        return np.where(signed >= half, signed - (1 << self.ring_bits), signed)
+        shift = np.uint64(64 - self.ring_bits)
+        u <<= shift  # the ring's sign bit becomes bit 63 ...
+        signed = u.view(np.int64)
+        signed >>= np.int64(shift)  # ... and the arithmetic shift back sign-extends it
+        return signed
 
     def decode_sum(self, s: np.ndarray) -> np.ndarray:
         """Decode a ring sum to the sum of the quantised inputs (float64, or int64)."""
         q = self.lift(s)
-        return q if self.integer else np.ldexp(q.astype(np.float64), -self.scale_bits)
+        if self.integer:
+            return q
+        out = q.astype(np.float64)
+        out *= math.ldexp(1.0, -self.scale_bits)  # exact: a power of two, no underflow
+        return out
 
 
 def bound_to_int(bound: float, scale_bits: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,30 @@ import numpy as np
 FORMS = ("clear", "masked", "encrypted", "noised")
 
 
-def digest(value: np.ndarray | bytes) -> str:
-    """SHA-256 hex digest of an array's bytes (C order) or of raw bytes."""
+Wire = bytes | bytearray | tuple[bytes, ...]
+"""A message as it crossed the wire: one buffer, or a tuple of frames (digested and sized
+as their concatenation)."""
+
+
+def digest(value: np.ndarray | Wire) -> str:
+    """SHA-256 hex digest of an array's bytes (C order), of raw bytes, or of a tuple of
+    frames (the digest of their concatenation, computed without joining them)."""
+    if isinstance(value, tuple):
+        h = hashlib.sha256()
+        for frame in value:
+            h.update(frame)
+        return h.hexdigest()
     data = value if isinstance(value, bytes | bytearray) else np.ascontiguousarray(value).tobytes()
     return hashlib.sha256(data).hexdigest()
+
+
+def _is_wire(value: Any) -> bool:
+    return isinstance(value, bytes | bytearray) or (
+        isinstance(value, tuple) and all(isinstance(f, bytes | bytearray) for f in value))
+
+
+def _wire_len(value: Sequence[bytes] | bytes | bytearray) -> int:
+    return len(value) if isinstance(value, bytes | bytearray) else sum(len(f) for f in value)
 
 
 def _jsonable(x: Any) -> Any:
@@ -64,23 +84,29 @@ class Transcript:
         sender: Any,
         field: str,
         form: str,
-        value: np.ndarray | bytes,
+        value: np.ndarray | Wire,
         what: str = "upload",
         nbytes: int | None = None,
+        value_digest: str | None = None,
     ) -> None:
-        """Record that ``party`` saw ``value`` of ``field`` from ``sender`` in ``form``."""
+        """Record that ``party`` saw ``value`` of ``field`` from ``sender`` in ``form``.
+
+        ``value`` is an array or a message (bytes, or a tuple of frames). ``value_digest``,
+        if given, must be ``digest(value)``: a layer that records one message once per field
+        computes it once.
+        """
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-        is_bytes = isinstance(value, bytes | bytearray)
+        is_bytes = _is_wire(value)
         arr = None if is_bytes else np.asarray(value)
-        size = len(value) if is_bytes else arr.nbytes  # type: ignore[union-attr]
+        size = _wire_len(value) if is_bytes else arr.nbytes  # type: ignore[arg-type,union-attr]
         rec: dict[str, Any] = {
             "type": "observation", "round": round, "phase": phase, "stage": stage,
             "party": party, "sender": sender, "field": field, "form": form, "what": what,
-            "shape": [len(value)] if is_bytes else list(arr.shape),  # type: ignore[union-attr]
+            "shape": [size] if is_bytes else list(arr.shape),  # type: ignore[union-attr]
             "dtype": "bytes" if is_bytes else str(arr.dtype),  # type: ignore[union-attr]
             "bytes": int(nbytes if nbytes is not None else size),
-            "digest": digest(value if is_bytes else arr),  # type: ignore[arg-type]
+            "digest": value_digest or digest(value if is_bytes else arr),  # type: ignore[arg-type]
         }
         if self.include_values and not is_bytes:
             rec["values"] = arr.tolist()  # type: ignore[union-attr]

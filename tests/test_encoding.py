@@ -27,6 +27,26 @@ def test_ring_sum_decodes_to_exact_sum_of_quantised(ring_bits):
     assert np.max(np.abs(p.decode_sum(ring) - xs.sum(0))) <= n * p.step / 2 + 1e-12
 
 
+@pytest.mark.parametrize("ring_bits", [2, 17, 33, 55, 63, 64])
+def test_lift_is_the_centred_representative(ring_bits):
+    """lift() against Python-int arithmetic, including every ring's edge values (63 bits
+    once overflowed an int64 intermediate)."""
+    from secagg.encoding import FixedPoint
+
+    fp = FixedPoint("x", 10, ring_bits, 1.0, 1)
+    rng = np.random.default_rng(ring_bits)
+    k = ring_bits
+    edges = [0, 1, 2 ** (k - 1) - 1, 2 ** (k - 1), 2**k - 1, 2**64 - 1]
+    ring = np.concatenate([rng.integers(0, 2**64 - 1, 2000, dtype=np.uint64, endpoint=True),
+                           np.array(edges, dtype=np.uint64)])
+    want = []
+    for v in ring.tolist():
+        v &= 2**k - 1
+        want.append(v - 2**k if v >= 2 ** (k - 1) else v)
+    assert [int(v) for v in fp.lift(ring)] == want
+    assert fp.decode_sum(ring).tolist() == [v / 2**10 for v in want]
+
+
 def test_worst_case_cohort_does_not_wrap():
     n = 1000
     p = plan(spec(), n, precision=1e-6, ring_bits=32)["x"]

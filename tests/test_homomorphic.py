@@ -32,6 +32,7 @@ from secagg.homomorphic import (
     bfv_params,
     ckks_params,
 )
+from secagg.homomorphic.packing import join_message
 from secagg.homomorphic.params import MAX_MODULUS_BITS, is_prime
 from secagg.layers.base import RoundContext
 from secagg.messages import Bound, Field, Upload, UploadSpec
@@ -347,7 +348,10 @@ def _reframe(wire: bytes, body: bytes) -> bytes:
 
 @pytest.mark.parametrize("scheme", ["bfv", "ckks"])
 def test_malformed_ciphertexts_raise_typed_errors(scheme):
-    layer, ks, packing, wire, _ = _setup(scheme)
+    layer, ks, packing, frames, _ = _setup(scheme)
+    assert len(frames) == 2  # header + one ciphertext
+    head, body = frames
+    wire = join_message(frames)  # the single-buffer form
     agg = ks.aggregator
     agg.start(packing)
     bad = {
@@ -358,14 +362,29 @@ def test_malformed_ciphertexts_raise_typed_errors(scheme):
         "trailing": wire + b"\x00",
         "garbage ciphertext": _reframe(wire, b"\x5e\xa1" * 500),
         "not bytes": "hello",
+        "frames: none": (),
+        "frames: header only": (head,),
+        "frames: one too many": (head, body, body),
+        "frames: truncated ciphertext": (head, body[:-1]),
+        "frames: header with trailing byte": (head + b"\x00", body),
+        "frames: flipped ciphertext byte": (head, body[:99] + bytes([body[99] ^ 1]) + body[100:]),
+        "frames: not bytes": (head, bytearray(body)),
+        "frames: a string": (head, "x" * len(body)),
+        "frames: garbage ciphertext": tuple(_split(_reframe(wire, b"\x5e\xa1" * 500))),
     }
     for name, data in bad.items():
         with pytest.raises(CiphertextError):
             agg.add(data)  # type: ignore[arg-type]
         assert agg.count == 0, name
     assert issubclass(CiphertextError, ProtocolError)
-    agg.add(wire)  # a good upload still goes through afterwards
-    assert agg.count == 1
+    agg.add(wire)  # a good upload still goes through afterwards, in either form
+    agg.add(list(frames))
+    assert agg.count == 2
+
+
+def _split(wire: bytes) -> list[bytes]:
+    """Frames of a one-ciphertext single-buffer message."""
+    return [wire[:38], wire[38:]]
 
 
 def test_foreign_context_ciphertexts_raise_typed_errors():
@@ -441,3 +460,38 @@ def test_ledger_books_true_sizes_and_each_context_once_per_client():
     layer.aggregate(ups2, spec, c1)
     keys1 = [r for r in c1.ledger.rows if r.stage == "keys"]
     assert [r.receiver for r in keys1] == [3]
+
+
+def test_wire_checksum_is_zlib_crc32_and_frames_round_trip():
+    """The header's checksum is the standard library's CRC-32 of the ciphertext bytes
+    (whichever implementation computed it), and decoding gives back each ciphertext."""
+    from secagg.homomorphic.packing import (
+        KIND_UPLOAD,
+        decode_message,
+        encode_message,
+        fingerprint,
+        message_size,
+    )
+
+    rng = np.random.default_rng(3)
+    spec = UploadSpec((Field("x", (10,), bound=Bound(linf=1.0)),))
+    packing = Packing.from_spec(spec, 4)  # 3 ciphertexts of 4, 4, 2 values
+    cts = [rng.bytes(n) for n in (1000, 70_001, 3)]
+    fp = fingerprint(b"context")
+    frames = encode_message(KIND_UPLOAD, "bfv", fp, packing.total, cts)
+    assert len(frames) == 4 and all(a is b for a, b in zip(frames[1:], cts, strict=True))
+    assert struct.unpack_from(">I", frames[0], 22)[0] == zlib.crc32(b"".join(cts))
+    got = decode_message(frames, KIND_UPLOAD, "bfv", fp, packing)
+    assert all(a is b for a, b in zip(got, cts, strict=True))  # framed: no copies
+    wire = join_message(frames)
+    assert message_size(frames) == message_size(wire) == len(wire) == 38 + 8 + 71_004
+    from secagg.transcript import digest
+    assert digest(frames) == digest(wire)  # the transcript names a message, in either form
+    cut = decode_message(wire, KIND_UPLOAD, "bfv", fp, packing)
+    assert len(cut) == 3 and cut.lengths == (1000, 70_001, 3)
+    assert list(cut) == cts
+    assert list(decode_message(bytearray(wire), KIND_UPLOAD, "bfv", fp, packing)) == cts
+    flipped = bytearray(wire)
+    flipped[-2] ^= 0x01  # one bit in the last ciphertext
+    with pytest.raises(CiphertextError, match="CRC-32"):
+        decode_message(bytes(flipped), KIND_UPLOAD, "bfv", fp, packing)

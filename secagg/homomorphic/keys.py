@@ -17,6 +17,7 @@ sizes are the true wire sizes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import tenseal as ts
@@ -25,6 +26,7 @@ from secagg.homomorphic.errors import CiphertextError, ForeignContextError, KeyR
 from secagg.homomorphic.packing import (
     KIND_AGGREGATE,
     KIND_UPLOAD,
+    Frames,
     Packing,
     decode_message,
     encode_message,
@@ -33,6 +35,9 @@ from secagg.homomorphic.packing import (
 from secagg.homomorphic.params import HEParams
 
 KEY_HOLDER_MODES = ("decryptor", "clients")
+
+Message: TypeAlias = bytes | bytearray | Sequence[bytes]
+"""A ciphertext message as received: framed (a sequence of ``bytes``) or one buffer."""
 
 
 def _load(scheme: str, ctx: ts.Context, data: bytes) -> ts.CKKSVector | ts.BFVVector:
@@ -88,7 +93,7 @@ class KeyHolder:
         else:
             self.client_context = self.public_context
 
-    def decrypt(self, message: bytes, packing: Packing) -> np.ndarray:
+    def decrypt(self, message: Message, packing: Packing) -> np.ndarray:
         """Decrypt an aggregate message into the flat sum vector (float64 for CKKS, int64
         for BFV, the centred representative modulo t).
 
@@ -123,8 +128,9 @@ class Encryptor:
             raise KeyRoleError("the client context has no public key to encrypt with")
         self.fingerprint = context_fingerprint
 
-    def encrypt(self, flat: np.ndarray, packing: Packing) -> bytes:
-        """Encrypt a packed upload: one ciphertext per chunk, framed with the fingerprint."""
+    def encrypt(self, flat: np.ndarray, packing: Packing) -> Frames:
+        """Encrypt a packed upload: one ciphertext per chunk, framed with the fingerprint
+        (header frame, then one frame per ciphertext)."""
         if flat.shape != (packing.total,):
             raise ValueError(f"flat upload has shape {flat.shape}, expected ({packing.total},)")
         make = ts.ckks_vector if self.scheme == "ckks" else ts.bfv_vector
@@ -164,7 +170,7 @@ class Aggregator:
         self.count = 0
         self._packing = packing
 
-    def add(self, message: bytes) -> None:
+    def add(self, message: Message) -> None:
         """Check one client's upload message and add its ciphertexts into the running sum.
 
         The first upload's ciphertexts become the accumulators; later ones are added with
@@ -199,8 +205,8 @@ class Aggregator:
                 raise CiphertextError(f"cannot add ciphertext: {exc}") from None
         self.count += 1
 
-    def finish(self) -> bytes:
-        """Serialize the aggregated ciphertexts as a message for the key holder."""
+    def finish(self) -> Frames:
+        """Serialize the aggregated ciphertexts as a framed message for the key holder."""
         packing = self._packing
         if packing is None or not self.accumulators:
             raise RuntimeError("nothing was added")

@@ -19,7 +19,7 @@ from secagg.errors import (
     SecureSumAborted,
 )
 from secagg.homomorphic.keys import KEY_HOLDER_MODES, Aggregator, Encryptor, KeyHolder
-from secagg.homomorphic.packing import Packing
+from secagg.homomorphic.packing import Packing, message_size
 from secagg.homomorphic.params import (
     MAX_BFV_RING_BITS,
     MAX_MODULUS_BITS,
@@ -30,6 +30,7 @@ from secagg.homomorphic.params import (
 )
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
+from secagg.transcript import digest
 from secagg.wire import pack_arrays
 
 #: Name of the designated decryptor in ledgers and transcripts.
@@ -272,12 +273,14 @@ class Homomorphic(Layer):
             t0 = time.process_time()
             agg.add(wire)
             server_s = time.process_time() - t0
-            ctx.message(c, SERVER, "upload", wire_bytes=len(wire), plaintext_bytes=spec.nbytes,
+            size = message_size(wire)
+            ctx.message(c, SERVER, "upload", wire_bytes=size, plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.additive},
                         client_cpu_s=client_s + up.cpu_s, server_cpu_s=server_s, flops=up.flops)
+            wire_digest = digest(wire)  # one message, recorded once per field it carries
             for f in spec.additive:
                 ctx.observe(SERVER, c, "upload", f.name, "encrypted", wire,
-                            nbytes=round(len(wire) * share[f.name]))
+                            nbytes=round(size * share[f.name]), value_digest=wire_digest)
         t0 = time.process_time()
         agg_wire = agg.finish()
         finish_s = time.process_time() - t0
@@ -288,12 +291,15 @@ class Homomorphic(Layer):
             if not able:
                 raise SecureSumAborted("decrypt", 0, 1)
             party = able[0]
-        ctx.message(SERVER, party, "decrypt", wire_bytes=len(agg_wire), server_cpu_s=finish_s)
+        agg_size = message_size(agg_wire)
+        ctx.message(SERVER, party, "decrypt", wire_bytes=agg_size, server_cpu_s=finish_s)
+        agg_digest = digest(agg_wire)
         for f in spec.additive:
-            n = round(len(agg_wire) * share[f.name])
-            ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum", nbytes=n)
+            n = round(agg_size * share[f.name])
+            ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum", nbytes=n,
+                        value_digest=agg_digest)
             ctx.observe(party, SERVER, "decrypt", f.name, "encrypted", agg_wire, what="sum",
-                        nbytes=n)
+                        nbytes=n, value_digest=agg_digest)
 
         t0 = time.process_time()
         flat = ks.holder.decrypt(agg_wire, packing)

@@ -5,15 +5,22 @@ that is cut into ``ceil(total / slots)`` chunks, one ciphertext each; only the l
 ciphertext has empty slots. So an upload of L values costs ceil(L / slots) ciphertexts
 whatever its number of fields (no one-ciphertext-per-tensor waste).
 
-Wire format of a ciphertext message (big-endian)::
+Wire format of a ciphertext message (big-endian), sent as frames -- the header frame, then
+one frame per ciphertext -- whose concatenation is the single-buffer form::
 
-    b"SHE"  version:u8  kind:u8  scheme:u8  fingerprint:16  crc32:u32
-    n_values:u32  n_ct:u32  n_ct x length:u32  ciphertext bytes (TenSEAL serialization)
+    header:      b"SHE"  version:u8  kind:u8  scheme:u8  fingerprint:16  crc32:u32
+                 n_values:u32  n_ct:u32  n_ct x length:u32
+    n_ct frames: ciphertext bytes (TenSEAL serialization)
+
+Frames let the receiver hand each ciphertext to TenSEAL (which loads only ``bytes``) without
+cutting it out of a larger buffer; the single-buffer form is accepted too.
 
 ``fingerprint`` identifies the public context the ciphertexts were made under (BLAKE2b of
-its serialization); ``crc32`` is the CRC-32 of the ciphertext bytes and catches
-corruption in transit (it is not authentication: an active sender can recompute it, and
-transport security is the deployment's job).
+its serialization); ``crc32`` is the CRC-32 (zlib's polynomial) of the ciphertext bytes and
+catches corruption in transit. It is computed with zlib-ng where installed (~0.6 ms per
+25 MB on our 2-core box, against ~6 ms for the standard library's zlib, same values). It is
+not authentication: an active sender can recompute it, and transport security is the
+deployment's job.
 :func:`decode_message` checks every field and raises
 :class:`~secagg.homomorphic.errors.CiphertextError` or
 :class:`~secagg.homomorphic.errors.ForeignContextError`.
@@ -24,11 +31,15 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+try:  # zlib-ng's CRC-32 (same polynomial and values) runs ~10x faster with PCLMUL
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - platforms without a zlib-ng wheel
+    from zlib import crc32
 
 from secagg.homomorphic.errors import CiphertextError, ForeignContextError
 from secagg.messages import UploadSpec
@@ -50,7 +61,7 @@ def fingerprint(public_context: bytes) -> bytes:
 def _checksum(parts: Sequence[bytes]) -> int:
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = crc32(p, crc)
     return crc
 
 
@@ -118,33 +129,68 @@ class Packing:
         return out
 
 
+Frames = tuple[bytes, ...]
+"""A framed message: the header frame, then one frame per serialized ciphertext."""
+
+
 def encode_message(
     kind: int, scheme: str, fp: bytes, n_values: int, ciphertexts: Sequence[bytes]
-) -> bytes:
-    """Frame serialized ciphertexts into one message (see the module docstring)."""
+) -> Frames:
+    """Frame serialized ciphertexts into one message (see the module docstring): the header
+    frame, then the ciphertexts as they are (no copy). ``b"".join`` of the frames is the
+    single-buffer form (:func:`join_message`)."""
     head = _HEAD.pack(MAGIC, VERSION, kind, SCHEMES[scheme], fp, _checksum(ciphertexts),
                       n_values, len(ciphertexts))
     lengths = struct.pack(f">{len(ciphertexts)}I", *(len(c) for c in ciphertexts))
-    return b"".join([head, lengths, *ciphertexts])
+    return (head + lengths, *ciphertexts)
 
 
-def decode_message(
-    data: bytes, kind: int, scheme: str, fp: bytes, packing: Packing
-) -> list[bytes]:
-    """Check a framed message against what the receiver expects and return the
-    serialized ciphertexts (still to be loaded by TenSEAL).
+def join_message(message: Sequence[bytes]) -> bytes:
+    """The single-buffer form of a framed message, for byte-stream transports and files."""
+    return b"".join(message)
 
-    Raises:
-        ForeignContextError: the message names another context (fingerprint) or scheme.
-        CiphertextError: anything else malformed (magic, version, kind, counts, lengths,
-            truncation, trailing bytes, checksum).
+
+def message_size(message: bytes | bytearray | Sequence[bytes]) -> int:
+    """Bytes on the wire of a message in either form."""
+    if isinstance(message, bytes | bytearray):
+        return len(message)
+    return sum(len(f) for f in message)
+
+
+class CiphertextFrames:
+    """The serialized ciphertexts of a checked single-buffer message, cut out one at a time.
+
+    Iterating makes a fresh ``bytes`` copy of one ciphertext (TenSEAL loads only
+    ``bytes``). Loading each right after it is cut, and dropping it before the next, keeps
+    one ciphertext-sized buffer hot in cache instead of allocating a second copy of the whole
+    message: on a 25 MB upload that is ~1 ms instead of ~17 ms (page faults). Framed messages
+    need no cutting at all.
     """
-    if not isinstance(data, bytes | bytearray):
-        raise CiphertextError(f"a ciphertext message must be bytes, got {type(data).__name__}")
-    if len(data) < _HEAD.size:
-        raise CiphertextError(f"message of {len(data)} bytes is shorter than its header")
+
+    def __init__(self, data: bytes | bytearray, start: int, lengths: Sequence[int]) -> None:
+        self._data = data
+        self._start = start
+        self.lengths = tuple(lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[bytes]:
+        a = self._start
+        for n in self.lengths:
+            yield bytes(self._data[a:a + n])
+            a += n
+
+
+def _check_header(
+    head: bytes | bytearray, kind: int, scheme: str, fp: bytes, packing: Packing
+) -> tuple[int, tuple[int, ...], int]:
+    """Check a header (the fixed part and the length table) against what the receiver
+    expects; return (checksum, ciphertext lengths, header size)."""
+    if len(head) < _HEAD.size:
+        raise CiphertextError(f"message of {len(head)} bytes is shorter than its header")
     magic, version, got_kind, got_scheme, got_fp, checksum, n_values, n_ct = _HEAD.unpack_from(
-        data, 0)
+        head, 0)
     if magic != MAGIC:
         raise CiphertextError("not a homomorphic ciphertext message (bad magic)")
     if version != VERSION:
@@ -163,18 +209,58 @@ def decode_message(
     if n_ct != packing.n_ciphertexts:
         raise CiphertextError(f"message carries {n_ct} ciphertexts, expected "
                               f"{packing.n_ciphertexts}")
-    pos = _HEAD.size + 4 * n_ct
-    if len(data) < pos:
+    size = _HEAD.size + 4 * n_ct
+    if len(head) < size:
         raise CiphertextError("message truncated inside its length table")
-    lengths = struct.unpack_from(f">{n_ct}I", data, _HEAD.size)
-    if pos + sum(lengths) != len(data):
-        raise CiphertextError(
-            f"ciphertext lengths add up to {sum(lengths)} bytes but {len(data) - pos} follow"
-        )
-    if zlib.crc32(memoryview(data)[pos:]) != checksum:
+    return checksum, struct.unpack_from(f">{n_ct}I", head, _HEAD.size), size
+
+
+def decode_message(
+    message: bytes | bytearray | Sequence[bytes],
+    kind: int,
+    scheme: str,
+    fp: bytes,
+    packing: Packing,
+) -> Sequence[bytes] | CiphertextFrames:
+    """Check a message against what the receiver expects and return its serialized
+    ciphertexts (still to be loaded by TenSEAL).
+
+    ``message`` is either framed (a sequence of ``bytes``: header, then one frame per
+    ciphertext; the ciphertexts are returned as they are, without a copy) or the
+    single-buffer form (the ciphertexts are cut out lazily, see :class:`CiphertextFrames`).
+
+    Raises:
+        ForeignContextError: the message names another context (fingerprint) or scheme.
+        CiphertextError: anything else malformed (type, magic, version, kind, counts,
+            lengths, truncation, trailing bytes, checksum).
+    """
+    if isinstance(message, bytes | bytearray):
+        checksum, lengths, pos = _check_header(message, kind, scheme, fp, packing)
+        if pos + sum(lengths) != len(message):
+            raise CiphertextError(f"ciphertext lengths add up to {sum(lengths)} bytes but "
+                                  f"{len(message) - pos} follow")
+        if crc32(memoryview(message)[pos:]) != checksum:
+            raise CiphertextError("ciphertext bytes corrupted (CRC-32 mismatch)")
+        return CiphertextFrames(message, pos, lengths)
+    if not isinstance(message, tuple | list) or not message:
+        raise CiphertextError("a ciphertext message must be bytes or a non-empty sequence of "
+                              f"bytes frames, got {type(message).__name__}")
+    head = message[0]
+    if type(head) is not bytes:
+        raise CiphertextError(f"a message frame must be bytes, got {type(head).__name__}")
+    checksum, lengths, size = _check_header(head, kind, scheme, fp, packing)
+    if len(head) != size:
+        raise CiphertextError(f"header frame of {len(head)} bytes, expected {size}")
+    if len(message) != 1 + len(lengths):
+        raise CiphertextError(f"message has {len(message) - 1} ciphertext frames, its header "
+                              f"announces {len(lengths)}")
+    crc = 0
+    for i, n in enumerate(lengths, 1):
+        frame = message[i]
+        if type(frame) is not bytes or len(frame) != n:
+            raise CiphertextError(
+                f"ciphertext frame {i - 1} is not bytes of the length its header gives ({n})")
+        crc = crc32(frame, crc)
+    if crc != checksum:
         raise CiphertextError("ciphertext bytes corrupted (CRC-32 mismatch)")
-    out = []
-    for n in lengths:
-        out.append(bytes(data[pos:pos + n]))
-        pos += n
-    return out
+    return message[1:]

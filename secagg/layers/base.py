@@ -22,7 +22,7 @@ import numpy as np
 from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
 from secagg.messages import Upload, UploadSpec
-from secagg.transcript import Transcript
+from secagg.transcript import Transcript, Wire
 
 
 @dataclass
@@ -102,14 +102,17 @@ class RoundContext:
         stage: str,
         field: str,
         form: str,
-        value: np.ndarray | bytes,
+        value: np.ndarray | Wire,
         what: str = "upload",
         nbytes: int | None = None,
+        value_digest: str | None = None,
     ) -> None:
-        """Record in the transcript that ``party`` saw ``value`` in ``form``."""
+        """Record in the transcript that ``party`` saw ``value`` in ``form`` (see
+        :meth:`secagg.transcript.Transcript.observe`)."""
         self.transcript.observe(
             round=self.round, phase=self.phase, stage=stage, party=party, sender=sender,
             field=field, form=form, value=value, what=what, nbytes=nbytes,
+            value_digest=value_digest,
         )
 
 
