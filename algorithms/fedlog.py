@@ -3,9 +3,12 @@
 Every client keeps its own body (never shared). Each round the server broadcasts the head
 eta (C x (d+1), bias in column 0); each client trains its body with eta frozen
 (cross-entropy), then computes in eval mode, for every class y, the count and the sum of its
-features with a constant 1 prepended: ``stats[y] = sum over its class-y records of [1, phi]``,
-plus ``n``. Both are additive, so the server needs only the sums; it then solves the MAP of
-the conjugate posterior exactly (:func:`algorithms.fedlog_solver.solve_map`).
+features with a constant 1 prepended: ``stats[y] = sum over its class-y records of [1, phi]``.
+It is additive, so the server needs only the sum; it then solves the MAP of the conjugate
+posterior exactly (:func:`algorithms.fedlog_solver.solve_map`). The record count n the solve
+also needs is the sum of the count column, ``n = sum_y stats[y, 0]``, so it is not uploaded
+separately: a separate ``n`` field would split a DP budget across two fields and cost
+sqrt(2) more noise on the statistics for information the server already has.
 
 Statistics are recomputed every round; nothing accumulates across rounds (the bodies move).
 Round 0 is the reference code's "pretrain" round: clients send statistics of their freshly
@@ -91,12 +94,11 @@ class FedLog(Algorithm):
         return [_StatsPhase(self, round)]
 
     def spec(self) -> UploadSpec:
-        """Fields ``stats`` (C x (d+1)) and ``n``."""
+        """One field, ``stats`` (C x (d+1)); column 0 holds the class counts."""
         d, b = self.feature_dim, self.feature_bound
         return UploadSpec((
             Field("stats", (self.n_classes, d + 1), "float64",
                   bound=Bound(l2=math.sqrt(1.0 + d * b * b), linf=max(1.0, b))),
-            Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0)),
         ))
 
     def load_head(self, model: SplitModel, eta: np.ndarray) -> None:
@@ -153,15 +155,15 @@ class _StatsPhase(Phase):
                         seed=derive_seed(a.seed, self.round, client.id),
                         dpsgd=a.dpsgd, events=a.pending_events)
         phi = features(model, client.data.x)
-        return {"stats": class_statistics(phi, client.data.y, a.n_classes),
-                "n": np.array([client.n_records], dtype=np.int64)}
+        return {"stats": class_statistics(phi, client.data.y, a.n_classes)}
 
     def server_step(self, aggregate: Aggregate) -> None:
         a = self.algo
-        n = float(aggregate["n"][0])
-        if n + a.nu <= 0:
+        stats = aggregate["stats"]
+        n = float(stats[:, 0].sum())  # the record count: the counts' sum (noised under DP)
+        if n + a.nu <= 0:  # possible only when DP noise swamps a tiny cohort: keep the head
             return
-        a.eta = solve_map(aggregate["stats"], a.nu + n).eta
+        a.eta = solve_map(stats, a.nu + n).eta
 
     def privacy_events(self) -> list[Any]:
         """DP-SGD events of this round's body trainings (cleared once read)."""

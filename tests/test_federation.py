@@ -71,9 +71,32 @@ def test_fedlog_learns_on_digits_and_is_personalized(digits_clients):
     assert r.accuracy_kind == "mean local test"
     assert r.accuracy >= 0.85, r.history
     up = r.costs.total("up")
-    # each upload: C x (d+1) float64 stats + n, plus the wire header
+    # each upload: C x (d+1) float64 stats (counts in column 0, so no separate n)
     assert up["messages"] == 40
-    assert up["plaintext_bytes"] == 40 * (10 * 65 * 8 + 8)
+    assert up["plaintext_bytes"] == 40 * (10 * 65 * 8)
+
+
+def test_fedlog_solves_with_the_record_count_from_the_count_column(digits_clients):
+    """FedLog uploads no separate n: the server's N is nu + the sum of the counts column,
+    which equals the number of training records, and the head is the exact solve."""
+    from algorithms.fedlog_solver import solve_map
+
+    seen = []
+
+    class Recording(FedLog):
+        def phases(self, round, rounds):
+            (p,) = super().phases(round, rounds)
+            step = p.server_step
+            p.server_step = lambda agg: (seen.append(np.array(agg["stats"])), step(agg))[1]
+            return [p]
+
+    algo = Recording(local_epochs=1, nu=0.5)
+    assert [f.name for f in algo.spec().fields] == ["stats"]
+    Federation(algo, Plaintext(), digits_clients, rounds=1, seed=0).run()
+    (stats,) = seen
+    total = sum(len(c.y) for c in digits_clients)
+    assert float(stats[:, 0].sum()) == total
+    np.testing.assert_allclose(algo.eta, solve_map(stats, 0.5 + total).eta, rtol=0, atol=0)
 
 
 def test_engine_rejects_bad_configuration(digits_clients):
@@ -107,11 +130,11 @@ def test_plaintext_audit_shows_every_field_in_the_clear(digits_clients, tmp_path
     r = Federation(FedLog(local_epochs=1), Plaintext(), digits_clients, rounds=1, seed=0).run()
     paths = r.save(tmp_path)
     rep = audit(r.transcript)
-    assert {e["field"] for e in rep["fields"]} == {"stats", "n"}
+    assert {e["field"] for e in rep["fields"]} == {"stats"}
     for e in rep["fields"]:
         assert e["server_saw"] == {"clear upload": 10}
         assert e["clear_individual_uploads"] == 10 and len(e["senders"]) == 10
     assert main(["audit", str(paths["transcript"])]) == 0
     out = capsys.readouterr().out
-    assert out.count("server saw   : clear upload x10") == 2
+    assert out.count("server saw   : clear upload x10") == 1
     assert "YES - the server read individual uploads in the clear" in out
