@@ -151,7 +151,8 @@ def _make_parser() -> argparse.ArgumentParser:
         "--dropout",
         type=float,
         default=0.0,
-        help="injected dropout probability per client per layer stage (%(default)s)",
+        help="injected probability that a client drops out during a round, spread over the "
+        "layer's protocol stages (%(default)s)",
     )
     r.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
     r.add_argument(

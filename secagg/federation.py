@@ -203,8 +203,10 @@ class Federation:
         clients: a :class:`~secagg.data.Partition` (carries the global test set).
         rounds: number of rounds.
         fraction: fraction of clients sampled each round (at least one).
-        dropout: injected dropout probability per client per layer stage, a mapping
-            stage -> probability, or a ready :class:`~secagg.dropouts.DropoutModel`.
+        dropout: injected dropout probability per client per round (per phase): the chance
+            a client drops somewhere in the layer's protocol, spread over the layer's
+            :meth:`~secagg.layers.base.Layer.dropout_stages`; or a mapping stage ->
+            per-stage probability; or a ready :class:`~secagg.dropouts.DropoutModel`.
         seed: makes sampling, dropouts, initialisation and local training deterministic.
         on_violation: ``"raise"`` (default) refuses out-of-bound uploads; ``"clip"`` clips
             them into the bound and counts the clips in :attr:`Result.clips`.
@@ -253,8 +255,10 @@ class Federation:
         self.rounds = rounds
         self.fraction = fraction
         self.dropouts = (
-            dropout if isinstance(dropout, DropoutModel) else DropoutModel(dropout, seed)
-        )
+            dropout if isinstance(dropout, DropoutModel)
+            else DropoutModel(dropout, seed, per="stage" if isinstance(dropout, Mapping)
+                              else "round")
+        ).for_stages(layer.dropout_stages())
         self.seed = seed
         self.on_violation = on_violation
         self.on_abort = on_abort

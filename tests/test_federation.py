@@ -138,3 +138,36 @@ def test_plaintext_audit_shows_every_field_in_the_clear(digits_clients, tmp_path
     out = capsys.readouterr().out
     assert out.count("server saw   : clear upload x10") == 1
     assert "YES - the server read individual uploads in the clear" in out
+
+
+def test_per_round_dropout_rate_is_spread_over_the_layers_stages(digits_clients):
+    """A per-round rate drops that fraction of clients whatever the number of stages; the
+    per-stage rate compounds over SecureSum's four stages."""
+    from secagg.layers import PerGroup
+    from secagg.privacy import CentralDP
+    from secagg.secure_sum import SecureSum
+
+    stages = SecureSum().dropout_stages()
+    assert stages == ("advertise", "share", "masked-input", "unmask")
+    clients = list(range(20_000))
+
+    def dropped(model):
+        live = clients
+        for s in stages:
+            live = model.survivors(s, live)
+        return 1 - len(live) / len(clients)
+
+    per_round = DropoutModel(0.1, seed=1, per="round").for_stages(stages).at(0, "p")
+    per_stage = DropoutModel(0.1, seed=1).for_stages(stages).at(0, "p")
+    assert abs(dropped(per_round) - 0.1) < 0.01
+    assert abs(dropped(per_stage) - (1 - 0.9**4)) < 0.01
+    # The engine takes a float as a per-round rate over its layer's stages.
+    fed = Federation(FedAvg(), CentralDP(SecureSum(), noise_multiplier=1.0, delta=1e-5),
+                     digits_clients, dropout=0.1)
+    assert fed.dropouts.per == "round" and fed.dropouts.stages == stages
+    assert abs(fed.dropouts.probability("share") - (1 - 0.9**0.25)) < 1e-12
+    assert Federation(FedAvg(), Plaintext(), digits_clients, dropout=0.1).dropouts \
+        .probability("upload") == pytest.approx(0.1)
+    assert PerGroup({"a": Plaintext(), "b": SecureSum()}).dropout_stages() == ("upload", *stages)
+    with pytest.raises(ValueError):
+        DropoutModel({"upload": 0.1}, per="round")

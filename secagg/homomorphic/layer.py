@@ -322,6 +322,10 @@ class Homomorphic(Layer):
             ctx.observe(SERVER, party, "result", f.name, "clear", sums[f.name], what="sum")
         return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(live), notes)
 
+    def dropout_stages(self) -> tuple[str, ...]:
+        """Upload, and in ``"clients"`` mode also the decrypting client's turn."""
+        return ("upload", "decrypt") if self.key_holder == "clients" else ("upload",)
+
     def describe(self) -> dict[str, Any]:
         """Parameters and key roles (read by threat models and written to results)."""
         decrypts = DECRYPTOR if self.key_holder == "decryptor" else "one surviving client"

@@ -121,6 +121,12 @@ class Layer(ABC):
 
     name: ClassVar[str] = "layer"
 
+    def dropout_stages(self) -> tuple[str, ...]:
+        """The stages, in order, at which this layer asks which clients are still live
+        (``ctx.dropouts.survivors(stage, ...)``); a per-round dropout rate is spread over
+        them. The default is the single ``"upload"`` stage."""
+        return ("upload",)
+
     def check(self, spec: UploadSpec) -> None:  # noqa: B027 - default admits everything
         """Refuse (raise :class:`~secagg.errors.InadmissibleField`) a field this layer
         cannot carry. The default admits every field."""

@@ -30,6 +30,12 @@ class PerGroup(Layer):
         self.routes = dict(routes)
         self.default = default
 
+    def dropout_stages(self) -> tuple[str, ...]:
+        """Every routed layer's stages, in first-seen order (a client's fate at a stage is
+        the same in every group, as the draw depends on the stage name, not the group)."""
+        layers = [*self.routes.values(), *([self.default] if self.default else [])]
+        return tuple(dict.fromkeys(s for layer in layers for s in layer.dropout_stages()))
+
     def _layer_for(self, group: str) -> Layer:
         layer = self.routes.get(group, self.default)
         if layer is None:

@@ -244,6 +244,10 @@ class _DPLayer(Layer):
 
     # -- checks and helpers ------------------------------------------------------------
 
+    def dropout_stages(self) -> tuple[str, ...]:
+        """The inner layer's stages (noise adds none)."""
+        return self.inner.dropout_stages()
+
     def check(self, spec: UploadSpec) -> None:
         """Refuse fields that cannot get DP noise: unbounded ones (unless public) and, for
         sum-only layers, non-additive ones (unless public)."""

@@ -94,6 +94,11 @@ class SecureSum(Layer):
         return {"name": self.name, "threshold": self.threshold, "graph": self.graph,
                 "k": self.k, "precision": self.precision, "ring_bits": self.ring_bits}
 
+    def dropout_stages(self) -> tuple[str, ...]:
+        """The protocol's four rounds: key advertisement, share exchange, masked input and
+        unmasking."""
+        return ("advertise", "share", "masked-input", "unmask")
+
     def min_survivors(self, n: int) -> int:
         """The fewest contributors a run over a cohort of n can return a sum for (t)."""
         return resolve_threshold(self.threshold, n)
