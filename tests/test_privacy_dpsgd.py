@@ -86,3 +86,27 @@ def test_bad_config_refused() -> None:
     with pytest.raises(PrivacyError):
         round_event([])
     assert np.isfinite(DPSGD(1.0, 1.0).event(10, 3, 1).sampling_rate)
+
+
+def test_dpsgd_noise_comes_from_the_noise_generator() -> None:
+    """With zero gradients, one DP-SGD step moves the weights by exactly the Gaussian noise
+    drawn from ``noise_generator(seed)`` (std z * C, divided by the expected batch size)."""
+    from secagg.privacy.samplers import noise_generator
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 5)
+    y = torch.zeros(256, dtype=torch.long)
+    model = nn.Sequential(nn.Linear(5, 3))
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    cfg = DPSGD(noise_multiplier=2.0, max_grad_norm=0.5, seed=7)
+    pt = make_private(model, opt, DataLoader(TensorDataset(x, y), batch_size=32), cfg)
+    xb, _ = next(iter(pt.data_loader))
+    pt.optimizer.zero_grad()
+    (0.0 * pt.module(xb).sum()).backward()  # per-sample gradients are all zero
+    pt.optimizer.step()
+    rng = noise_generator(7).rng
+    for p, p0 in zip(model.parameters(), before, strict=True):
+        want = -torch.as_tensor(rng.normal(0.0, 2.0 * 0.5, size=tuple(p.shape)),
+                                dtype=p.dtype) / 32
+        torch.testing.assert_close(p.detach() - p0, want, rtol=1e-5, atol=1e-6)

@@ -95,6 +95,26 @@ def test_noise_generator_private_by_default_and_seed_reproducible() -> None:
     assert np.array_equal(gaussian(1.0, 5, s1.rng), gaussian(1.0, 5, s2.rng))
 
 
+def test_private_noise_bits_are_the_aes_ctr_keystream() -> None:
+    """The default generator's raw words are AES-128-CTR under its key, checked against
+    OpenSSL's AES (``cryptography``), and its normals follow N(0, 1)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from secagg.privacy.samplers import aes_ctr_generator
+
+    key = bytes(range(16))
+    raw = aes_ctr_generator(key).bit_generator.random_raw(64)
+    ecb = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    keystream = ecb.update(b"".join(i.to_bytes(16, "little") for i in range(32)))
+    assert raw.tolist() == np.frombuffer(keystream, dtype="<u8").tolist()
+    src = noise_generator()
+    assert type(src.rng.bit_generator).__name__ == "AESCounter"
+    z = src.rng.normal(size=200_000)
+    assert stats.kstest(z, "norm").pvalue > 1e-4
+    with pytest.raises(PrivacyError):
+        aes_ctr_generator(b"short")
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "x"])
 def test_bad_scales_are_refused(bad) -> None:
     rng = noise_generator(0).rng

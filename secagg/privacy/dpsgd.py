@@ -14,22 +14,28 @@ dominates all of them (largest sampling rate and step count, smallest multiplier
 spent once per round. Before training, :meth:`DPSGD.event` gives the planned event so the
 budget guard can refuse a round before it runs.
 
-Noise: Opacus draws from a ``torch.Generator`` seeded here with 63 bits from ``secrets``
-(Opacus' ``secure_mode`` needs torchcsprng, which is not installed); a user seed makes the
-run reproducible and, as for every DP layer, not private.
+Noise: not Opacus' ``torch.Generator`` (a Mersenne Twister; Opacus' ``secure_mode`` needs
+torchcsprng, which is not installed) but the DP layers' own
+:func:`~secagg.privacy.samplers.noise_generator` -- AES-128-CTR keyed from ``os.urandom`` --
+which the wrapped optimizer's ``add_noise`` draws from (same law: N(0, (z C)^2) per
+coordinate of the summed clipped gradient). A user seed makes the run reproducible and, as
+for every DP layer, not private.
 """
 
 from __future__ import annotations
 
 import math
-import secrets
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from secagg.errors import PrivacyError
 from secagg.privacy.accountant import PrivacyLedger
 from secagg.privacy.events import SampledGaussianEvent
+from secagg.privacy.samplers import noise_generator
 
 __all__ = ["DPSGD", "PrivateTraining", "make_private", "round_event"]
 
@@ -108,8 +114,8 @@ def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD) ->
 
     if not isinstance(config, DPSGD):
         raise PrivacyError(f"config must be a DPSGD, got {config!r}")
-    gen = torch.Generator()
-    gen.manual_seed(secrets.randbits(63) if config.seed is None else config.seed)
+    gen = torch.Generator()  # Opacus' own draws (if any) stay reproducible under a seed
+    gen.manual_seed(0 if config.seed is None else config.seed)
     engine = PrivacyEngine(accountant="rdp")
     module, opt, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=data_loader,
@@ -117,7 +123,29 @@ def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD) ->
         max_grad_norm=float(config.max_grad_norm), poisson_sampling=True,
         noise_generator=gen,
     )
+    _draw_noise_from(opt, noise_generator(config.seed).rng)
     return PrivateTraining(module, opt, loader, engine, config)
+
+
+def _draw_noise_from(optimizer: Any, rng: np.random.Generator) -> None:
+    """Make an Opacus ``DPOptimizer`` add its Gaussian noise from ``rng`` (same law as
+    Opacus' ``add_noise``: std ``noise_multiplier * max_grad_norm`` per coordinate of each
+    parameter's summed clipped gradient), keeping Opacus' processed-gradient checks."""
+    import torch
+    from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+
+    def add_noise(self: Any) -> None:
+        std = float(self.noise_multiplier * self.max_grad_norm)
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            g = p.summed_grad
+            noise = rng.normal(0.0, std, size=tuple(g.shape)) if std > 0 else 0.0
+            p.grad = (g + torch.as_tensor(noise, dtype=g.dtype, device=g.device)).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+    if not hasattr(optimizer, "add_noise") or not hasattr(optimizer, "params"):
+        raise PrivacyError("expected an Opacus DPOptimizer")
+    optimizer.add_noise = types.MethodType(add_noise, optimizer)
 
 
 def round_event(events: Sequence[SampledGaussianEvent], **where: Any) -> SampledGaussianEvent:

@@ -1,10 +1,12 @@
 """Noise samplers for differential privacy: Gaussian, discrete Gaussian and Skellam.
 
-Randomness comes from :func:`noise_generator`: by default a numpy ``Generator`` over the
-Philox4x64-10 counter-based generator keyed with 128 bits (and a 256-bit counter) read
-from ``os.urandom``, so the noise cannot be predicted from anything public. A user seed is
-accepted for experiments; :attr:`NoiseSource.private` is then False and the DP layers mark
-the run as not private in the privacy ledger and the transcript.
+Randomness comes from :func:`noise_generator`: by default a numpy ``Generator`` whose raw
+bits are the AES-128 counter-mode keystream under a fresh 128-bit key from ``os.urandom``
+(:func:`aes_ctr_generator`, randomgen's ``AESCounter`` with AES-NI; the tests check it bit
+for bit against OpenSSL's AES through ``cryptography``). So the noise comes from a
+cryptographic generator and cannot be predicted from anything public. A user seed is
+accepted for experiments (PCG64); :attr:`NoiseSource.private` is then False and the DP layers
+mark the run as not private in the privacy ledger and the transcript.
 
 The discrete Gaussian follows Canonne, Kamath and Steinke, "The Discrete Gaussian for
 Differential Privacy" (NeurIPS 2020), Algorithm 3: propose from a discrete Laplace with
@@ -39,6 +41,7 @@ from secagg.errors import PrivacyError
 
 __all__ = [
     "NoiseSource",
+    "aes_ctr_generator",
     "discrete_gaussian",
     "discrete_gaussian_exact",
     "discrete_gaussian_pmf",
@@ -64,18 +67,27 @@ class NoiseSource:
     seed: int | None = None
 
 
-def noise_generator(seed: int | None = None) -> NoiseSource:
-    """A noise generator: unpredictable by default, reproducible (and not private) when a
-    ``seed`` is given.
+def aes_ctr_generator(key: bytes) -> np.random.Generator:
+    """A numpy ``Generator`` whose raw 64-bit words are the AES-128-CTR keystream under
+    ``key`` (16 bytes): block i is AES_key(i as a 128-bit little-endian integer), i = 0, 1, ...,
+    read as little-endian 64-bit words. Distributions (normal, geometric, Poisson, ...) are
+    numpy's, fed by these bits."""
+    from randomgen import AESCounter
 
-    Without a seed the generator is Philox4x64-10 keyed with 128 bits and started at a
-    256-bit counter, both from ``os.urandom``. With a seed it is PCG64 seeded with it.
+    if not isinstance(key, bytes) or len(key) != 16:
+        raise PrivacyError("an AES-128 key is 16 bytes")
+    return np.random.Generator(AESCounter(key=int.from_bytes(key, "little"), counter=0))
+
+
+def noise_generator(seed: int | None = None) -> NoiseSource:
+    """A noise generator: cryptographic and unpredictable by default, reproducible (and not
+    private) when a ``seed`` is given.
+
+    Without a seed the generator is :func:`aes_ctr_generator` under a fresh key from
+    ``os.urandom``. With a seed it is PCG64 seeded with it.
     """
     if seed is None:
-        key = int.from_bytes(os.urandom(16), "little")
-        counter = int.from_bytes(os.urandom(32), "little")
-        bitgen = np.random.Philox(key=key, counter=counter)
-        return NoiseSource(np.random.Generator(bitgen), private=True, seed=None)
+        return NoiseSource(aes_ctr_generator(os.urandom(16)), private=True, seed=None)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise PrivacyError(f"noise seed must be a non-negative integer, got {seed!r}")
     return NoiseSource(np.random.Generator(np.random.PCG64(int(seed))), private=False,
