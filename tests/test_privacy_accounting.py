@@ -184,3 +184,25 @@ def test_calibrate_refuses_meaningless_epsilon_quickly():
         calibrate(1e6, 1e-5, rounds=3)
     assert time.perf_counter() - t0 < 1.0
     assert MAX_TARGET_EPSILON == 100.0
+
+
+def test_tiny_noise_multiplier_is_accounted_by_rdp_not_an_exploding_pld():
+    """z = 0.001 once asked the PLD accountant for 451 GiB; now 'auto' switches to RDP,
+    whose epsilon is the closed-form Gaussian RDP bound, and explicit 'pld' says why not."""
+    import time
+
+    from secagg.privacy.accountant import PLD_MIN_NOISE_MULTIPLIER
+
+    t0 = time.perf_counter()
+    ledger = PrivacyLedger()
+    ledger.spend(GaussianEvent(noise_multiplier=1e-3, count=6))
+    assert ledger.method() == "rdp"
+    eps = ledger.epsilon(DELTA)
+    # RDP of a Gaussian: alpha / (2 z^2) per release; the bound is at least the rho-term.
+    assert eps > 6 / (2 * 1e-3**2) and math.isfinite(eps)
+    assert time.perf_counter() - t0 < 5.0
+    ok = PrivacyLedger()
+    ok.spend(GaussianEvent(noise_multiplier=PLD_MIN_NOISE_MULTIPLIER))
+    assert ok.method() == "pld"
+    with pytest.raises(PrivacyError, match="rdp"):
+        PrivacyLedger(accountant="pld").spend(GaussianEvent(noise_multiplier=1e-3))
