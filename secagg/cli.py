@@ -104,7 +104,8 @@ def _one_layer(args: argparse.Namespace, name: str) -> Any:
 
 
 def _make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="secagg", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="secagg", description="Privacy-preserving federated learning: run an "
+                "algorithm under a privacy layer, and audit what each party saw.")
     p.add_argument("--version", action="version", version=f"secagg {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
