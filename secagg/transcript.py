@@ -13,39 +13,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from secagg.wire import Message, is_message, message_size
+
 FORMS = ("clear", "masked", "encrypted", "noised")
 
 
-Wire = bytes | bytearray | tuple[bytes, ...]
-"""A message as it crossed the wire: one buffer, or a tuple of frames (digested and sized
-as their concatenation)."""
-
-
-def digest(value: np.ndarray | Wire) -> str:
-    """SHA-256 hex digest of an array's bytes (C order), of raw bytes, or of a tuple of
+def digest(value: np.ndarray | Message) -> str:
+    """SHA-256 hex digest of an array's bytes (C order), of raw bytes, or of a message's
     frames (the digest of their concatenation, computed without joining them)."""
-    if isinstance(value, tuple):
+    if isinstance(value, tuple | list):
         h = hashlib.sha256()
         for frame in value:
             h.update(frame)
         return h.hexdigest()
     data = value if isinstance(value, bytes | bytearray) else np.ascontiguousarray(value).tobytes()
     return hashlib.sha256(data).hexdigest()
-
-
-def _is_wire(value: Any) -> bool:
-    return isinstance(value, bytes | bytearray) or (
-        isinstance(value, tuple) and all(isinstance(f, bytes | bytearray) for f in value))
-
-
-def _wire_len(value: Sequence[bytes] | bytes | bytearray) -> int:
-    return len(value) if isinstance(value, bytes | bytearray) else sum(len(f) for f in value)
 
 
 def _jsonable(x: Any) -> Any:
@@ -84,7 +72,7 @@ class Transcript:
         sender: Any,
         field: str,
         form: str,
-        value: np.ndarray | Wire,
+        value: np.ndarray | Message,
         what: str = "upload",
         nbytes: int | None = None,
         value_digest: str | None = None,
@@ -97,9 +85,9 @@ class Transcript:
         """
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-        is_bytes = _is_wire(value)
+        is_bytes = is_message(value)
         arr = None if is_bytes else np.asarray(value)
-        size = _wire_len(value) if is_bytes else arr.nbytes  # type: ignore[arg-type,union-attr]
+        size = message_size(value) if is_bytes else arr.nbytes  # type: ignore[arg-type,union-attr]
         rec: dict[str, Any] = {
             "type": "observation", "round": round, "phase": phase, "stage": stage,
             "party": party, "sender": sender, "field": field, "form": form, "what": what,

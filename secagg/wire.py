@@ -9,7 +9,8 @@ Decoding checks every length and raises :class:`WireError` on any mismatch.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias
 
 import numpy as np
 
@@ -20,6 +21,24 @@ VERSION = 1
 _DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f8"), 3: np.dtype("<i8"), 4: np.dtype("<u8"),
            5: np.dtype("<u4"), 6: np.dtype("u1")}
 _CODES = {v: k for k, v in _DTYPES.items()}
+
+
+Message: TypeAlias = bytes | bytearray | Sequence[bytes]
+"""A message as it crosses the wire: one buffer, or a sequence of frames sent back to back
+(sized and digested as their concatenation)."""
+
+
+def is_message(value: object) -> bool:
+    """Whether ``value`` is a :data:`Message` (bytes, or a tuple/list of bytes frames)."""
+    return isinstance(value, bytes | bytearray) or (
+        isinstance(value, tuple | list) and all(isinstance(f, bytes | bytearray) for f in value))
+
+
+def message_size(message: Message) -> int:
+    """Bytes on the wire of a message: its length, or its frames' total length."""
+    if isinstance(message, bytes | bytearray):
+        return len(message)
+    return sum(len(f) for f in message)
 
 
 class WireError(ProtocolError):

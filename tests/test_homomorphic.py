@@ -470,8 +470,8 @@ def test_wire_checksum_is_zlib_crc32_and_frames_round_trip():
         decode_message,
         encode_message,
         fingerprint,
-        message_size,
     )
+    from secagg.wire import message_size
 
     rng = np.random.default_rng(3)
     spec = UploadSpec((Field("x", (10,), bound=Bound(linf=1.0)),))

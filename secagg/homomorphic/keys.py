@@ -17,7 +17,6 @@ sizes are the true wire sizes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeAlias
 
 import numpy as np
 import tenseal as ts
@@ -33,11 +32,9 @@ from secagg.homomorphic.packing import (
     fingerprint,
 )
 from secagg.homomorphic.params import HEParams
+from secagg.wire import Message
 
 KEY_HOLDER_MODES = ("decryptor", "clients")
-
-Message: TypeAlias = bytes | bytearray | Sequence[bytes]
-"""A ciphertext message as received: framed (a sequence of ``bytes``) or one buffer."""
 
 
 def _load(scheme: str, ctx: ts.Context, data: bytes) -> ts.CKKSVector | ts.BFVVector:

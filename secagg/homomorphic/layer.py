@@ -19,7 +19,7 @@ from secagg.errors import (
     SecureSumAborted,
 )
 from secagg.homomorphic.keys import KEY_HOLDER_MODES, Aggregator, Encryptor, KeyHolder
-from secagg.homomorphic.packing import Packing, message_size
+from secagg.homomorphic.packing import Packing
 from secagg.homomorphic.params import (
     MAX_BFV_RING_BITS,
     MAX_MODULUS_BITS,
@@ -31,7 +31,7 @@ from secagg.homomorphic.params import (
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
 from secagg.transcript import digest
-from secagg.wire import pack_arrays
+from secagg.wire import message_size, pack_arrays
 
 #: Name of the designated decryptor in ledgers and transcripts.
 DECRYPTOR = "decryptor"

@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover - platforms without a zlib-ng wheel
 
 from secagg.homomorphic.errors import CiphertextError, ForeignContextError
 from secagg.messages import UploadSpec
+from secagg.wire import Message
 
 MAGIC = b"SHE"
 VERSION = 1
@@ -150,13 +151,6 @@ def join_message(message: Sequence[bytes]) -> bytes:
     return b"".join(message)
 
 
-def message_size(message: bytes | bytearray | Sequence[bytes]) -> int:
-    """Bytes on the wire of a message in either form."""
-    if isinstance(message, bytes | bytearray):
-        return len(message)
-    return sum(len(f) for f in message)
-
-
 class CiphertextFrames:
     """The serialized ciphertexts of a checked single-buffer message, cut out one at a time.
 
@@ -216,7 +210,7 @@ def _check_header(
 
 
 def decode_message(
-    message: bytes | bytearray | Sequence[bytes],
+    message: Message,
     kind: int,
     scheme: str,
     fp: bytes,

@@ -22,7 +22,8 @@ import numpy as np
 from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
 from secagg.messages import Upload, UploadSpec
-from secagg.transcript import Transcript, Wire
+from secagg.transcript import Transcript
+from secagg.wire import Message
 
 
 @dataclass
@@ -102,7 +103,7 @@ class RoundContext:
         stage: str,
         field: str,
         form: str,
-        value: np.ndarray | Wire,
+        value: np.ndarray | Message,
         what: str = "upload",
         nbytes: int | None = None,
         value_digest: str | None = None,
