@@ -110,3 +110,21 @@ def test_dpsgd_noise_comes_from_the_noise_generator() -> None:
         want = -torch.as_tensor(rng.normal(0.0, 2.0 * 0.5, size=tuple(p.shape)),
                                 dtype=p.dtype) / 32
         torch.testing.assert_close(p.detach() - p0, want, rtol=1e-5, atol=1e-6)
+
+
+def test_poisson_sampling_is_secret_not_torch_global_state() -> None:
+    """Batches drawn by the private loader do not follow torch's global generator (which a
+    run seeds publicly); a DPSGD seed makes them reproducible."""
+    x = torch.arange(200, dtype=torch.float32).reshape(200, 1)
+    y = torch.zeros(200, dtype=torch.long)
+
+    def batches(seed):
+        torch.manual_seed(1234)  # the same public global state every time
+        model = nn.Sequential(nn.Linear(1, 2))
+        pt = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                          DataLoader(TensorDataset(x, y), batch_size=20),
+                          DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, seed=seed))
+        return [xb.ravel().tolist() for xb, _ in pt.data_loader]
+
+    assert batches(None) != batches(None)
+    assert batches(5) == batches(5)

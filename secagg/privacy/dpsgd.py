@@ -18,13 +18,16 @@ Noise: not Opacus' ``torch.Generator`` (a Mersenne Twister; Opacus' ``secure_mod
 torchcsprng, which is not installed) but the DP layers' own
 :func:`~secagg.privacy.samplers.noise_generator` -- AES-128-CTR keyed from ``os.urandom`` --
 which the wrapped optimizer's ``add_noise`` draws from (same law: N(0, (z C)^2) per
-coordinate of the summed clipped gradient). A user seed makes the run reproducible and, as
-for every DP layer, not private.
+coordinate of the summed clipped gradient). The Poisson sampling masks come from a torch
+generator seeded with 64 bits from ``secrets``, not from torch's global generator (which
+runs seed from their public seed). A user seed makes both reproducible and, as for every DP
+layer, the run not private.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,14 +117,18 @@ def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD) ->
 
     if not isinstance(config, DPSGD):
         raise PrivacyError(f"config must be a DPSGD, got {config!r}")
-    gen = torch.Generator()  # Opacus' own draws (if any) stay reproducible under a seed
-    gen.manual_seed(0 if config.seed is None else config.seed)
+    # Poisson sampling must be secret too (amplification by subsampling assumes it): Opacus
+    # draws the masks from ``engine.secure_rng`` when set, else from torch's global generator,
+    # which a run seeds from its public seed. Give it its own generator, seeded with 64 bits
+    # from ``secrets`` (or the user seed).
+    sampling = torch.Generator()
+    sampling.manual_seed(secrets.randbits(64) if config.seed is None else config.seed)
     engine = PrivacyEngine(accountant="rdp")
+    engine.secure_rng = sampling  # read only by the Poisson data loader (secure_mode is off)
     module, opt, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=data_loader,
         noise_multiplier=float(config.noise_multiplier),
         max_grad_norm=float(config.max_grad_norm), poisson_sampling=True,
-        noise_generator=gen,
     )
     _draw_noise_from(opt, noise_generator(config.seed).rng)
     return PrivateTraining(module, opt, loader, engine, config)
