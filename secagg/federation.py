@@ -100,6 +100,8 @@ class Result:
         privacy: the run's privacy ledger when a DP layer was used, else None.
         clips: clipped uploads per field (when clipping was asked for).
         aborted: (round, phase, reason) for phases that aborted and were skipped.
+        participation: (round, phase, contributors, cohort) per completed phase: how many
+            sampled clients' uploads made it into the aggregate (dropouts show here).
     """
 
     algorithm: dict[str, Any]
@@ -114,6 +116,7 @@ class Result:
     privacy: Any | None = None
     clips: dict[str, int] = field(default_factory=dict)
     aborted: list[tuple[int, str, str]] = field(default_factory=list)
+    participation: list[tuple[int, str, int, int]] = field(default_factory=list)
     n_clients: int = 0
     wall_s: float = 0.0
 
@@ -130,6 +133,7 @@ class Result:
             "history": self.history,
             "clips": self.clips,
             "aborted": self.aborted,
+            "participation": self.participation,
             "wall_s": self.wall_s,
             "costs": {d: self.costs.total(direction=d) for d in ("up", "down")},
         }
@@ -184,6 +188,11 @@ class Result:
             rows.extend(self.privacy.summary_rows())
         if self.clips:
             rows.append(("clipped uploads", json.dumps(self.clips)))
+        got = sum(p[2] for p in self.participation)
+        asked = sum(p[3] for p in self.participation)
+        if got < asked:
+            rows.append(("uploads aggregated / sampled", f"{got:,} / {asked:,} "
+                         f"({got / asked:.1%}; the rest dropped out)"))
         if self.aborted:
             rows.append(("aborted phases", str(len(self.aborted))))
         w = max(len(k) for k, _ in rows)
@@ -306,6 +315,7 @@ class Federation:
         history: list[float] = []
         clips = ClipReport()
         aborted: list[tuple[int, str, str]] = []
+        participation: list[tuple[int, str, int, int]] = []
         checked: set[str] = set()
         bar = None
         if self.progress:
@@ -337,7 +347,8 @@ class Federation:
                     self.privacy,
                 )
                 try:
-                    self._run_phase(phase, spec, cohort, states, ctx, clips)
+                    got = self._run_phase(phase, spec, cohort, states, ctx, clips)
+                    participation.append((r, phase.name, got, len(cohort)))
                 except SecureSumAborted as exc:
                     if self.on_abort == "raise":
                         raise
@@ -373,6 +384,7 @@ class Federation:
             privacy=self.privacy,
             clips=dict(clips.counts),
             aborted=aborted,
+            participation=participation,
             n_clients=len(states),
             wall_s=time.perf_counter() - t_start,
         )
@@ -411,8 +423,9 @@ class Federation:
         states: list[ClientState],
         ctx: RoundContext,
         clips: ClipReport,
-    ) -> None:
-        """Broadcast, client steps, privacy accounting of the local work, layer, server step."""
+    ) -> int:
+        """Broadcast, client steps, privacy accounting of the local work, layer, server step;
+        returns how many clients' uploads the aggregate contains."""
         bcast = self._broadcast(phase, cohort, ctx)
         uploads: dict[int, Upload] = {}
         for c in cohort:
@@ -429,6 +442,7 @@ class Federation:
         t0 = time.process_time()
         phase.server_step(agg)
         ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        return len(agg.contributors)
 
     def _account_local_training(self, phase: _Phase, spec: UploadSpec, ctx: RoundContext) -> None:
         """Spend the phase's DP-SGD events before anything leaves a client (one dominating

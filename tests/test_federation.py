@@ -171,3 +171,18 @@ def test_per_round_dropout_rate_is_spread_over_the_layers_stages(digits_clients)
     assert PerGroup({"a": Plaintext(), "b": SecureSum()}).dropout_stages() == ("upload", *stages)
     with pytest.raises(ValueError):
         DropoutModel({"upload": 0.1}, per="round")
+
+
+def test_participation_records_who_made_it_into_each_aggregate(digits_clients):
+    r = Federation(FedLog(local_epochs=1), Plaintext(), digits_clients, rounds=3,
+                   dropout=0.3, seed=2).run()
+    assert [(p[0], p[1], p[3]) for p in r.participation] == [(i, "stats", 10) for i in range(3)]
+    uploads = [x for x in r.costs.rows if x.stage == "upload"]
+    for rnd, _, got, _ in r.participation:
+        assert got == sum(1 for x in uploads if x.round == rnd)
+    got = sum(p[2] for p in r.participation)
+    assert 0 < got < 30  # some dropped (30% per round), and the table says how many
+    assert f"{got} / 30" in r.table()
+    full = Federation(FedLog(local_epochs=1), Plaintext(), digits_clients, rounds=1).run()
+    assert full.participation == [(0, "stats", 10, 10)]
+    assert "uploads aggregated" not in full.table()
