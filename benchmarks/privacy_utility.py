@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--local-epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-4,
+                   help="FedLog's local Adam learning rate (default %(default)s; the paper's "
+                        "MNIST value 1e-3 makes the non-private run oscillate from round to "
+                        "round on Fashion-MNIST at alpha 0.1, which hides the privacy cost)")
     p.add_argument("--train-limit", type=int, default=None,
                    help="use only the first N training records (CPU time)")
     p.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
@@ -76,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(layer) -> tuple[float, float | None, float]:
         t0 = time.perf_counter()
-        algo = FedLog(local_epochs=a.local_epochs)
+        algo = FedLog(local_epochs=a.local_epochs, lr=a.lr)
         res = Federation(algo, layer, part, rounds=a.rounds, seed=a.seed, progress=False).run()
         spent = None if res.privacy is None else res.privacy.epsilon(a.delta)
         return res.accuracy, spent, time.perf_counter() - t0
 
     print(f"FedLog on {a.dataset}: {a.clients} clients, Dirichlet alpha {a.alpha}, "
-          f"{a.rounds} rounds, {a.local_epochs} local epoch(s), delta {a.delta:g}"
+          f"{a.rounds} rounds, {a.local_epochs} local epoch(s), lr {a.lr:g}, delta {a.delta:g}"
           + (f", first {a.train_limit} training records" if a.train_limit else ""))
     base, _, t = run(Plaintext())
     print(f"non-private (Plaintext): accuracy {base:.4f}  ({t:.0f} s)\n")
