@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from secagg import __version__
 from secagg.costs import PROFILES
-from secagg.errors import SecaggError
+from secagg.errors import SecaggError, SecureSumAborted
 
 LAYERS = ("plaintext", "secure-sum", "homomorphic", "central-dp", "local-dp", "distributed-dp")
 
@@ -155,6 +155,13 @@ def _make_parser() -> argparse.ArgumentParser:
         help="injected probability that a client drops out during a round, spread over the "
         "layer's protocol stages (%(default)s)",
     )
+    r.add_argument(
+        "--on-abort",
+        choices=["raise", "skip"],
+        default="raise",
+        help="when too few clients survive a secure sum: stop with an error, or skip that "
+        "phase for the round and go on (%(default)s)",
+    )
     r.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
     r.add_argument(
         "--device-profile",
@@ -271,6 +278,7 @@ def _run(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         fraction=args.fraction,
         dropout=args.dropout,
+        on_abort=args.on_abort,
         seed=args.seed,
         include_values=args.include_values,
         progress=False if args.quiet else None,
@@ -314,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (SecaggError, ValueError, OSError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, SecureSumAborted):
+            msg += " (--on-abort skip skips such rounds and goes on)"
         print(f"secagg {args.command}: error: {msg}", file=sys.stderr)
         return 1
 

@@ -100,8 +100,9 @@ class Result:
         privacy: the run's privacy ledger when a DP layer was used, else None.
         clips: clipped uploads per field (when clipping was asked for).
         aborted: (round, phase, reason) for phases that aborted and were skipped.
-        participation: (round, phase, contributors, cohort) per completed phase: how many
-            sampled clients' uploads made it into the aggregate (dropouts show here).
+        participation: (round, phase, contributors, cohort) per phase run: how many
+            sampled clients' uploads made it into the aggregate (dropouts show here; an
+            aborted and skipped secure sum counts 0).
     """
 
     algorithm: dict[str, Any]
@@ -192,7 +193,7 @@ class Result:
         asked = sum(p[3] for p in self.participation)
         if got < asked:
             rows.append(("uploads aggregated / sampled", f"{got:,} / {asked:,} "
-                         f"({got / asked:.1%}; the rest dropped out)"))
+                         f"({got / asked:.1%}; dropouts and aborted sums)"))
         if self.aborted:
             rows.append(("aborted phases", str(len(self.aborted))))
         w = max(len(k) for k, _ in rows)
@@ -353,6 +354,7 @@ class Federation:
                     if self.on_abort == "raise":
                         raise
                     aborted.append((r, phase.name, str(exc)))
+                    participation.append((r, phase.name, 0, len(cohort)))
                 except BudgetExceeded as exc:
                     # the guard refused a release before it happened: stop here, keep results
                     aborted.append((r, phase.name, str(exc)))

@@ -62,3 +62,18 @@ def test_group_layer_routes_turbosvm_embeddings_in_the_clear(tmp_path, capsys):
     seen = {e["field"]: e["server_saw"] for e in rep["fields"]}
     assert set(seen["weighted_encoder"]) == {"masked upload", "clear sum"}
     assert set(seen["embeddings"]) == {"clear upload"}
+
+
+def test_aborted_secure_sums_stop_the_run_or_are_skipped_and_counted(tmp_path, capsys):
+    argv = ["run", "--layer", "secure-sum", "--dropout", "0.5", "--rounds", "2", "--quiet",
+            "--out", str(tmp_path / "r")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "secure sum aborted" in err and "--on-abort skip" in err
+    assert main([*argv, "--on-abort", "skip"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert len(res["aborted"]) >= 1
+    got = sum(p[2] for p in res["participation"])
+    assert sum(p[3] for p in res["participation"]) == 20 and got < 20
+    assert f"{got} / 20" in out and "aborted phases" in out
