@@ -295,6 +295,13 @@ class _DPLayer(Layer):
         ledger.mark_not_private(f"{self.name}: noise seed fixed by the user (seed={self.seed})")
         return noise_generator(_derived_seed(self.seed, ctx.round, ctx.phase, party))
 
+    def _start(self, spec: UploadSpec, ctx: RoundContext) -> PrivacyLedger:
+        """What every release starts with: check the spec, record the public fields in the
+        transcript, and return the ledger the release is spent on."""
+        self.check(spec)
+        self._record_public(spec, ctx)
+        return self.ledger(ctx)
+
     def _record_public(self, spec: UploadSpec, ctx: RoundContext) -> None:
         """Say in the transcript which fields were released without DP noise."""
         for name in self.public:
@@ -328,10 +335,8 @@ class CentralDP(_DPLayer):
     def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
                   ctx: RoundContext) -> Aggregate:
         """Run the inner layer, spend one Gaussian event, noise every non-public sum."""
-        self.check(spec)
-        self._record_public(spec, ctx)
+        ledger = self._start(spec, ctx)
         noised = self._noised(spec)
-        ledger = self.ledger(ctx)
         agg = self.inner.aggregate(uploads, spec, ctx)
         if not noised:
             return agg
@@ -383,10 +388,8 @@ class LocalDP(_DPLayer):
     def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
                   ctx: RoundContext) -> Aggregate:
         """Spend one Gaussian event, noise each client's upload, run the inner layer."""
-        self.check(spec)
-        self._record_public(spec, ctx)
+        ledger = self._start(spec, ctx)
         noised = self._noised(spec)
-        ledger = self.ledger(ctx)
         if not noised:
             return self.inner.aggregate(uploads, spec, ctx)
         sigmas = self._sigmas(spec, noised)
@@ -533,9 +536,7 @@ class DistributedDP(_DPLayer):
     def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
                   ctx: RoundContext) -> Aggregate:
         """Encode, add noise shares, secure-sum, account the achieved noise, decode."""
-        self.check(spec)
-        self._record_public(spec, ctx)
-        ledger = self.ledger(ctx)
+        ledger = self._start(spec, ctx)
         clients = sorted(uploads)
         n = len(clients)
         # Noised integer fields (counts) travel as fixed point too: with scale 2^s their
