@@ -8,6 +8,7 @@ Decoding checks every length and raises :class:`WireError` on any mismatch.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
@@ -85,10 +86,15 @@ def unpack_arrays(data: bytes) -> dict[str, np.ndarray]:
             shape = struct.unpack(f">{ndim}I", mv[pos:pos + 4 * ndim])
             pos += 4 * ndim
             dt = _DTYPES[code]
-            size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            if name in out:
+                raise WireError(f"array {name!r} appears twice")
+            size = math.prod(shape) * dt.itemsize  # Python ints: a crafted shape cannot wrap
             if pos + size > len(mv):
                 raise WireError(f"array {name!r}: truncated ({len(mv) - pos} of {size} bytes)")
-            out[name] = np.frombuffer(mv[pos:pos + size], dtype=dt).reshape(shape).copy()
+            try:
+                out[name] = np.frombuffer(mv[pos:pos + size], dtype=dt).reshape(shape).copy()
+            except ValueError as exc:  # e.g. more dimensions than numpy supports
+                raise WireError(f"array {name!r}: shape {shape} is not valid ({exc})") from None
             pos += size
     except (struct.error, UnicodeDecodeError) as exc:
         raise WireError(f"truncated or malformed message ({exc})") from None
