@@ -11,6 +11,7 @@ from scipy import stats
 
 from secagg.errors import PrivacyError
 from secagg.privacy.samplers import (
+    SKELLAM_MAX_LAM,
     discrete_gaussian,
     discrete_gaussian_exact,
     discrete_gaussian_pmf,
@@ -69,12 +70,81 @@ def test_discrete_gaussian_chi_square(sigma: float) -> None:
 
 @pytest.mark.parametrize("lam", [0.7, 12.5, 800.0])
 def test_skellam_variance_and_chi_square(lam: float) -> None:
-    x = skellam(lam, N, noise_generator(13).rng)
+    x = skellam(lam, N if lam < 100 else N // 5, noise_generator(13).rng)
     assert x.dtype == np.int64
     assert abs(x.var() - 2 * lam) / (2 * lam) < 0.01
     if lam < 100:
         assert _chi2_pvalue(x, lambda s: skellam_pmf(lam, s)) > 1e-3
         assert _chi2_pvalue(x, lambda s: skellam_pmf(lam * 1.05, s)) < 1e-6
+
+
+# lam = 2^53 + 2 (just above float64's exact integers), 4e17 (> 2^58: numpy's Poisson returns
+# multiples of 64 there) and the largest lam the sampler accepts.
+@pytest.mark.parametrize("lam", [2.0**53 + 2, 4e17, SKELLAM_MAX_LAM])
+def test_skellam_low_bits_uniform_at_large_lambda(lam: float) -> None:
+    """At large lam, Sk(lam, lam) modulo 2^k is uniform to within 1e-9 (its std is >= 1e8),
+    so a chi-square test of the residues must pass for k = 1..6; numpy's float Poisson
+    fails it (every draw even above 2^53)."""
+    x = skellam(lam, 200_000, noise_generator(21).rng)
+    assert x.dtype == np.int64
+    for k in range(1, 7):
+        counts = np.bincount(np.mod(x, 2**k), minlength=2**k)
+        assert stats.chisquare(counts).pvalue > 1e-4, (k, counts)
+    # The shape too: standardised, Sk(lam, lam) is N(0, 1) to within 1/sqrt(lam).
+    assert stats.kstest(x / np.sqrt(2 * lam), "norm").pvalue > 1e-4
+
+
+def test_skellam_above_the_exact_range_is_refused() -> None:
+    rng = noise_generator(0).rng
+    assert skellam(SKELLAM_MAX_LAM, 3, rng).shape == (3,)
+    with pytest.raises(PrivacyError, match="discrete_gaussian"):
+        skellam(np.nextafter(SKELLAM_MAX_LAM, np.inf), 3, rng)
+    assert skellam(1e19, 3, rng).dtype == np.int64  # numpy's Poisson raised ValueError
+
+
+@pytest.mark.parametrize("lam", [0.3, 3.5, 1.0, 1e4 + 0.5])
+def test_poisson_rejection_sampler_matches_poisson_law(lam: float) -> None:
+    """The Poisson draws behind skellam (offsets from floor(lam)) follow Poisson(lam), with
+    power against a 2% larger lam; non-integer lam included."""
+    from secagg.privacy.samplers import _poisson_offsets
+
+    a = int(np.floor(lam))
+    k = _poisson_offsets(lam, 200_000, noise_generator(22).rng) + a
+    assert k.min() >= 0
+
+    def pvalue(mu: float) -> float:
+        hi = int(stats.poisson.ppf(1 - 1e-6, lam)) + 1
+        support = np.arange(0, hi + 1)
+        probs = stats.poisson.pmf(support, mu)
+        probs[-1] += stats.poisson.sf(hi, mu)
+        obs = np.bincount(np.minimum(k, hi), minlength=hi + 1).astype(float)
+        exp = probs * k.size
+        keep = exp >= 5
+        obs_k = np.append(obs[keep], obs[~keep].sum())
+        exp_k = np.append(exp[keep], exp[~keep].sum())
+        if exp_k[-1] < 5:
+            obs_k, exp_k = obs_k[:-1], exp_k[:-1]
+        return float(stats.chisquare(obs_k, exp_k * obs_k.sum() / exp_k.sum()).pvalue)
+
+    assert pvalue(lam) > 1e-3
+    assert pvalue(lam * 1.02) < 1e-6 or lam < 1
+
+
+@pytest.mark.parametrize("lam", [0.01, 0.999, 1.0, 7.5, 123.25, 1e5 + 0.75])
+def test_poisson_envelope_dominates_the_ratio_everywhere(lam: float) -> None:
+    """The rejection constant is above log(target/proposal) at every integer the proposal
+    can reach, so no acceptance probability exceeds 1 (which would bias the law), and it is
+    tight (the sampler does not waste proposals)."""
+    from secagg.privacy.samplers import _envelope, _log_poisson
+
+    a, phi, t, c = _envelope(lam)
+    j = np.arange(-a, 65 * t, dtype=np.int64)
+    h = _log_poisson(j, lam, a, phi) + np.abs(j) / t
+    assert h.max() <= c < h.max() + 1e-6
+    # The log-pmf behind it is right to ~1e-12 (scipy's logpmf, computed directly).
+    ref = stats.poisson.logpmf(j + a, lam) + 0.5 * np.log(2 * np.pi * lam)
+    near = ref > -50
+    np.testing.assert_allclose(h[near] - np.abs(j[near]) / t, ref[near], atol=1e-9)
 
 
 def test_exact_sampler_matches_law_and_vectorised_sampler() -> None:
