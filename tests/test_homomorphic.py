@@ -181,6 +181,92 @@ def test_ckks_bound_holds_at_a_coarse_precision():
     assert 0 < err <= agg.notes["error_bound"] <= 1e-2
 
 
+@pytest.mark.parametrize("make", ["fedlog", "fedavg"])
+def test_ckks_release_is_on_the_precision_grid(make):
+    """The server receives multiples of the power-of-two grid below the precision, not raw
+    decryptions (whose low digits carry the key-dependent error)."""
+    spec = fedlog_spec() if make == "fedlog" else fedavg_spec()
+    ups = (fedlog_uploads if make == "fedlog" else fedavg_uploads)(spec, 4, seed=5)
+    precision = 1e-6
+    agg = Homomorphic("ckks", precision=precision).aggregate(ups, spec, ctx())
+    grid = agg.notes["flooding"]["grid"]
+    assert grid == 2.0 ** math.floor(math.log2(precision / 4))
+    x = agg["stats" if make == "fedlog" else "weighted_params"]
+    assert np.array_equal(np.rint(x / grid) * grid, x)
+    flood = agg.notes["flooding"]
+    assert 0 < flood["required_sigma"] <= flood["sigma"] and flood["statistical_security_bits"] == 40
+    assert agg.notes["error_bound"] >= 8 * flood["sigma"] + grid / 2
+
+
+def _ckks_aggregate_message(n_clients: int = 5, **kw):
+    spec = fedavg_spec()
+    ups = fedavg_uploads(spec, n_clients, seed=7)
+    layer = Homomorphic("ckks", **kw)
+    params = layer.params_for(spec, 8)
+    ks = layer.keyset(params)
+    packing = Packing.from_spec(spec, params.slots)
+    ks.aggregator.start(packing)
+    for c in range(n_clients):
+        ks.aggregator.add(ks.encryptor.encrypt(layer._flatten(ups[c], spec, packing, None),
+                                               packing))
+    exact = packing.flatten({f.name: sum(np.asarray(ups[c][f.name], dtype=np.float64)
+                                         for c in range(n_clients)) for f in spec.additive},
+                            np.float64)
+    return ks, packing, ks.aggregator.finish(), exact, params
+
+
+def test_ckks_release_adds_fresh_flooding_noise_each_decryption():
+    """Two releases of the same ciphertext differ (fresh noise each call); both differ from
+    the raw decryption by noise of the stated std (plus the rounding), within the bound."""
+    ks, packing, wire, exact, params = _ckks_aggregate_message()
+    raw = ks.holder._decrypt_raw(wire, packing)
+    a = ks.holder.decrypt(wire, packing)
+    b = ks.holder.decrypt(wire, packing)
+    # sigma = precision/16 is ~0.26 grid steps, so about 30% of entries round differently
+    assert np.mean(a != b) > 0.15
+    assert np.mean(np.rint(raw / params.grid) * params.grid != raw) > 0.9  # raw: off the grid
+    for rel in (a, b):
+        d = rel - raw
+        # flooding N(0, sigma^2), then rounding to the grid: std sqrt(sigma^2 + g^2/12)
+        want = math.sqrt(params.flood_sigma**2 + params.grid**2 / 12)
+        assert 0.9 < d.std() / want < 1.1, (d.std(), want)
+        assert abs(d.mean()) < 5 * want / math.sqrt(d.size)
+        assert np.max(np.abs(rel - exact)) <= params.notes["error_bound"]
+    assert ks.holder.decryptions == 3 * packing.n_ciphertexts
+
+
+def test_ckks_key_answers_a_bounded_number_of_decryptions_then_is_replaced():
+    ks, packing, wire, _, params = _ckks_aggregate_message(max_decryptions=2 * 3)
+    assert packing.n_ciphertexts == 3 and params.max_decryptions == 6
+    ks.holder.decrypt(wire, packing)
+    ks.holder.decrypt(wire, packing)
+    with pytest.raises(KeyRoleError, match="generate a new key"):
+        ks.holder.decrypt(wire, packing)
+    # The layer replaces the key before its quota runs out, and books the new keys.
+    spec = fedavg_spec()
+    ups = fedavg_uploads(spec, 2)
+    layer = Homomorphic("ckks", max_decryptions=6)
+    c = ctx()
+    prints = []
+    for r in range(3):
+        layer.aggregate(ups, spec, ctx(r) if r else c)
+        prints.append(next(iter(layer._keysets.values())).holder.fingerprint)
+    assert prints[0] == prints[1] != prints[2]
+    with pytest.raises(ConfigurationError, match="max_decryptions"):
+        Homomorphic("ckks", max_decryptions=2).aggregate(ups, spec, ctx())
+
+
+def test_canonical_embedding_is_sqrt_half_n_times_orthogonal():
+    """The flooding sizing's change of domain: slot values (real and imaginary parts of the
+    N/2 slots) are sqrt(N/2) times an orthogonal map of the N coefficients, so i.i.d. slot
+    noise is i.i.d. coefficient noise (checked for N = 16 with SEAL's slot roots)."""
+    n = 16
+    roots = np.exp(1j * np.pi * (2 * np.arange(n // 2) + 1) / n)  # one of each conjugate pair
+    v = roots[:, None] ** np.arange(n)[None, :]                     # (N/2) x N
+    m = np.vstack([v.real, v.imag])                                 # N x N real
+    np.testing.assert_allclose(m.T @ m, (n / 2) * np.eye(n), atol=1e-9)
+
+
 def test_ckks_refuses_precision_beyond_float64():
     with pytest.raises(EncodingOverflow):
         ckks_params(1e9, 8, 1e-12)

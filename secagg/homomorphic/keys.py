@@ -32,6 +32,7 @@ from secagg.homomorphic.packing import (
     fingerprint,
 )
 from secagg.homomorphic.params import HEParams
+from secagg.privacy.samplers import gaussian, noise_generator
 from secagg.wire import Message
 
 KEY_HOLDER_MODES = ("decryptor", "clients")
@@ -89,16 +90,46 @@ class KeyHolder:
                 save_relin_keys=False)
         else:
             self.client_context = self.public_context
+        #: CKKS ciphertexts decrypted so far with this key (bounded by max_decryptions).
+        self.decryptions = 0
+        self._noise = noise_generator()  # cryptographic flooding noise (AES-CTR, OS key)
 
     def decrypt(self, message: Message, packing: Packing) -> np.ndarray:
-        """Decrypt an aggregate message into the flat sum vector (float64 for CKKS, int64
-        for BFV, the centred representative modulo t).
+        """Decrypt an aggregate message into the flat sum vector to release: for BFV the
+        exact sum (int64, the centred representative modulo t); for CKKS the decryption
+        plus fresh Gaussian flooding noise of std ``params.flood_sigma`` (AES-CTR noise,
+        :func:`secagg.privacy.samplers.noise_generator`), rounded to multiples of
+        ``params.grid`` -- never the raw decryption, whose error would reveal the secret
+        key (Li-Micciancio; see :mod:`secagg.homomorphic.params`).
+
+        A CKKS key answers at most ``params.max_decryptions`` ciphertext decryptions (the
+        number of queries the flooding is sized for); :attr:`decryptions` counts them.
 
         Raises:
             CiphertextError, ForeignContextError: the message is malformed or foreign.
+            KeyRoleError: this CKKS key has answered its quota of decryptions.
         """
+        raw = self._decrypt_raw(message, packing)
+        if self.params.scheme != "ckks":
+            return raw
+        p = self.params
+        if p.flood_sigma <= 0 or p.grid <= 0:
+            raise KeyRoleError("CKKS parameters without flooding noise: the decryption "
+                               "would reveal the secret key; build them with ckks_params()")
+        noisy = raw + gaussian(p.flood_sigma, raw.shape, self._noise.rng)
+        return np.rint(noisy / p.grid) * p.grid  # grid is a power of two: exact multiples
+
+    def _decrypt_raw(self, message: Message, packing: Packing) -> np.ndarray:
+        """The raw decryption (for CKKS: m + e, key-dependent). Never released."""
         scheme = self.params.scheme
         cts = decode_message(message, KIND_AGGREGATE, scheme, self.fingerprint, packing)
+        if scheme == "ckks":
+            if self.decryptions + len(cts) > self.params.max_decryptions:
+                raise KeyRoleError(
+                    f"this CKKS key has answered {self.decryptions} ciphertext decryptions; "
+                    f"{len(cts)} more would exceed the {self.params.max_decryptions} its "
+                    "flooding noise is sized for (IND-CPA^D): generate a new key")
+            self.decryptions += len(cts)
         out = np.empty(packing.total, dtype=np.float64 if scheme == "ckks" else np.int64)
         for (a, b), data in zip(packing.chunks(), cts, strict=True):
             vec = _load(scheme, self._ctx, data)

@@ -21,12 +21,15 @@ from secagg.errors import (
 from secagg.homomorphic.keys import KEY_HOLDER_MODES, Aggregator, Encryptor, KeyHolder
 from secagg.homomorphic.packing import Packing
 from secagg.homomorphic.params import (
+    FLOOD_SECURITY_BITS,
     MAX_BFV_RING_BITS,
+    MAX_DECRYPTIONS,
     MAX_MODULUS_BITS,
     HEParams,
     bfv_params,
     ckks_error_bound,
     ckks_params,
+    required_flooding_sigma,
 )
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
@@ -83,12 +86,19 @@ class Homomorphic(Layer):
       sum equals the sum of the quantised inputs bit for bit. t is at most 60 bits, so
       k <= 59: a plan needing more is refused with
       :class:`~secagg.errors.EncodingOverflow` (values are not split into limbs).
-    * ``"ckks"``: approximate. The scale and modulus are chosen so that every entry of the
-      decrypted sum is within ``precision`` of the true sum, by the bound of
-      :func:`secagg.homomorphic.params.ckks_error_bound` (noise at 8 standard deviations,
-      plus float64 decoding); integer fields are rounded back to integers (exact, since the
-      bound is < 1/2). The bound for the actual contributors is reported in
-      ``aggregate.notes["error_bound"]``.
+    * ``"ckks"``: approximate. The key holder never releases the raw decryption (its error
+      reveals the secret key: Li and Micciancio, EUROCRYPT 2021); it adds fresh Gaussian
+      flooding noise sized by Li, Micciancio, Schultz and Sorrell (CRYPTO 2022) for
+      IND-CPA^D security (``flood_security_bits`` of statistical security against
+      ``max_decryptions`` decryptions per key; keys are replaced when used up) and rounds
+      to a power-of-two grid below ``precision`` (see :mod:`secagg.homomorphic.params`).
+      The scale and modulus are chosen so that every *released* entry is within
+      ``precision`` of the true sum, by the bound of
+      :func:`secagg.homomorphic.params.ckks_error_bound` (encryption noise and flooding
+      noise at 8 standard deviations, half the grid, float64 decoding); integer fields are
+      rounded back to integers (exact, since the bound is < 1/2). The bound for the actual
+      contributors is reported in ``aggregate.notes["error_bound"]``, the flooding in
+      ``aggregate.notes["flooding"]``.
 
     Packing: all additive fields of an upload are flattened into one vector and cut into
     ``ceil(values / slots)`` ciphertexts (slots = N for BFV, N/2 for CKKS). Parameters are
@@ -110,6 +120,9 @@ class Homomorphic(Layer):
             of the sum (default 1e-6). Must be < 0.5.
         max_clients: size the parameters for at most this many clients (None: the cohort
             size rounded up to a power of two).
+        max_decryptions: CKKS: ciphertext decryptions one key answers before a new key is
+            generated (tau of the flooding sizing; default 1024).
+        flood_security_bits: CKKS: statistical security s of the flooding (default 40).
     """
 
     name: ClassVar[str] = "homomorphic"
@@ -121,6 +134,8 @@ class Homomorphic(Layer):
         key_holder: str = "decryptor",
         precision: float | None = None,
         max_clients: int | None = None,
+        max_decryptions: int = MAX_DECRYPTIONS,
+        flood_security_bits: int = FLOOD_SECURITY_BITS,
     ) -> None:
         if scheme not in ("ckks", "bfv"):
             raise ConfigurationError(f"scheme must be 'ckks' or 'bfv', got {scheme!r}")
@@ -137,11 +152,17 @@ class Homomorphic(Layer):
             raise ConfigurationError(f"precision must be in (0, 0.5), got {precision!r}")
         if max_clients is not None and max_clients < 1:
             raise ConfigurationError(f"max_clients must be >= 1, got {max_clients}")
+        for name, value in (("max_decryptions", max_decryptions),
+                            ("flood_security_bits", flood_security_bits)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
         self.scheme = scheme
         self.poly_modulus_degree = poly_modulus_degree
         self.key_holder = key_holder
         self.precision = float(precision)
         self.max_clients = max_clients
+        self.max_decryptions = max_decryptions
+        self.flood_security_bits = flood_security_bits
         self._keysets: dict[HEParams, _Keyset] = {}
 
     # -- admissibility and parameters -------------------------------------------------
@@ -188,7 +209,8 @@ class Homomorphic(Layer):
             ring = plan_ring_bits(self.fixed_point(spec, n_clients))
             return bfv_params(ring, n_clients, self.poly_modulus_degree)
         return ckks_params(self.sum_bound(spec, n_clients), n_clients, self.precision,
-                           self.poly_modulus_degree)
+                           self.poly_modulus_degree, self.max_decryptions,
+                           self.flood_security_bits)
 
     def keyset(self, params: HEParams) -> _Keyset:
         """The keys for ``params`` (generated by the key holder on first use)."""
@@ -243,10 +265,20 @@ class Homomorphic(Layer):
         n_plan = self.planned_clients(len(cohort))
         params = self.params_for(spec, n_plan)
         fps = self.fixed_point(spec, n_plan) if self.scheme == "bfv" else None
+        packing = Packing.from_spec(spec, params.slots)
         ks = self.keyset(params)
+        if self.scheme == "ckks":
+            if packing.n_ciphertexts > params.max_decryptions:
+                raise ConfigurationError(
+                    f"one CKKS sum is {packing.n_ciphertexts} ciphertexts, more than "
+                    f"max_decryptions={params.max_decryptions} decryptions per key")
+            if ks.holder.decryptions + packing.n_ciphertexts > params.max_decryptions:
+                # This key has answered all the decryptions its flooding is sized for:
+                # a new key, distributed (and booked) like the first.
+                del self._keysets[params]
+                ks = self.keyset(params)
         ks.aggregator.assert_public()
         self._distribute(ks, cohort, ctx)
-        packing = Packing.from_spec(spec, params.slots)
         live = ctx.dropouts.survivors("upload", cohort)
         notes: dict[str, Any] = {
             "he_params": params.as_dict(),
@@ -257,6 +289,14 @@ class Homomorphic(Layer):
         if self.scheme == "ckks":
             notes["error_bound"] = ckks_error_bound(params, max(len(live), 1),
                                                     self.sum_bound(spec, max(len(live), 1)))
+            notes["flooding"] = {
+                "sigma": params.flood_sigma,
+                "required_sigma": required_flooding_sigma(params, max(len(live), 1)),
+                "grid": params.grid,
+                "statistical_security_bits": params.flood_security_bits,
+                "max_decryptions_per_key": params.max_decryptions,
+                "sizing": "Li, Micciancio, Schultz, Sorrell (CRYPTO 2022), Corollary 2",
+            }
         sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
                 for f in spec.additive}
         if not live or packing.total == 0:
@@ -345,6 +385,11 @@ class Homomorphic(Layer):
             "must_not_collude_with_server": [DECRYPTOR] if self.key_holder == "decryptor"
             else ["any client"],
             "exact": self.scheme == "bfv",
+            "ckks_release": None if self.scheme == "bfv" else (
+                "decryption + Gaussian flooding noise (IND-CPA^D, "
+                f"{self.flood_security_bits}-bit statistical security, "
+                f"{self.max_decryptions} decryptions per key), rounded to a power-of-two "
+                "grid below the precision"),
             "dropout_threshold": None if self.key_holder == "decryptor" else 1,
             "active_security": False,
         }

@@ -32,11 +32,45 @@ ciphertext), the error of a sum of n fresh ciphertexts at scale Delta is at most
     ( 8 * sqrt(n N / 6) + 64 * N * sqrt(n / 18) + n * N * e_pk / p ) / Delta
       + S * log2(N) * 2^-52            (double-precision FFT of the decoder)
 
-where S bounds |sum| and e_pk = 8 * 3.2 * sqrt(4N/3 + 1). See :func:`ckks_error_bound`.
+where S bounds |sum| and e_pk = 8 * 3.2 * sqrt(4N/3 + 1).
+
+Flooding before release (CKKS). A raw CKKS decryption m + e reveals the error e, a
+function of the secret key: with the ciphertext and the decryption, a passive adversary
+recovers the key (Li and Micciancio, "On the Security of Homomorphic Encryption on
+Approximate Numbers", EUROCRYPT 2021: CKKS is not IND-CPA^D secure). Li, Micciancio,
+Schultz and Sorrell ("Securing Approximate Homomorphic Encryption Using Differential
+Privacy", CRYPTO 2022, eprint 2022/816) prove that adding Gaussian noise to the decryption
+restores IND-CPA^D security with s bits of statistical security against tau decryption
+queries when, in the coefficient domain, sigma_coef = sqrt(24 N tau) 2^(s/2) t, t a bound
+on every coefficient of the decryption error (their Corollary 2; OpenFHE's documentation
+of its NOISE_FLOODING_DECRYPT mode uses sqrt(12 tau) 2^(s/2) t, arguing that the sqrt(2N)
+factor is not needed -- we keep the published, larger value). Here:
+
+* t (:func:`ckks_coeff_error`): a coefficient of the error of a sum of n fresh encryptions
+  is the sum over the n ciphertexts of r0 + (r1 * s) + (e1 + e2 * s - e * u) / p, of
+  variance n (1/12 + N/18 + (4N/3 + 1) 3.2^2 / p^2); t is 8 of its standard deviations.
+* The noise is added to the decoded slots, which TenSEAL hands us, not to coefficients.
+  The canonical embedding is sqrt(N/2) times an orthogonal map from the N coefficients to
+  the real and imaginary parts of the N/2 slots, so i.i.d. N(0, sigma_slot^2) noise on
+  every slot component is exactly i.i.d. coefficient noise of sigma_slot Delta / sqrt(N/2);
+  releasing only the real parts of the used slots is post-processing. So the slot noise
+  must be sigma_slot >= sqrt(N/2) sigma_coef / Delta (:func:`flooding_sigma`).
+* The scale Delta is chosen so that this required sigma_slot is at most precision / 16;
+  the decryptor floods with sigma_slot = precision / 16, then rounds to a grid of
+  g = 2^floor(log2(precision / 4)) (a power of two, so released values are exact multiples
+  of g, and the noise's floating-point low bits never leave the decryptor).
+* Every key answers at most ``max_decryptions`` (tau, default 1024) ciphertext decryptions;
+  the layer then generates a new key (:class:`~secagg.homomorphic.keys.KeyHolder` refuses
+  further decryptions). s defaults to 40 bits.
+
+So the released error of every entry is at most
+encryption noise + 8 sigma_slot + g/2 + float64 decoding <= precision
+(:func:`ckks_error_bound`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -54,6 +88,10 @@ MIN_SPECIAL_BITS = 20
 SEAL_SIGMA = 3.2
 #: BFV plain modulus cap: t <= 60 bits, so the largest fixed-point ring is 59 bits.
 MAX_BFV_RING_BITS = MAX_PRIME_BITS - 1
+#: Default statistical security s (bits) of the CKKS flooding noise.
+FLOOD_SECURITY_BITS = 40
+#: Default number of ciphertext decryptions (tau) one CKKS key answers before it is replaced.
+MAX_DECRYPTIONS = 1024
 
 
 def is_prime(n: int) -> bool:
@@ -127,6 +165,11 @@ class HEParams:
         scale_bits: CKKS scale Delta = 2^scale_bits; 0 for BFV.
         ring_bits: BFV: the fixed-point ring Z_{2^k} the plain modulus covers (t > 2^k).
         planned_clients: the cohort size the noise margin was sized for.
+        flood_sigma: CKKS: std of the Gaussian noise the decryptor adds to every released
+            entry (0 for BFV); see the module docstring.
+        grid: CKKS: released entries are rounded to multiples of this power of two.
+        flood_security_bits: CKKS: statistical security s the flooding is sized for.
+        max_decryptions: CKKS: ciphertext decryptions one key may answer (tau).
     """
 
     scheme: str
@@ -136,6 +179,10 @@ class HEParams:
     scale_bits: int = 0
     ring_bits: int = 0
     planned_clients: int = 1
+    flood_sigma: float = 0.0
+    grid: float = 0.0
+    flood_security_bits: int = 0
+    max_decryptions: int = 0
     notes: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -175,7 +222,9 @@ class HEParams:
         if self.scheme == "bfv":
             out.update(plain_modulus=self.plain_modulus, ring_bits=self.ring_bits)
         else:
-            out.update(scale_bits=self.scale_bits)
+            out.update(scale_bits=self.scale_bits, flood_sigma=self.flood_sigma,
+                       grid=self.grid, flood_security_bits=self.flood_security_bits,
+                       max_decryptions=self.max_decryptions)
         return out
 
 
@@ -245,9 +294,38 @@ def _ckks_noise(n_degree: int, n_clients: int, special_bits: int) -> float:
     )
 
 
+def ckks_coeff_error(n_degree: int, n_clients: int, special_bits: int) -> float:
+    """t: bound (times Delta) on every coefficient of the decryption error of a sum of
+    ``n_clients`` fresh CKKS encryptions, at 8 standard deviations (module docstring)."""
+    var = n_clients * (1.0 / 12 + n_degree / 18
+                       + (4 * n_degree / 3 + 1) * SEAL_SIGMA**2 / 4.0**special_bits)
+    return 8.0 * math.sqrt(var)
+
+
+def flooding_sigma(n_degree: int, coeff_error: float, decryptions: int,
+                   security_bits: int) -> float:
+    """Slot-domain flooding std (times Delta) that Li-Micciancio-Schultz-Sorrell (CRYPTO
+    2022, Corollary 2) require for IND-CPA^D security with ``security_bits`` of statistical
+    security against ``decryptions`` queries, when every error coefficient is at most
+    ``coeff_error``: sqrt(N/2) * sqrt(24 N tau) 2^(s/2) t (module docstring)."""
+    coeff = math.sqrt(24.0 * n_degree * decryptions) * 2.0 ** (security_bits / 2) * coeff_error
+    return math.sqrt(n_degree / 2.0) * coeff
+
+
+def required_flooding_sigma(params: HEParams, n_clients: int) -> float:
+    """The flooding std a release of a sum of ``n_clients`` ciphertexts under ``params``
+    needs (value units); ``params.flood_sigma`` is at least this for the planned cohort."""
+    t = ckks_coeff_error(params.poly_modulus_degree, n_clients, params.coeff_mod_bit_sizes[-1])
+    need = flooding_sigma(params.poly_modulus_degree, t, params.max_decryptions,
+                          params.flood_security_bits)
+    return need / 2.0**params.scale_bits
+
+
 def ckks_error_bound(params: HEParams, n_clients: int, sum_bound: float) -> float:
-    """Bound on |decrypted sum - true sum| for every slot of a sum of ``n_clients`` fresh
-    CKKS encryptions whose true sum is at most ``sum_bound`` in magnitude.
+    """Bound on |released sum - true sum| for every entry of a sum of ``n_clients`` fresh
+    CKKS encryptions whose true sum is at most ``sum_bound`` in magnitude, as the decryptor
+    releases it: encryption noise + flooding noise (8 sigma) + rounding to the grid (g/2)
+    + float64 decoding.
 
     It holds unless a noise factor exceeds 8 standard deviations (probability < 1e-11
     per ciphertext); see the module docstring for the derivation.
@@ -256,7 +334,7 @@ def ckks_error_bound(params: HEParams, n_clients: int, sum_bound: float) -> floa
         raise ValueError("ckks_error_bound needs CKKS parameters")
     noise = _ckks_noise(params.poly_modulus_degree, n_clients, params.coeff_mod_bit_sizes[-1])
     fft = sum_bound * math.log2(params.poly_modulus_degree) * 2.0**-52
-    return noise / 2.0**params.scale_bits + fft
+    return noise / 2.0**params.scale_bits + 8.0 * params.flood_sigma + params.grid / 2 + fft
 
 
 def ckks_params(
@@ -264,13 +342,19 @@ def ckks_params(
     n_clients: int,
     precision: float,
     poly_modulus_degree: int | None = None,
+    max_decryptions: int = MAX_DECRYPTIONS,
+    flood_security_bits: int = FLOOD_SECURITY_BITS,
 ) -> HEParams:
     """CKKS parameters for sums of up to ``n_clients`` vectors with |sum| <= ``sum_bound``
-    so that every decrypted entry is within ``precision`` of the true sum
-    (:func:`ckks_error_bound` <= precision).
+    so that every *released* entry (flooded and rounded, see the module docstring) is
+    within ``precision`` of the true sum (:func:`ckks_error_bound` <= precision).
 
-    Half the precision budget goes to encryption noise (it fixes the scale), the data
-    modulus then holds Delta * sum_bound with 2 bits to spare.
+    The budget: flooding noise sigma = precision / 16 (8 sigma = precision / 2), the
+    rounding grid g <= precision / 4 (error g / 2), float64 decoding <= precision / 4, and
+    the encryption noise, which the scale makes negligible: Delta = 2^scale_bits is the
+    smallest power of two for which the flooding the literature requires for
+    ``max_decryptions`` decryptions at ``flood_security_bits`` is at most precision / 16.
+    The data modulus then holds Delta * sum_bound with 2 bits to spare.
 
     Raises:
         EncodingOverflow: no allowed N can reach that precision within 128-bit security,
@@ -278,29 +362,39 @@ def ckks_params(
     """
     if not (precision > 0 and math.isfinite(precision)):
         raise ValueError(f"precision must be a positive number, got {precision}")
+    if max_decryptions < 1 or flood_security_bits < 1:
+        raise ValueError("max_decryptions and flood_security_bits must be >= 1")
     sum_bound = max(float(sum_bound), 1.0)
+    flood = precision / 16
+    grid = 2.0 ** math.floor(math.log2(precision / 4))
     for n_deg in _degrees(poly_modulus_degree):
         fft = sum_bound * math.log2(n_deg) * 2.0**-52
-        if fft > precision / 2:
+        if fft > precision / 4:
             raise EncodingOverflow(
                 f"precision {precision:g} is finer than float64 decoding allows for sums up "
                 f"to {sum_bound:g} (about {fft:.2g}); loosen it or use BFV"
             )
         # The special prime is unknown until the data modulus is; size the scale with the
         # smallest one allowed (a larger special prime only lowers the noise).
-        noise = _ckks_noise(n_deg, n_clients, MIN_SPECIAL_BITS)
-        scale_bits = math.ceil(math.log2(2 * noise / precision))
+        t = ckks_coeff_error(n_deg, n_clients, MIN_SPECIAL_BITS)
+        need = flooding_sigma(n_deg, t, max_decryptions, flood_security_bits)
+        scale_bits = math.ceil(math.log2(need / flood))
         data_bits = scale_bits + math.ceil(math.log2(sum_bound)) + 2
         coeffs = _with_special(_split_primes(data_bits, n_deg), n_deg)
         if coeffs is None:
             continue
         params = HEParams("ckks", n_deg, coeffs, scale_bits=scale_bits,
-                          planned_clients=n_clients)
+                          planned_clients=n_clients, flood_sigma=flood, grid=grid,
+                          flood_security_bits=flood_security_bits,
+                          max_decryptions=max_decryptions)
         bound = ckks_error_bound(params, n_clients, sum_bound)
         assert bound <= precision, (bound, precision)
-        return HEParams("ckks", n_deg, coeffs, scale_bits=scale_bits, planned_clients=n_clients,
-                        notes={"error_bound": bound, "sum_bound": sum_bound})
+        assert required_flooding_sigma(params, n_clients) <= flood
+        return dataclasses.replace(params, notes={"error_bound": bound,
+                                                  "sum_bound": sum_bound})
     raise EncodingOverflow(
         f"no CKKS parameters reach precision {precision:g} for sums up to {sum_bound:g} of "
-        f"{n_clients} clients within 128-bit security (N in {_degrees(poly_modulus_degree)})"
+        f"{n_clients} clients within 128-bit security (N in {_degrees(poly_modulus_degree)}), "
+        f"with flooding sized for {max_decryptions} decryptions at {flood_security_bits}-bit "
+        "statistical security; loosen the precision, lower max_decryptions, or use BFV"
     )
