@@ -72,7 +72,8 @@ class _Session:
                for u in range(n)} if pinned else {}
         pins = {u: sign_public(k) for u, k in ids.items()} if pinned else None
         self.clients = {u: Client(u, self.session, 1, SeededEntropy(seed, u), threshold=t,
-                                  length=M, ring_bits=BITS, signing=ids.get(u), pinned=pins)
+                                  length=M, ring_bits=BITS, min_holders=t, signing=ids.get(u),
+                                  pinned=pins)
                         for u in range(n)}
         for c in self.clients.values():
             self.server.receive_advertise(c.advertise())
@@ -271,6 +272,22 @@ def test_pinned_keys_stop_a_server_that_substitutes_a_clients_keys():
                 s.clients[0].share_keys(fake)
         else:
             assert isinstance(s.clients[0].share_keys(fake), bytes)
+
+
+def test_a_roster_that_isolates_a_small_group_is_refused():
+    """Complete graph, t = 4 of 6: a server that gives client 0 a roster of two neighbours
+    (to read the sum of a 3-client group) is refused."""
+    from secagg.secure_sum.errors import MalformedMessage
+
+    s = _Session(n=6, t=4)
+    roster = wire.parse_roster(memoryview(s.rosters[0])[wire.HEADER_BYTES:])
+    small = wire.encode(wire.MsgType.ROSTER, s.session, wire.SERVER_ID, 0, wire.roster_body(
+        roster.round, roster.ring_bits, roster.length, 2,
+        {v: roster.keys[v] for v in (1, 2)}, {v: roster.signing[v] for v in (1, 2)}))
+    with pytest.raises(MalformedMessage, match="fewer than the 3"):
+        s.clients[0].share_keys(small)
+    assert s.clients[0].stage == "advertised"  # nothing shared
+    assert isinstance(s.clients[0].share_keys(s.rosters[0]), bytes)  # the honest one is fine
 
 
 def test_honest_runs_with_pinned_identities_are_exact_and_say_so():

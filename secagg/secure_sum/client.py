@@ -76,7 +76,6 @@ from secagg.secure_sum.keys import (
     advertise_statement,
     agree,
     derive,
-    is_low_order,
     pair,
     sign_public,
     signing_key,
@@ -152,6 +151,10 @@ class Client:
             required. None: not checked (then at least t_k signatures are required).
         length, ring_bits: the public vector length and ring; a ROSTER announcing others is
             refused (None: whatever the roster says).
+        min_holders: the fewest share holders (listed neighbours and the client) a ROSTER may
+            give -- t on the complete graph, where every live client is a neighbour; a server
+            that lists fewer (to cut the cohort into small groups whose sums it could read) is
+            refused. None: only 2 t_k > holders is checked.
         signing: this client's Ed25519 identity key (the private half of its pinned key);
             None draws a fresh one per session.
         pinned: client id -> raw Ed25519 public key of every client this one may talk to,
@@ -168,6 +171,7 @@ class Client:
         threshold: int | None = None,
         length: int | None = None,
         ring_bits: int | None = None,
+        min_holders: int | None = None,
         signing: Ed25519PrivateKey | None = None,
         pinned: Mapping[int, bytes] | None = None,
     ) -> None:
@@ -180,6 +184,7 @@ class Client:
         self.threshold = threshold
         self.length = length
         self.ring_bits = ring_bits
+        self.min_holders = min_holders
         self._sign = signing
         self.pinned = dict(pinned) if pinned is not None else None
         if self.pinned is not None and signing is not None and \
@@ -248,11 +253,8 @@ class Client:
         pks += [self._keys.enc_public, self._keys.mask_public]
         if len(set(pks)) != len(pks):
             raise MalformedMessage(f"client {self.cid}: ROSTER repeats a public key")
-        low = sorted(v for v, ks in roster.keys.items() if any(is_low_order(k) for k in ks))
-        if low:
-            raise MalformedMessage(
-                f"client {self.cid}: ROSTER carries low-order X25519 keys of clients {low}"
-            )
+        # a low-order key in the roster is refused where it is used: agree() raises
+        # MalformedMessage on the all-zero shared secret (no extra exchange per key here)
         if self.pinned is not None:
             self._check_pinned(roster)
         holders = len(roster.keys) + 1
@@ -263,6 +265,11 @@ class Client:
             )
         if 2 * roster.share_threshold <= holders:
             raise UnsafeThreshold(self.cid, roster.share_threshold, holders)
+        if self.min_holders is not None and holders < self.min_holders:
+            raise MalformedMessage(
+                f"client {self.cid}: ROSTER lists {holders - 1} neighbours, fewer than the "
+                f"{self.min_holders - 1} the session's threshold needs"
+            )
         self._roster = roster
         self._b = self._rand(32)
         secrets_ = shamir.key_to_elements(self._b) + shamir.key_to_elements(self._keys.mask_private)

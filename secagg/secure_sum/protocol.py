@@ -206,6 +206,7 @@ def run_secure_sum(
     stage = "advertise"
     clients = {u: Client(u, session, rnd, entropy_of(u), threshold=g.threshold, length=length,
                          ring_bits=ring_bits, pinned=pins,
+                         min_holders=g.threshold if g.kind == "complete" else None,
                          signing=identities[u] if identities is not None else None)
                for u in cohort}
     for u in ctx.dropouts.survivors(stage, cohort):
