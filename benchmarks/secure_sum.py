@@ -3,7 +3,8 @@
 What runs:
 
 * **ours**: ``secagg.secure_sum.SecureSum`` (the layer: fixed-point encoding of a float32
-  vector, the four-stage protocol with real wire messages, decoding), SecAgg+ graph
+  vector, the five-stage protocol with real wire messages -- including the consistency round
+  of Bonawitz et al.'s active variant, Ed25519-signed survivor sets -- decoding), SecAgg+ graph
   ("auto": complete for small n, k-regular Harary otherwise), threshold 0.7, precision 2^-20
   (a 32-bit ring for every n here, 4 bytes a value on the wire).
 * **Flower**: Flower's own ``SecAggPlusWorkflow`` (server) and ``secaggplus_mod`` (client),
@@ -22,7 +23,12 @@ Dropout: the given fraction of clients vanishes before sending its masked input 
 that forces mask reconstruction), the same clients in both systems.
 
 Reported per configuration: client CPU s (mean per client, whole protocol), server CPU s
-(whole protocol), upload bytes per client, the Flower/ours ratios, and ours/floor.
+(whole protocol), upload bytes per client, the Flower/ours ratios, and ours/floor; and the
+cost of the consistency round: its own stage (SURVIVORS down, SIGNATURE up: CPU and bytes from
+the ledger), the signatures forwarded inside each UNMASK_REQUEST (68 B per signer), and the
+client's time to verify them (timed here on the same number of Ed25519 signatures). The run
+uses per-session keys (no pinned identities): a client then verifies the signatures of its
+neighbours; with pinned keys it verifies every signer's (at most n).
 
 Usage::
 
@@ -246,6 +252,20 @@ def run_ours(n: int, m: int, dropped: list[int], graph: str = "auto") -> dict:
     want = np.sum([pool[(NODE_BASE + c) % len(pool)].astype(np.float64)
                    for c in agg.contributors], axis=0)
     senders = list(agg.contributors)  # clients that went through every stage they reached
+    cons = [r for r in ctx.ledger.rows if r.stage == "consistency"]
+    signers = rep.live.get("consistency", 0)
+    up = [r for r in cons if r.receiver == "server"]
+    down = [r for r in cons if r.sender == "server"]
+    consistency = {
+        "signers": signers,
+        "client_cpu_s": sum(r.client_cpu_s for r in up) / max(len(up), 1),
+        "server_cpu_s": sum(r.server_cpu_s for r in cons),
+        "up_bytes": sum(r.wire_bytes for r in up) / max(len(up), 1),
+        "down_bytes": sum(r.wire_bytes for r in down) / max(len(down), 1),
+        "request_sig_bytes": 68 * signers,
+        "verify_neighbours_s": _verify_time(min(signers, rep.graph.k + 1)),
+        "verify_all_s": _verify_time(signers),
+    }
     return {
         "system": "secagg SecureSum",
         "graph": rep.graph.kind, "k": rep.graph.k, "share_threshold": rep.graph.share_threshold,
@@ -257,7 +277,28 @@ def run_ours(n: int, m: int, dropped: list[int], graph: str = "auto") -> dict:
         "wall_s": wall,
         "max_abs_err": float(np.max(np.abs(agg["w"] - want))),
         "contributors": len(agg.contributors),
+        "consistency": consistency,
     }
+
+
+def _verify_time(count: int, repeats: int = 3) -> float:
+    """CPU seconds to verify ``count`` Ed25519 signatures of one survivor set (best of
+    ``repeats``): what a client does before it releases its unmasking shares."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secagg.secure_sum.keys import sign_public, survivors_statement, verify_signature
+    from secagg.secure_sum.prg import SeededEntropy
+
+    stmt = survivors_statement(bytes(16), 0, list(range(count)))
+    keys = [Ed25519PrivateKey.from_private_bytes(SeededEntropy(0, i)(32)) for i in range(count)]
+    signed = [(sign_public(k), k.sign(stmt)) for k in keys]
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.process_time()
+        ok = all(verify_signature(pk, sig, stmt) for pk, sig in signed)
+        best = min(best, time.process_time() - t0)
+    assert ok
+    return best
 
 
 def floor(k: int, m: int, repeats: int = 3) -> float:
@@ -324,6 +365,12 @@ def report(r: dict) -> None:
     print(f"  floor      {r['floor_s']:13.4f}   (2k X25519 + (k+1) AES-CTR expansions + adds)")
     print(f"  ours/floor (client): {o['client_cpu_s'] / r['floor_s']:.2f}x   "
           f"ours max |sum error| {o['max_abs_err']:.2e}")
+    c = o["consistency"]
+    print(f"  consistency round ({c['signers']} signers): client sign {c['client_cpu_s'] * 1e3:.2f} ms"
+          f" + verify {c['verify_neighbours_s'] * 1e3:.1f} ms (neighbours; all {c['signers']}: "
+          f"{c['verify_all_s'] * 1e3:.1f} ms), server {c['server_cpu_s'] * 1e3:.1f} ms; "
+          f"bytes/client up {c['up_bytes']:.0f} B, down {c['down_bytes']:.0f} B "
+          f"+ {c['request_sig_bytes'] / 1e3:.1f} kB of signatures in the unmask request")
     if "flower" in r:
         f = r["flower"]
         total_f = f["client_cpu_s"] * r["n"] + f["server_cpu_s"]

@@ -4,7 +4,8 @@ clients whose masked input arrived, or SecureSumAborted exactly when the live se
 stage is below what the protocol needs -- computed here from the definition, not the code:
 
 * at each stage the live set L needs |L| >= t, and on the SecAgg+ graph every live client
-  needs >= t_k live members in its closed neighbourhood;
+  needs >= t_k live members in its closed neighbourhood (at the consistency stage, L is the
+  survivors that signed the survivor set);
 * at unmasking, every secret the server must rebuild (the self-mask seed of each contributor,
   the mask key of each client that shared keys, then dropped, and has a contributing
   neighbour) needs >= t_k responders among its holders.
@@ -20,7 +21,7 @@ from secagg.layers.base import RoundContext
 from secagg.secure_sum import run_secure_sum
 from secagg.secure_sum.graph import build
 
-STAGES = ("advertise", "share", "masked-input", "unmask")
+STAGES = ("advertise", "share", "masked-input", "consistency", "unmask")
 
 
 def _expected(graph, cohort, drop_stage):
@@ -63,9 +64,9 @@ def cases(draw):
     kind = draw(st.sampled_from(["complete", "harary", "auto"]))
     k = draw(st.one_of(st.none(), st.integers(2, max(2, n - 1)))) if kind == "harary" else None
     if draw(st.booleans()):
-        threshold = draw(st.floats(0.3, 1.0))
+        threshold = draw(st.floats(0.5, 1.0, exclude_min=True))
     else:
-        threshold = draw(st.integers(2, n))
+        threshold = draw(st.integers(max(2, n // 2 + 1), n))
     # each client drops at one stage or never; the weight of "never" sets the dropout rate
     never = draw(st.sampled_from([1, 4, 12, 40]))
     drops = draw(st.lists(st.sampled_from([None] * never + list(STAGES)), min_size=n, max_size=n))

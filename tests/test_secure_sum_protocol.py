@@ -128,12 +128,13 @@ def test_sum_exact_with_dropouts_at_every_stage(graph, bits):
     vecs = _vectors(24, 40, bits, seed=1)
     drops = {"advertise": {0}, "share": {5}, "masked-input": {7, 11}, "unmask": {3, 9}}
     ctx = _ctx(drops)
-    rep = run_secure_sum(vecs, bits, ctx, threshold=0.5, graph=graph, k=10, entropy_seed=4,
+    rep = run_secure_sum(vecs, bits, ctx, threshold=0.51, graph=graph, k=10, entropy_seed=4,
                          graph_seed=4)
     expected = sorted(set(range(24)) - {0, 5, 7, 11})
     assert rep.contributors == tuple(expected)  # 3 and 9 dropped after their input arrived
     assert np.array_equal(rep.total, _ring_sum(vecs, expected, bits))
-    assert rep.live == {"advertise": 23, "share": 22, "masked-input": 20, "unmask": 18}
+    assert rep.live == {"advertise": 23, "share": 22, "masked-input": 20, "consistency": 20,
+                        "unmask": 18}
 
 
 def test_ledger_has_one_row_per_message_with_true_bytes_and_transcript_shows_masked_then_sum():
@@ -149,8 +150,9 @@ def test_ledger_has_one_row_per_message_with_true_bytes_and_transcript_shows_mas
                          segments={"a": slice(0, 60), "b": slice(60, 100)})
     rows = [(r.stage, r.sender, r.receiver, r.wire_bytes) for r in ctx.ledger.rows]
     assert rows == sizes
-    # 6 advertise, 6 rosters, 6 shares, 6 forwards, 6 acks, 6 masked, 6 requests, 5 answers
-    assert len(rows) == 47
+    # 6 advertise, 6 rosters, 6 shares, 6 forwards, 6 acks, 6 masked, 6 survivor sets,
+    # 6 signatures, 6 requests, 5 answers
+    assert len(rows) == 59
     masked = [r for r in ctx.ledger.rows
               if r.stage == "masked-input" and r.receiver == "server" and r.wire_bytes > 100]
     assert {r.wire_bytes for r in masked} == {wire.HEADER_BYTES + 5 + 32 + 4 * 100}
@@ -230,7 +232,12 @@ class _Parties:
             self.server.receive_ack(c.receive_forward(self.forwards[u]))
         for u, c in self.clients.items():
             self.server.receive_masked(c.masked_input(vectors[u]))
-        self.requests = self.server.close_masked()
+        self.requests = self.consistency(self.server.close_masked())
+
+    def consistency(self, survivors):
+        for u, msg in survivors.items():
+            self.server.receive_signature(self.clients[u].sign_survivors(msg))
+        return self.server.close_consistency()
 
 
 def test_tampered_share_ciphertext_counts_as_the_senders_dropout():
@@ -352,7 +359,7 @@ def test_server_rebuilds_exactly_the_dropped_clients_mask_key_and_live_clients_s
         p.server.receive_ack(p.clients[u].receive_forward(p.forwards[u]))
     for u in range(4):
         p.server.receive_masked(p.clients[u].masked_input(vecs[u]))
-    requests = p.server.close_masked()
+    requests = p.consistency(p.server.close_masked())
     assert p.server.dropped == {4}
     for u in range(4):
         p.server.receive_unmask(p.clients[u].unmask(requests[u]))
@@ -422,8 +429,8 @@ def test_random_corruption_of_any_message_is_a_typed_error_or_the_exact_sum():
             return None
 
     outcomes = set()
-    for trial in range(96):
-        target = trial % 8  # which message kind gets corrupted
+    for trial in range(120):
+        target = trial % 10  # which message kind gets corrupted
         p = _Parties(seed=100 + trial)
         vecs = _vectors(5, 4, 16, seed=trial)
         try:
@@ -453,12 +460,21 @@ def test_random_corruption_of_any_message_is_a_typed_error_or_the_exact_sum():
                 masked[min(masked)] = mutate(masked[min(masked)])
             for r in masked.values():
                 attempt(p.server.receive_masked, r)
-            requests = p.server.close_masked()
+            survivors = p.server.close_masked()
+            if target == 8:
+                survivors[min(survivors)] = mutate(survivors[min(survivors)])
+            sigs = {u: attempt(p.clients[u].sign_survivors, m) for u, m in survivors.items()}
+            sigs = {u: s for u, s in sigs.items() if s is not None}
+            if target == 9:
+                sigs[min(sigs)] = mutate(sigs[min(sigs)])
+            for sig in sigs.values():
+                attempt(p.server.receive_signature, sig)
+            requests = p.server.close_consistency()
             if target == 6:
                 requests[min(requests)] = mutate(requests[min(requests)])
             answers = {u: attempt(p.clients[u].unmask, m) for u, m in requests.items()}
             answers = {u: a for u, a in answers.items() if a is not None}
-            if target == 7:
+            if target == 7 and answers:
                 answers[min(answers)] = mutate(answers[min(answers)])
             for a in answers.values():
                 attempt(p.server.receive_unmask, a)

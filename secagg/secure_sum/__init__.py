@@ -1,4 +1,6 @@
-"""Secure summation: Bonawitz et al. (2017) secure aggregation with the SecAgg+ graph.
+"""Secure summation: Bonawitz et al. (2017) secure aggregation with the SecAgg+ graph,
+including the active-security variant's consistency round (see :mod:`.client` for what holds
+with and without pinned client keys).
 
 Modules: :mod:`.keys` (X25519, HKDF), :mod:`.shamir` (vectorised Shamir over 2^127 - 1),
 :mod:`.prg` (AES-CTR mask expansion), :mod:`.wire` (the message format), :mod:`.graph`
@@ -9,25 +11,31 @@ state machines), :mod:`.protocol` (one session end to end) and :mod:`.layer` (th
 
 from secagg.secure_sum.errors import (
     AuthenticationFailed,
+    InconsistentView,
     MalformedMessage,
     MisaddressedMessage,
+    RejectedKey,
     ReplayedMessage,
     StageOrderError,
     TruncatedMessage,
     UnmaskingRefused,
+    UnsafeThreshold,
 )
 from secagg.secure_sum.layer import SecureSum
 from secagg.secure_sum.protocol import SessionReport, run_secure_sum
 
 __all__ = [
     "AuthenticationFailed",
+    "InconsistentView",
     "MalformedMessage",
     "MisaddressedMessage",
+    "RejectedKey",
     "ReplayedMessage",
     "SecureSum",
     "SessionReport",
     "StageOrderError",
     "TruncatedMessage",
     "UnmaskingRefused",
+    "UnsafeThreshold",
     "run_secure_sum",
 ]

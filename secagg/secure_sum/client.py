@@ -2,8 +2,11 @@
 
 A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, in order:
 
-1. :meth:`advertise` -- fresh X25519 key pairs; sends both public keys.
-2. :meth:`share_keys` -- reads its neighbours' keys (ROSTER), draws the self-mask seed b_u,
+1. :meth:`advertise` -- fresh X25519 key pairs; sends both public keys, signed with its
+   Ed25519 key (a long-term, pinned identity key when one is given; else a fresh one).
+2. :meth:`share_keys` -- reads its neighbours' keys (ROSTER; with pinned keys, each
+   neighbour's keys must carry that neighbour's signature), refuses low-order keys and a
+   share threshold t_k of at most half the holders, draws the self-mask seed b_u,
    Shamir-shares b_u and its mask private key t_k-out-of-(neighbours + itself), and encrypts
    each neighbour's shares with AES-256-GCM under an X25519+HKDF channel key; the associated
    data binds session, round, sender, receiver, stage and both parties' public keys. It also
@@ -12,9 +15,29 @@ A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, i
    authentication counts as that sender's dropout (reported back in an ACK, never a crash).
 4. :meth:`masked_input` -- y_u = x_u + PRG(b_u) + sum_{v accepted, u<v} PRG(s_uv)
    - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag keyed by b_u.
-5. :meth:`unmask` -- answers one unmasking request; refuses one that asks for both the
+5. :meth:`sign_survivors` -- the consistency round of Bonawitz et al.'s active variant: signs
+   the survivor set U3 the server showed it (which must contain it and have >= t members).
+6. :meth:`unmask` -- answers one unmasking request; refuses one that asks for both the
    self-mask share and the mask-key shares of the same peer, for its own mask key, or for
-   shares it does not hold.
+   shares it does not hold; and releases nothing unless the request carries enough valid
+   signatures over the SAME U3 it signed, asks self-mask shares only of members of U3 and
+   mask-key shares only of non-members.
+
+Why both checks. The split attack -- asking one group of a peer's share holders for its
+self-mask shares and a disjoint group for its mask-key shares -- needs two disjoint groups of
+t_k holders, impossible once 2 t_k > holders (enforced in :meth:`share_keys` from the roster
+the client sees, whatever the server claims t_k is). With clients colluding with the server,
+the consistency round closes the rest: an honest client only releases shares consistent with
+the one U3 it signed, and two different survivor sets can each collect t signatures from a
+cohort of n only if at least 2t - n signers signed both (are corrupt).
+
+What the signatures prove depends on where the verification keys come from. With ``pinned``
+(client id -> Ed25519 public key, known from outside the protocol, e.g. a PKI) the roster's
+X25519 keys and every consistency signature are checked against them, so a malicious server
+can neither substitute keys (man in the middle), nor invent clients, nor show two survivor
+sets. Without pinned keys, the keys are whatever the server relayed: the round still catches
+a server that equivocates without forging keys, but an active server that forges can defeat
+it -- the protocol is then secure against an honest-but-curious server only.
 
 Any step out of order raises :class:`StageOrderError`; a bad message raises a typed
 :class:`~secagg.errors.ProtocolError` and leaves the client's state unchanged.
@@ -26,20 +49,23 @@ import hashlib
 import hmac
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from secagg.errors import ConfigurationError, EncodingOverflow
 from secagg.secure_sum import shamir, wire
 from secagg.secure_sum.errors import (
+    InconsistentView,
     MalformedMessage,
     MisaddressedMessage,
     ReplayedMessage,
     StageOrderError,
     UnmaskingRefused,
+    UnsafeThreshold,
 )
 from secagg.secure_sum.keys import (
     PURPOSE_MASKED_TAG,
@@ -47,9 +73,14 @@ from secagg.secure_sum.keys import (
     PURPOSE_SELF_MASK,
     PURPOSE_SHARE_KEY,
     KeyPairs,
+    advertise_statement,
     agree,
     derive,
     pair,
+    sign_public,
+    signing_key,
+    survivors_statement,
+    verify_signature,
 )
 from secagg.secure_sum.prg import MaskAccumulator, word_dtype
 from secagg.secure_sum.wire import SERVER_ID, MsgType
@@ -115,6 +146,19 @@ class Client:
         round: the training round (bound into every derived key and associated data).
         entropy: byte source for keys, b_u and Shamir coefficients; default the OS CSPRNG
             (a seeded source is for reproducible experiments and tests only).
+        threshold: t, the public minimum number of survivors: a survivor set smaller than t
+            is refused, and with ``pinned`` keys at least t valid consistency signatures are
+            required. None: not checked (then at least t_k signatures are required).
+        length, ring_bits: the public vector length and ring; a ROSTER announcing others is
+            refused (None: whatever the roster says).
+        min_holders: the fewest share holders (listed neighbours and the client) a ROSTER may
+            give -- t on the complete graph, where every live client is a neighbour; a server
+            that lists fewer (to cut the cohort into small groups whose sums it could read) is
+            refused. None: only 2 t_k > holders is checked.
+        signing: this client's Ed25519 identity key (the private half of its pinned key);
+            None draws a fresh one per session.
+        pinned: client id -> raw Ed25519 public key of every client this one may talk to,
+            known from outside the protocol; see the module docstring for what holds without.
     """
 
     def __init__(
@@ -123,6 +167,13 @@ class Client:
         session: bytes,
         round: int,
         entropy: Callable[[int], bytes] = os.urandom,
+        *,
+        threshold: int | None = None,
+        length: int | None = None,
+        ring_bits: int | None = None,
+        min_holders: int | None = None,
+        signing: Ed25519PrivateKey | None = None,
+        pinned: Mapping[int, bytes] | None = None,
     ) -> None:
         if not 0 <= cid <= wire.MAX_ID:
             raise ConfigurationError(f"client ids must be in 0..{wire.MAX_ID}, got {cid}")
@@ -130,6 +181,16 @@ class Client:
         self.session = session
         self.round = round
         self._rand = entropy
+        self.threshold = threshold
+        self.length = length
+        self.ring_bits = ring_bits
+        self.min_holders = min_holders
+        self._sign = signing
+        self.pinned = dict(pinned) if pinned is not None else None
+        if self.pinned is not None and signing is not None and \
+                self.pinned.get(cid, sign_public(signing)) != sign_public(signing):
+            raise ConfigurationError(f"client {cid}: its signing key is not the one pinned")
+        self.survivors: tuple[int, ...] = ()
         self.stage = "new"
         self._keys: KeyPairs | None = None
         self._roster: wire.Roster | None = None
@@ -161,8 +222,12 @@ class Client:
         """Stage 1: generate key pairs and return the ADVERTISE message."""
         self._expect("new", "advertised")
         self._keys = KeyPairs.generate(self._rand)
+        if self._sign is None:
+            self._sign = signing_key(self._rand)
+        enc, msk = self._keys.enc_public, self._keys.mask_public
+        sig = self._sign.sign(advertise_statement(self.session, self.round, self.cid, enc, msk))
         self.stage = "advertised"
-        body = wire.advertise_body(self._keys.enc_public, self._keys.mask_public)
+        body = wire.advertise_body(enc, msk, sign_public(self._sign), sig)
         return wire.encode(MsgType.ADVERTISE, self.session, self.cid, SERVER_ID, body)
 
     def share_keys(self, roster_msg: bytes) -> bytes:
@@ -174,6 +239,12 @@ class Client:
         roster = wire.parse_roster(self._open(roster_msg, MsgType.ROSTER))
         if roster.round != self.round & (2**64 - 1):
             raise ReplayedMessage(f"client {self.cid}: ROSTER of round {roster.round}")
+        for what, mine, got in (("vector length", self.length, roster.length),
+                                ("ring size (bits)", self.ring_bits, roster.ring_bits)):
+            if mine is not None and mine != got:
+                raise MalformedMessage(
+                    f"client {self.cid}: ROSTER announces {what} {got}, the session's is {mine}"
+                )
         if self.cid in roster.keys:
             raise MisaddressedMessage(
                 f"client {self.cid}: ROSTER lists the client as its own neighbour"
@@ -182,11 +253,22 @@ class Client:
         pks += [self._keys.enc_public, self._keys.mask_public]
         if len(set(pks)) != len(pks):
             raise MalformedMessage(f"client {self.cid}: ROSTER repeats a public key")
+        # a low-order key in the roster is refused where it is used: agree() raises
+        # MalformedMessage on the all-zero shared secret (no extra exchange per key here)
+        if self.pinned is not None:
+            self._check_pinned(roster)
         holders = len(roster.keys) + 1
         if not 2 <= roster.share_threshold <= holders:
             raise MalformedMessage(
                 f"client {self.cid}: share threshold {roster.share_threshold} "
                 f"with {holders} holders"
+            )
+        if 2 * roster.share_threshold <= holders:
+            raise UnsafeThreshold(self.cid, roster.share_threshold, holders)
+        if self.min_holders is not None and holders < self.min_holders:
+            raise MalformedMessage(
+                f"client {self.cid}: ROSTER lists {holders - 1} neighbours, fewer than the "
+                f"{self.min_holders - 1} the session's threshold needs"
             )
         self._roster = roster
         self._b = self._rand(32)
@@ -211,6 +293,22 @@ class Client:
         self.stage = "shared"
         body = wire.shares_body(commit_seed(self.session, self.round, self.cid, self._b), entries)
         return wire.encode(MsgType.SHARES, self.session, self.cid, SERVER_ID, body)
+
+    def _check_pinned(self, roster: wire.Roster) -> None:
+        """Every neighbour must be pinned, and its X25519 keys signed by its pinned key."""
+        assert self.pinned is not None
+        for v in sorted(roster.keys):
+            spk, sig = roster.signing[v]
+            if v not in self.pinned:
+                raise MisaddressedMessage(
+                    f"client {self.cid}: ROSTER lists client {v}, who has no pinned key"
+                )
+            stmt = advertise_statement(self.session, self.round, v, *roster.keys[v])
+            if spk != self.pinned[v] or not verify_signature(spk, sig, stmt):
+                raise InconsistentView(
+                    self.cid, f"the ROSTER keys of client {v} are not signed by its pinned key "
+                    "(substituted by the server?)"
+                )
 
     def receive_forward(self, forward_msg: bytes) -> bytes:
         """Stage 3a: decrypt the shares addressed to this client; return the ACK message
@@ -280,6 +378,79 @@ class Client:
         parts = wire.masked_parts(r.ring_bits, r.length, tag, data)
         return wire.encode(MsgType.MASKED, self.session, self.cid, SERVER_ID, parts)
 
+    def sign_survivors(self, survivors_msg: bytes) -> bytes:
+        """Consistency round: sign the survivor set U3 the server shows (SURVIVORS) and return
+        the SIGNATURE message. An honest client signs exactly one set per session.
+
+        Raises:
+            InconsistentView: U3 leaves this client out (it did send its masked input) or has
+                fewer than ``threshold`` members.
+        """
+        if self.stage == "signed":
+            raise ReplayedMessage(f"client {self.cid}: already signed a survivor set")
+        self._expect("masked", "signed")
+        u3 = wire.parse_ids(self._open(survivors_msg, MsgType.SURVIVORS), "SURVIVORS")
+        if self.cid not in u3:
+            raise InconsistentView(self.cid, "the survivor set leaves out this client, whose "
+                                   "masked input was sent")
+        if self.threshold is not None and len(u3) < self.threshold:
+            raise InconsistentView(
+                self.cid, f"the survivor set has {len(u3)} members, fewer than the threshold "
+                f"{self.threshold}"
+            )
+        assert self._sign is not None
+        self.survivors = tuple(sorted(u3))
+        sig = self._sign.sign(survivors_statement(self.session, self.round, self.survivors))
+        self.stage = "signed"
+        return wire.encode(MsgType.SIGNATURE, self.session, self.cid, SERVER_ID, sig)
+
+    def _check_consistency(
+        self, b_ids: list[int], sk_ids: list[int], sigs: dict[int, bytes]
+    ) -> None:
+        """Release nothing unless the request agrees with the survivor set this client signed
+        and enough other clients signed that same set (see the module docstring)."""
+        assert self._roster is not None and self._sign is not None
+        u3 = set(self.survivors)
+        if not set(b_ids) <= u3:
+            raise InconsistentView(
+                self.cid, f"self-mask shares asked of {sorted(set(b_ids) - u3)}, who are not in "
+                "the survivor set it signed"
+            )
+        if set(sk_ids) & u3:
+            raise InconsistentView(
+                self.cid, f"mask-key shares asked of {sorted(set(sk_ids) & u3)}, who are in "
+                "the survivor set it signed"
+            )
+        if not set(sigs) <= u3:
+            raise InconsistentView(self.cid, "signatures from clients outside the survivor set")
+        stmt = survivors_statement(self.session, self.round, self.survivors)
+        valid = 0
+        for v in sorted(sigs):
+            if self.pinned is not None:
+                if v not in self.pinned:
+                    raise InconsistentView(self.cid, f"signature of client {v}, who is not pinned")
+                key = self.pinned[v]
+            elif v == self.cid:
+                key = sign_public(self._sign)
+            elif v in self._roster.signing:
+                key = self._roster.signing[v][0]
+            else:  # unpinned non-neighbour: no key to check it against, so it proves nothing
+                continue
+            if not verify_signature(key, sigs[v], stmt):
+                raise InconsistentView(
+                    self.cid, f"the signature of client {v} does not verify on the survivor set "
+                    "this client was shown (the server showed different survivor sets, or "
+                    "altered the signature)"
+                )
+            valid += 1
+        need = self._roster.share_threshold
+        if self.pinned is not None and self.threshold is not None:
+            need = max(need, self.threshold)
+        if valid < need:
+            raise InconsistentView(
+                self.cid, f"{valid} valid signatures on its survivor set, {need} needed"
+            )
+
     def unmask(self, request_msg: bytes) -> bytes:
         """Stage 4: answer the server's UNMASK_REQUEST with the requested shares.
 
@@ -289,8 +460,10 @@ class Client:
         """
         if self.stage == "unmasked":
             raise ReplayedMessage(f"client {self.cid}: already answered an unmasking request")
-        self._expect("masked", "unmasked")
-        b_ids, sk_ids = wire.parse_unmask_request(self._open(request_msg, MsgType.UNMASK_REQUEST))
+        self._expect("signed", "unmasked")
+        b_ids, sk_ids, sigs = wire.parse_unmask_request(
+            self._open(request_msg, MsgType.UNMASK_REQUEST)
+        )
         both = tuple(sorted(set(b_ids) & set(sk_ids)))
         if both:
             raise UnmaskingRefused(
@@ -305,6 +478,7 @@ class Client:
         missing = tuple(sorted(v for v in [*b_ids, *sk_ids] if v not in self._held))
         if missing:
             raise UnmaskingRefused(self.cid, missing, "no share of these peers is held")
+        self._check_consistency(b_ids, sk_ids, sigs)
         self.stage = "unmasked"
         body = wire.unmask_response_body(
             {v: self._held[v][0] for v in b_ids}, {v: self._held[v][1] for v in sk_ids}

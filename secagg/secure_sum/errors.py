@@ -55,3 +55,57 @@ class UnmaskingRefused(ProtocolError):
 
 class StageOrderError(ProtocolError):
     """A party was asked to run a protocol stage out of order (or twice)."""
+
+
+class UnsafeThreshold(ProtocolError):
+    """A ROSTER asks a client to share its secrets with a threshold that would let a malicious
+    server rebuild both of them: t_k must exceed half the holders, so that no two disjoint
+    groups of t_k holders (one asked for self-mask shares, one for mask-key shares) exist.
+
+    Attributes:
+        client: the refusing client.
+        share_threshold: the t_k the roster announced.
+        holders: how many parties would hold a share (the listed neighbours and the client).
+    """
+
+    def __init__(self, client: int, share_threshold: int, holders: int) -> None:
+        self.client = client
+        self.share_threshold = share_threshold
+        self.holders = holders
+        super().__init__(
+            f"client {client}: ROSTER share threshold {share_threshold} with {holders} holders "
+            f"is unsafe; it must be more than half the holders (>= {holders // 2 + 1}), or a "
+            "malicious server can rebuild both the self-mask seed and the mask key"
+        )
+
+
+class RejectedKey(ProtocolError):
+    """The server refused a client's ADVERTISE: a low-order X25519 key, a key another client
+    already advertised, the same key twice, or a bad signature. The client is dropped from the
+    session; the others go on.
+
+    Attributes:
+        client: the refused client.
+        reason: what is wrong with its keys.
+    """
+
+    def __init__(self, client: int, reason: str) -> None:
+        self.client = client
+        self.reason = reason
+        super().__init__(f"ADVERTISE of client {client} refused: {reason}")
+
+
+class InconsistentView(ProtocolError):
+    """The consistency round failed at a client: the server showed it a survivor set that
+    the other clients did not sign (an equivocating server), too few valid signatures, or an
+    unmasking request that contradicts the survivor set. The client releases no share.
+
+    Attributes:
+        client: the aborting client.
+        reason: what did not check out.
+    """
+
+    def __init__(self, client: int, reason: str) -> None:
+        self.client = client
+        self.reason = reason
+        super().__init__(f"client {client} aborts before unmasking: {reason}")

@@ -30,20 +30,44 @@ def auto_degree(n: int) -> int:
     return min(n - 1, 2 * math.ceil(2 * math.log2(n)))
 
 
-def resolve_threshold(threshold: float | int, n: int) -> int:
-    """A threshold given as a fraction of n (float in (0, 1]) or a count (int), as a count.
+def check_threshold(threshold: float | int) -> None:
+    """Validate a threshold's type and range without a cohort: a fraction in (1/2, 1] or an
+    integer count >= 2.
 
-    The result is at least 2 (one share alone must never reveal a secret) and at most n.
+    A threshold of at most half is refused: with t <= n/2 a malicious server can ask one
+    half of a client's share holders for its self-mask shares and the other half for its
+    mask-key shares, and unmask that client's input.
     """
-    if isinstance(threshold, bool):
-        raise ConfigurationError("threshold must be a fraction in (0, 1] or an integer count")
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise ConfigurationError("threshold must be a fraction in (1/2, 1] or an integer count")
     if isinstance(threshold, int):
         if threshold < 2:
             raise ConfigurationError(f"threshold count must be >= 2, got {threshold}")
+        return
+    if not 0.5 < float(threshold) <= 1.0:
+        raise ConfigurationError(
+            f"threshold fraction must be in (1/2, 1], got {threshold}: at most half lets a "
+            "malicious server split a client's share holders into two groups and unmask it; "
+            "use e.g. 0.7"
+        )
+
+
+def resolve_threshold(threshold: float | int, n: int) -> int:
+    """A threshold given as a fraction of n (float in (1/2, 1]) or a count (int), as a count.
+
+    The result is at least 2 (one share alone must never reveal a secret), more than n/2
+    (see :func:`check_threshold`; a count of at most n/2 is refused) and, for a fraction, at
+    most n.
+    """
+    check_threshold(threshold)
+    if isinstance(threshold, int):
+        if 2 * threshold <= n:
+            raise ConfigurationError(
+                f"threshold count {threshold} is at most half the cohort of {n}: a malicious "
+                f"server could unmask a client; use a count above {n // 2}"
+            )
         return threshold
-    if not 0.0 < float(threshold) <= 1.0:
-        raise ConfigurationError(f"threshold fraction must be in (0, 1], got {threshold}")
-    return min(max(2, math.ceil(float(threshold) * n - 1e-9)), max(n, 2))
+    return min(max(2, n // 2 + 1, math.ceil(float(threshold) * n - 1e-9)), max(n, 2))
 
 
 @dataclass(frozen=True)
@@ -146,5 +170,5 @@ def build(
     nb = harary(ids, deg, random.Random(seed) if seed is not None else None)
     real_k = len(next(iter(nb.values())))
     frac = float(threshold) if isinstance(threshold, float) else t / n
-    tk = min(real_k + 1, max(2, math.ceil(frac * (real_k + 1) - 1e-9)))
+    tk = min(real_k + 1, max(2, (real_k + 1) // 2 + 1, math.ceil(frac * (real_k + 1) - 1e-9)))
     return Graph("harary", real_k, t, tk, nb)

@@ -3,8 +3,12 @@
 Each client holds two X25519 key pairs (Bonawitz et al. 2017): ``enc`` for the channel keys
 that encrypt its Shamir shares, and ``mask`` for the pairwise mask keys. They must differ: the
 mask private key is revealed to the server when the client drops out, which must not open its
-share ciphertexts. Every derived key goes through HKDF-SHA256 with the session id as salt and
-an ``info`` string that binds the purpose, the round and the two party ids (domain separation).
+share ciphertexts. A third key, Ed25519 (``sign``), signs the client's advertised X25519 keys
+and, in the consistency round, the survivor set it was shown (Bonawitz et al.'s active-security
+variant); it protects against a malicious server only where the verifier knows the signer's
+public key from outside the protocol (pinned keys, a PKI). Every derived key goes through
+HKDF-SHA256 with the session id as salt and an ``info`` string that binds the purpose, the
+round and the two party ids (domain separation).
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from secagg.secure_sum.errors import MalformedMessage
 
 KEY_BYTES = 32
+SIGNATURE_BYTES = 64
 _DOMAIN = b"secagg/secure-sum/v1"
 
 PURPOSE_SHARE_KEY = b"share-aead-key"
@@ -68,9 +75,72 @@ def agree(private: X25519PrivateKey | bytes, peer_public: bytes) -> bytes:
     if isinstance(private, bytes | bytearray):
         private = X25519PrivateKey.from_private_bytes(bytes(private))
     try:
-        return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+        shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     except ValueError as exc:  # all-zero shared secret: low-order public key
-        raise MalformedMessage(f"unusable X25519 public key ({exc})") from None
+        raise MalformedMessage(
+            f"unusable X25519 public key: a low-order point ({exc})"
+        ) from None
+    if shared == bytes(KEY_BYTES):  # a backend that returns the all-zero secret
+        raise MalformedMessage("unusable X25519 public key: all-zero shared secret (low order)")
+    return shared
+
+
+_PROBE = X25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+
+
+def is_low_order(public: bytes) -> bool:
+    """True when a raw X25519 public key lies in the small-order subgroup (order 1, 2, 4 or 8,
+    on the curve or its twist, in any encoding): X25519 clamps every scalar to a multiple of
+    the cofactor 8, so such a point gives the all-zero shared secret with ANY private key and
+    the pairwise secret would be public. Checked by one exchange with a fixed scalar."""
+    if len(public) != KEY_BYTES:
+        return True
+    try:
+        return _PROBE.exchange(X25519PublicKey.from_public_bytes(public)) == bytes(KEY_BYTES)
+    except ValueError:
+        return True
+
+
+def signing_key(rand: Callable[[int], bytes] | None = None) -> Ed25519PrivateKey:
+    """A fresh Ed25519 signing key from the OS CSPRNG (or from ``rand``, for tests)."""
+    if rand is None or rand is os.urandom:
+        return Ed25519PrivateKey.generate()
+    return Ed25519PrivateKey.from_private_bytes(rand(32))
+
+
+def verify_signature(public: bytes, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is a valid Ed25519 signature of ``message`` under the raw 32-byte
+    ``public`` key (an undecodable key or signature counts as invalid)."""
+    if len(public) != KEY_BYTES or len(signature) != SIGNATURE_BYTES:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def sign_public(key: Ed25519PrivateKey) -> bytes:
+    """Raw 32-byte encoding of an Ed25519 private key's public key."""
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def advertise_statement(session: bytes, round: int, cid: int, enc: bytes, mask: bytes) -> bytes:
+    """What a client signs at ADVERTISE: its two X25519 public keys, bound to the session,
+    the round and its id (a verifier holding the client's pinned Ed25519 key then knows the
+    keys in a ROSTER are that client's, not the server's)."""
+    head = struct.pack(">QI", round & (2**64 - 1), cid)
+    return _DOMAIN + b"|advertise|" + session + head + enc + mask
+
+
+def survivors_statement(
+    session: bytes, round: int, survivors: list[int] | tuple[int, ...]
+) -> bytes:
+    """What a client signs in the consistency round: the survivor set U3 it was shown (the
+    clients whose masked input the server says it holds), bound to the session and round."""
+    ids = sorted(survivors)
+    body = struct.pack(f">QI{len(ids)}I", round & (2**64 - 1), len(ids), *ids)
+    return _DOMAIN + b"|survivors|" + session + body
 
 
 @dataclass(frozen=True)

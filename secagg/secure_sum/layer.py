@@ -5,6 +5,14 @@ Each client's additive fields are encoded with one fixed-point plan
 smallest whole number of bytes that holds the cohort's sum (at most ``ring_bits``), so the
 masked vector costs ``ceil(k/8)`` bytes per value on the wire. The vectors are summed by the
 secure-sum protocol (:mod:`secagg.secure_sum.protocol`) and the server decodes only the sum.
+
+Server model. Without pinned keys the layer protects the inputs against an honest-but-curious
+server (and a minority of colluding clients). With ``identities`` (each simulated client's
+long-term Ed25519 key, whose public halves every client pins -- in a deployment, a PKI) it
+follows Bonawitz et al.'s active variant: clients check that every roster key is signed by its
+owner, refuse share thresholds of at most half the holders, and release shares only after a
+consistency round proves that enough clients signed the same survivor set, so an actively
+malicious server (colluding with fewer than 2t - n clients) learns no individual input.
 """
 
 from __future__ import annotations
@@ -15,12 +23,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secagg.encoding import FixedPoint, plan, plan_ring_bits
 from secagg.errors import ConfigurationError, InadmissibleField
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
-from secagg.secure_sum.graph import GraphKind, resolve_threshold
+from secagg.secure_sum.graph import GraphKind, check_threshold, resolve_threshold
 from secagg.secure_sum.protocol import SessionReport, run_secure_sum
 
 
@@ -59,6 +68,10 @@ class SecureSum(Layer):
         precision: quantisation step target for float fields.
         ring_bits: the largest ring Z_{2^k} to use (2..64); the layer uses the smallest whole
             number of bytes that holds the cohort's sum, up to this.
+        identities: client id -> its long-term Ed25519 private key (the simulated clients'
+            identity keys; every client pins the public halves). None: fresh keys per session,
+            nothing pinned -- then the layer is secure against an honest-but-curious server
+            only (see the module docstring).
     """
 
     name: ClassVar[str] = "secure-sum"
@@ -70,8 +83,13 @@ class SecureSum(Layer):
         k: int | None = None,
         precision: float = 1e-9,
         ring_bits: int = 64,
+        identities: Mapping[int, Ed25519PrivateKey] | None = None,
     ) -> None:
-        resolve_threshold(threshold, 100)  # validates the type and range
+        check_threshold(threshold)
+        if identities is not None and not all(
+            isinstance(k, Ed25519PrivateKey) for k in identities.values()
+        ):
+            raise ConfigurationError("identities must map client ids to Ed25519 private keys")
         if graph not in ("complete", "harary", "auto"):
             raise ConfigurationError(f"graph must be 'complete', 'harary' or 'auto', got {graph!r}")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -87,17 +105,19 @@ class SecureSum(Layer):
         self.k = k
         self.precision = float(precision)
         self.ring_bits = ring_bits
+        self.identities = dict(identities) if identities is not None else None
         self.last_report: SessionReport | None = None
 
     def describe(self) -> dict[str, Any]:
         """Name and parameters."""
         return {"name": self.name, "threshold": self.threshold, "graph": self.graph,
-                "k": self.k, "precision": self.precision, "ring_bits": self.ring_bits}
+                "k": self.k, "precision": self.precision, "ring_bits": self.ring_bits,
+                "pinned_identities": self.identities is not None}
 
     def dropout_stages(self) -> tuple[str, ...]:
-        """The protocol's four rounds: key advertisement, share exchange, masked input and
-        unmasking."""
-        return ("advertise", "share", "masked-input", "unmask")
+        """The protocol's five rounds: key advertisement, share exchange, masked input, the
+        consistency check and unmasking."""
+        return ("advertise", "share", "masked-input", "consistency", "unmask")
 
     def min_survivors(self, n: int) -> int:
         """The fewest contributors a run over a cohort of n can return a sum for (t)."""
@@ -150,6 +170,7 @@ class SecureSum(Layer):
             plaintext_bytes=sum(fields.values()), fields=fields,
             upload_costs={u: (float(getattr(up, "cpu_s", 0.0)), float(getattr(up, "flops", 0.0)))
                           for u, up in uploads.items()},
+            identities=self.identities,
         )
         self.last_report = report
         sums = {
@@ -162,6 +183,8 @@ class SecureSum(Layer):
             "share_threshold": report.graph.share_threshold,
             "live": dict(report.live), "excluded": list(report.excluded),
             "scale_bits": {n: p.scale_bits for n, p in plans.items()},
+            "refused": dict(report.refused),
+            "server_model": "active (pinned keys)" if report.pinned else "honest-but-curious",
         }}
         return Aggregate(phase=ctx.phase, round=ctx.round, sums=sums, values={},
                          contributors=report.contributors, notes=notes)
@@ -182,6 +205,7 @@ class SecureSum(Layer):
             SecureSumAborted: too few clients stayed live at some stage.
         """
         report = run_secure_sum(vectors, ring_bits, ctx, threshold=self.threshold,
-                                graph=self.graph, k=self.k, label=label)
+                                graph=self.graph, k=self.k, label=label,
+                                identities=self.identities)
         self.last_report = report
         return report.total, report.contributors

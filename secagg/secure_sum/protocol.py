@@ -1,8 +1,9 @@
 """Running one secure-sum session: the clients and the server exchange real bytes.
 
-:func:`run_secure_sum` plays the four stages of Bonawitz et al. (2017) -- advertise keys,
-share keys, masked input collection, unmasking -- between :class:`~secagg.secure_sum.client.
-Client` objects and a :class:`~secagg.secure_sum.server.Server`, in one process. At each stage
+:func:`run_secure_sum` plays the five stages of Bonawitz et al. (2017), active variant --
+advertise keys, share keys, masked input collection, consistency check, unmasking --
+between :class:`~secagg.secure_sum.client.Client` objects and a
+:class:`~secagg.secure_sum.server.Server`, in one process. At each stage
 it asks ``ctx.dropouts.survivors(stage, ...)`` who stays live, books one ledger row per message
 with its true wire size and the CPU seconds each side spent on it, and transcripts what the
 server saw: each masked vector (form "masked"), then the unmasked sum (form "clear",
@@ -23,11 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secagg.errors import ConfigurationError, ProtocolError
 from secagg.secure_sum import wire
 from secagg.secure_sum.client import Client
 from secagg.secure_sum.graph import Graph, GraphKind, build
+from secagg.secure_sum.keys import sign_public
 from secagg.secure_sum.prg import SeededEntropy
 from secagg.secure_sum.server import Server
 
@@ -47,6 +50,9 @@ class SessionReport:
         live: stage -> live clients the server counted when closing it.
         excluded: clients excluded because an honest client rejected their share.
         failures: (stage, client, error text) for every message that could not be processed.
+        refused: client -> why the server refused its ADVERTISE (it was left out).
+        pinned: whether the clients checked keys and signatures against pinned keys (the
+            run then resists an actively malicious server; see :mod:`.client`).
         bytes_up, bytes_down: wire bytes per client, sent and received.
         client_cpu_s: CPU seconds per client; server_cpu_s: the server's total.
     """
@@ -58,6 +64,8 @@ class SessionReport:
     live: dict[str, int]
     excluded: tuple[int, ...]
     failures: list[tuple[str, int, str]] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    pinned: bool = False
     bytes_up: dict[int, int] = field(default_factory=dict)
     bytes_down: dict[int, int] = field(default_factory=dict)
     client_cpu_s: dict[int, float] = field(default_factory=dict)
@@ -81,6 +89,7 @@ def run_secure_sum(
     graph_seed: int | None = None,
     entropy_seed: int | None = None,
     tamper: Tamper | None = None,
+    identities: Mapping[int, Ed25519PrivateKey] | None = None,
 ) -> SessionReport:
     """Run one secure-sum session over already-encoded vectors.
 
@@ -103,6 +112,10 @@ def run_secure_sum(
             session id) a deterministic function of this seed -- for reproducible experiments
             and tests only; None (the default) uses the OS CSPRNG.
         tamper: fault injection on every delivered message (tests).
+        identities: client -> its long-term Ed25519 key (simulated clients' private keys);
+            every client then pins all the cohort's public keys and checks the roster's keys
+            and the consistency signatures against them. None: per-session keys, nothing
+            pinned (secure against an honest-but-curious server only).
 
     Raises:
         SecureSumAborted: fewer than the threshold stayed live at some stage.
@@ -126,9 +139,19 @@ def run_secure_sum(
         def entropy_of(u: int) -> Callable[[int], bytes]:
             return SeededEntropy(entropy_seed, u)
     rnd = int(ctx.round)
+    pins = None
+    if identities is not None:
+        missing = [u for u in cohort if u not in identities]
+        if missing:
+            raise ConfigurationError(
+                f"identities: clients {missing[:5]} have no Ed25519 key; pinning needs one for "
+                "every client of the cohort"
+            )
+        pins = {u: sign_public(identities[u]) for u in cohort}
     server = Server(session, rnd, g, ring_bits, length)
     segs = dict(segments) if segments is not None else {label: slice(0, length)}
-    report = SessionReport(np.zeros(0, np.uint64), (), g, ring_bits, server.live, ())
+    report = SessionReport(np.zeros(0, np.uint64), (), g, ring_bits, server.live, (),
+                           refused=server.refused, pinned=pins is not None)
     up = report.bytes_up
     down = report.bytes_down
     cpu = report.client_cpu_s
@@ -181,7 +204,11 @@ def run_secure_sum(
 
     # ---- stage 1: advertise keys
     stage = "advertise"
-    clients = {u: Client(u, session, rnd, entropy_of(u)) for u in cohort}
+    clients = {u: Client(u, session, rnd, entropy_of(u), threshold=g.threshold, length=length,
+                         ring_bits=ring_bits, pinned=pins,
+                         min_holders=g.threshold if g.kind == "complete" else None,
+                         signing=identities[u] if identities is not None else None)
+               for u in cohort}
     for u in ctx.dropouts.survivors(stage, cohort):
         msg, dt = client_step(u, clients[u].advertise)
         if msg is not None:
@@ -227,9 +254,20 @@ def run_secure_sum(
                 part = y[sl]
                 ctx.observe("server", u, stage, name, "masked", part,
                             nbytes=int(part.size) * word_bytes)
-    requests, dt_close = timed(server.close_masked)
+    survivors, dt_close = timed(server.close_masked)
 
-    # ---- stage 4: unmasking
+    # ---- stage 4: consistency check (each survivor signs the survivor set it was shown)
+    stage = "consistency"
+    inbox = to_clients(survivors, dt_close)
+    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
+        if inbox[u] is None:
+            continue
+        msg, dt = client_step(u, clients[u].sign_survivors, inbox[u])
+        if msg is not None:
+            to_server(u, msg, server.receive_signature, dt)
+    requests, dt_close = timed(server.close_consistency)
+
+    # ---- stage 5: unmasking
     stage = "unmask"
     inbox = to_clients(requests, dt_close)
     for u in ctx.dropouts.survivors(stage, sorted(inbox)):

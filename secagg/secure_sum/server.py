@@ -14,6 +14,14 @@ What the server needs to remove, with L = contributors (masked input arrived, no
   with v's mask private key rebuilt from t_k shares.
 
 It never asks one client for both kinds of share of the same peer (honest clients refuse).
+
+At ADVERTISE the server refuses (drops, recording why in :attr:`Server.refused`) a client whose
+keys cannot be used safely -- a low-order X25519 point, a key another client already
+advertised, the same key for both purposes, a bad signature -- so one bad client cannot abort
+the session for everyone. Between masked input and unmasking it runs the consistency round:
+it shows the survivor set U3 to every member, collects their Ed25519 signatures of it, and
+forwards them all with each unmasking request (clients check them, see
+:mod:`secagg.secure_sum.client`).
 Every rebuilt secret is verified before use (a mask key against its advertised public key, a
 seed against its owner's commitment; another t_k-subset of shares is tried on a mismatch), and
 every masked vector against its integrity tag, so a corrupted message ends in a
@@ -32,22 +40,32 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from secagg.errors import ProtocolError, SecureSumAborted
 from secagg.secure_sum import shamir, wire
 from secagg.secure_sum.client import commit_seed, masked_tag
-from secagg.secure_sum.errors import MisaddressedMessage, ReplayedMessage, StageOrderError
+from secagg.secure_sum.errors import (
+    MalformedMessage,
+    MisaddressedMessage,
+    RejectedKey,
+    ReplayedMessage,
+    StageOrderError,
+)
 from secagg.secure_sum.graph import Graph
 from secagg.secure_sum.keys import (
     PURPOSE_PAIR_MASK,
     PURPOSE_SELF_MASK,
+    advertise_statement,
     agree,
     derive,
+    is_low_order,
     pair,
     public_bytes,
+    survivors_statement,
+    verify_signature,
 )
 from secagg.secure_sum.prg import MaskAccumulator, word_dtype
 from secagg.secure_sum.wire import SERVER_ID, MsgType
 
 _K = shamir.CHUNKS_PER_KEY
 
-STAGES = ("advertise", "share", "masked-input", "unmask")
+STAGES = ("advertise", "share", "masked-input", "consistency", "unmask")
 
 
 class Server:
@@ -72,6 +90,11 @@ class Server:
         self.cohort = frozenset(graph.neighbours)
         self.stage = "advertise"
         self.keys: dict[int, tuple[bytes, bytes]] = {}
+        self.signing: dict[int, tuple[bytes, bytes]] = {}
+        self.refused: dict[int, str] = {}
+        self._key_owner: dict[bytes, int] = {}
+        self.survivors: tuple[int, ...] = ()
+        self.signatures: dict[int, bytes] = {}
         self.u2: set[int] = set()
         self._shares: dict[int, dict[int, bytes]] = {}
         self.forwarded: dict[int, set[int]] = {}
@@ -110,13 +133,36 @@ class Server:
     # ------------------------------------------------------------ advertise
 
     def receive_advertise(self, data: bytes) -> int:
-        """Take one ADVERTISE message; returns its sender."""
+        """Take one ADVERTISE message; returns its sender.
+
+        Raises:
+            RejectedKey: the keys cannot be used safely (low-order point, a key already
+                advertised by another client or twice by this one, bad signature); the client
+                is left out of the session (recorded in :attr:`refused`), the others go on.
+        """
         self._expect("advertise")
         u, body = self._open(data, MsgType.ADVERTISE)
-        if u in self.keys:
+        if u in self.keys or u in self.refused:
             raise ReplayedMessage(f"second ADVERTISE from client {u}")
-        enc, msk = wire.parse_advertise(body)
+        enc, msk, spk, sig = wire.parse_advertise(body)
+        reason = ""
+        if is_low_order(enc) or is_low_order(msk):
+            reason = "a low-order X25519 public key (its shared secrets would be public)"
+        elif enc == msk:
+            reason = "the same X25519 key for share encryption and masking"
+        elif any(k in self._key_owner for k in (enc, msk, spk)):
+            owner = next(self._key_owner[k] for k in (enc, msk, spk) if k in self._key_owner)
+            reason = f"a copy of client {owner}'s public key"
+        elif not verify_signature(spk, sig, advertise_statement(self.session, self.round, u,
+                                                                 enc, msk)):
+            reason = "the signature over its keys does not verify"
+        if reason:
+            self.refused[u] = reason
+            raise RejectedKey(u, reason)
         self.keys[u] = (enc, msk)
+        self.signing[u] = (spk, sig)
+        for k in (enc, msk, spk):
+            self._key_owner[k] = u
         return u
 
     def close_advertise(self) -> dict[int, bytes]:
@@ -129,7 +175,8 @@ class Server:
         for u in sorted(live):
             nb = {v: self.keys[v] for v in self.graph.neighbours[u] if v in live}
             body = wire.roster_body(self.round, self.ring_bits, self.length,
-                                    self.graph.share_threshold, nb)
+                                    self.graph.share_threshold, nb,
+                                    {v: self.signing[v] for v in nb})
             out[u] = wire.encode(MsgType.ROSTER, self.session, SERVER_ID, u, body)
         self._rostered = {u: set(self.graph.neighbours[u]) & live for u in live}
         return out
@@ -217,22 +264,58 @@ class Server:
         return self.forwarded.get(w, set()) - self.rejected.get(w, set())
 
     def close_masked(self) -> dict[int, bytes]:
-        """Close stage 3; returns the UNMASK_REQUEST for each contributor."""
+        """Close stage 3; returns the SURVIVORS message (U3, the contributors) for each
+        contributor."""
         self._expect("masked-input")
         live = self.contributors
         self._check("masked-input", live)
+        self.stage = "consistency"
+        self.survivors = tuple(sorted(live))
+        body = wire.ids_body(self.survivors)
+        return {w: wire.encode(MsgType.SURVIVORS, self.session, SERVER_ID, w, body)
+                for w in self.survivors}
+
+    # ------------------------------------------------------------ consistency
+
+    def receive_signature(self, data: bytes) -> int:
+        """Take one SIGNATURE (a survivor's Ed25519 signature of U3); returns its sender.
+
+        Raises:
+            MalformedMessage: the signature does not verify under the sender's advertised key
+                (the sender is then left out of the unmasking, as if it had dropped).
+        """
+        self._expect("consistency")
+        u, body = self._open(data, MsgType.SIGNATURE)
+        if u in self.signatures:
+            raise ReplayedMessage(f"second SIGNATURE from client {u}")
+        if u not in self.survivors:
+            raise MisaddressedMessage(f"SIGNATURE from {u}, who is not a survivor")
+        sig = wire.parse_signature(body)
+        stmt = survivors_statement(self.session, self.round, self.survivors)
+        if not verify_signature(self.signing[u][0], sig, stmt):
+            raise MalformedMessage(f"SIGNATURE from {u} does not verify on the survivor set")
+        self.signatures[u] = sig
+        return u
+
+    def close_consistency(self) -> dict[int, bytes]:
+        """Close the consistency round; returns the UNMASK_REQUEST (with every collected
+        signature) for each survivor that signed."""
+        self._expect("consistency")
+        signers = set(self.signatures)
+        self._check("consistency", signers)
         self.stage = "unmask"
+        live = set(self.survivors)
         self.dropped = {
             v for v in self.u2 - live if any(v in self.accepted_by(w) for w in live)
         }
         out = {}
-        for w in sorted(live):
+        for w in sorted(signers):
             acc = self.accepted_by(w)
             b_ids = {u for u in live if u == w or u in acc}
             sk_ids = {v for v in self.dropped if v in acc}
             self.requests[w] = (b_ids, sk_ids)
             out[w] = wire.encode(MsgType.UNMASK_REQUEST, self.session, SERVER_ID, w,
-                                 wire.unmask_request_body(b_ids, sk_ids))
+                                 wire.unmask_request_body(b_ids, sk_ids, self.signatures))
         return out
 
     # ------------------------------------------------------------ unmask

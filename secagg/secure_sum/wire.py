@@ -11,9 +11,11 @@ typed :class:`~secagg.errors.ProtocolError` subclass from :mod:`secagg.secure_su
 
 Bodies:
 
-* ADVERTISE (client -> server): enc public key (32) | mask public key (32)
+* ADVERTISE (client -> server): enc public key (32) | mask public key (32) | Ed25519 public
+  key (32) | Ed25519 signature (64) of :func:`~secagg.secure_sum.keys.advertise_statement`
 * ROSTER (server -> client): round u64 | ring_bits u8 | length u32 | t_k u32 | count u32 |
-  count x (id u32 | enc pk 32 | mask pk 32)  -- the client's live neighbours
+  count x (id u32 | enc pk 32 | mask pk 32 | signing pk 32 | ADVERTISE signature 64)
+  -- the client's live neighbours
 * SHARES (client -> server): commitment to b_u (32) | count u32 |
   count x (receiver u32 | AEAD ciphertext 112)
 * FORWARD (server -> client): count u32 | count x (sender u32 | AEAD ciphertext 112)
@@ -22,8 +24,13 @@ Bodies:
   bytes (little-endian ring elements, packed); tag = HMAC-SHA256 under a key derived from
   b_u of SHA-256(packed bytes): the server checks it once it has rebuilt b_u, so a vector
   altered in transit is detected (the server hashes on receipt and keeps only the digest)
-* UNMASK_REQUEST (server -> client): nb u32 | nb x id | ns u32 | ns x id  -- peers whose
-  self-mask share, resp. mask-key shares, are requested
+* SURVIVORS (server -> client): count u32 | count x (id u32)  -- U3, the clients whose
+  masked input the server holds (the consistency round)
+* SIGNATURE (client -> server): Ed25519 signature (64) of
+  :func:`~secagg.secure_sum.keys.survivors_statement` over the SURVIVORS it received
+* UNMASK_REQUEST (server -> client): nb u32 | nb x id | ns u32 | ns x id | nsig u32 |
+  nsig x (id u32 | signature 64)  -- peers whose self-mask share, resp. mask-key shares, are
+  requested, and the consistency signatures the server collected
 * UNMASK_RESPONSE (client -> server): nb u32 | nb x (id | 1 element) | ns u32 |
   ns x (id | 3 elements); an element is 16 bytes
 """
@@ -46,12 +53,13 @@ from secagg.secure_sum.prg import word_dtype
 from secagg.secure_sum.shamir import CHUNKS_PER_KEY, ELEMENT_BYTES
 
 MAGIC = b"SS"
-VERSION = 1
+VERSION = 2
 SERVER_ID = 0xFFFFFFFF
 SESSION_BYTES = 16
 HEADER = struct.Struct(">2sBB16sIII")
 HEADER_BYTES = HEADER.size
 KEY_BYTES = 32
+SIGNATURE_BYTES = 64
 SHARE_PLAINTEXT_BYTES = ELEMENT_BYTES * CHUNKS_PER_KEY * 2
 """b_u as 3 elements and the mask private key as 3 elements (6 x 16 bytes)."""
 TAG_BYTES = 16
@@ -72,6 +80,8 @@ class MsgType(IntEnum):
     MASKED = 6
     UNMASK_REQUEST = 7
     UNMASK_RESPONSE = 8
+    SURVIVORS = 9
+    SIGNATURE = 10
 
 
 @dataclass(frozen=True)
@@ -205,17 +215,20 @@ def _ids(raw: memoryview, n: int, what: str) -> list[int]:
 # ---------------------------------------------------------------- bodies
 
 
-def advertise_body(enc_pk: bytes, mask_pk: bytes) -> bytes:
+def advertise_body(enc_pk: bytes, mask_pk: bytes, sign_pk: bytes, signature: bytes) -> bytes:
     """ADVERTISE body."""
-    return enc_pk + mask_pk
+    if len(sign_pk) != KEY_BYTES or len(signature) != SIGNATURE_BYTES:
+        raise ValueError("Ed25519 keys are 32 bytes and signatures 64")
+    return enc_pk + mask_pk + sign_pk + signature
 
 
-def parse_advertise(body: memoryview) -> tuple[bytes, bytes]:
-    """(enc public key, mask public key)."""
+def parse_advertise(body: memoryview) -> tuple[bytes, bytes, bytes, bytes]:
+    """(enc public key, mask public key, signing public key, signature)."""
     r = Reader(body, "ADVERTISE")
     enc, msk = bytes(r.take(KEY_BYTES)), bytes(r.take(KEY_BYTES))
+    spk, sig = bytes(r.take(KEY_BYTES)), bytes(r.take(SIGNATURE_BYTES))
     r.done()
-    return enc, msk
+    return enc, msk, spk, sig
 
 
 @dataclass(frozen=True)
@@ -227,15 +240,24 @@ class Roster:
     length: int
     share_threshold: int
     keys: dict[int, tuple[bytes, bytes]]
+    signing: dict[int, tuple[bytes, bytes]]
+    """neighbour -> (its Ed25519 public key, its signature over its ADVERTISE keys)"""
 
 
 def roster_body(
-    round: int, ring_bits: int, length: int, tk: int, keys: dict[int, tuple[bytes, bytes]]
+    round: int,
+    ring_bits: int,
+    length: int,
+    tk: int,
+    keys: dict[int, tuple[bytes, bytes]],
+    signing: dict[int, tuple[bytes, bytes]],
 ) -> bytes:
-    """ROSTER body."""
+    """ROSTER body: ``keys`` (enc, mask) and ``signing`` (public key, ADVERTISE signature)
+    per neighbour."""
     parts = [struct.pack(">QBIII", round & (2**64 - 1), ring_bits, length, tk, len(keys))]
     for v in sorted(keys):
-        parts.append(struct.pack(">I", v) + keys[v][0] + keys[v][1])
+        parts.append(struct.pack(">I", v) + keys[v][0] + keys[v][1] + signing[v][0]
+                     + signing[v][1])
     return b"".join(parts)
 
 
@@ -245,15 +267,17 @@ def parse_roster(body: memoryview) -> Roster:
     rnd, rb, length, tk = r.u64(), r.u8(), r.u32(), r.u32()
     if not 1 <= rb <= 64:
         raise MalformedMessage(f"ROSTER: ring_bits {rb} outside 1..64")
-    n = r.count(4 + 2 * KEY_BYTES)
+    n = r.count(4 + 3 * KEY_BYTES + SIGNATURE_BYTES)
     keys: dict[int, tuple[bytes, bytes]] = {}
+    signing: dict[int, tuple[bytes, bytes]] = {}
     for _ in range(n):
         v = r.u32()
         if v in keys or v > MAX_ID:
             raise MalformedMessage("ROSTER: repeated or invalid client id")
         keys[v] = (bytes(r.take(KEY_BYTES)), bytes(r.take(KEY_BYTES)))
+        signing[v] = (bytes(r.take(KEY_BYTES)), bytes(r.take(SIGNATURE_BYTES)))
     r.done()
-    return Roster(rnd, rb, length, tk, keys)
+    return Roster(rnd, rb, length, tk, keys, signing)
 
 
 def ciphertexts_body(entries: dict[int, bytes]) -> bytes:
@@ -365,21 +389,49 @@ def parse_masked(
     return tag, raw, out
 
 
-def unmask_request_body(b_ids: set[int] | list[int], sk_ids: set[int] | list[int]) -> bytes:
-    """UNMASK_REQUEST body."""
+def unmask_request_body(
+    b_ids: set[int] | list[int],
+    sk_ids: set[int] | list[int],
+    signatures: dict[int, bytes] | None = None,
+) -> bytes:
+    """UNMASK_REQUEST body: the requested peers and the consistency signatures (signer ->
+    64-byte signature)."""
     b, s = sorted(b_ids), sorted(sk_ids)
-    return struct.pack(f">I{len(b)}I", len(b), *b) + struct.pack(f">I{len(s)}I", len(s), *s)
+    sigs = signatures or {}
+    parts = [struct.pack(f">I{len(b)}I", len(b), *b), struct.pack(f">I{len(s)}I", len(s), *s),
+             struct.pack(">I", len(sigs))]
+    for v in sorted(sigs):
+        if len(sigs[v]) != SIGNATURE_BYTES:
+            raise ValueError("signatures are 64 bytes")
+        parts.append(struct.pack(">I", v) + sigs[v])
+    return b"".join(parts)
 
 
-def parse_unmask_request(body: memoryview) -> tuple[list[int], list[int]]:
-    """(peers whose self-mask share is asked, peers whose mask-key shares are asked)."""
+def parse_unmask_request(body: memoryview) -> tuple[list[int], list[int], dict[int, bytes]]:
+    """(peers whose self-mask share is asked, peers whose mask-key shares are asked,
+    signer -> consistency signature)."""
     r = Reader(body, "UNMASK_REQUEST")
     nb = r.count(4)
     b = _ids(r.take(4 * nb), nb, "UNMASK_REQUEST")
     ns = r.count(4)
     s = _ids(r.take(4 * ns), ns, "UNMASK_REQUEST")
+    n = r.count(4 + SIGNATURE_BYTES)
+    sigs: dict[int, bytes] = {}
+    for _ in range(n):
+        v = r.u32()
+        if v in sigs or v > MAX_ID:
+            raise MalformedMessage("UNMASK_REQUEST: repeated or invalid signer id")
+        sigs[v] = bytes(r.take(SIGNATURE_BYTES))
     r.done()
-    return b, s
+    return b, s, sigs
+
+
+def parse_signature(body: memoryview) -> bytes:
+    """Decode a SIGNATURE body (64 bytes)."""
+    r = Reader(body, "SIGNATURE")
+    sig = bytes(r.take(SIGNATURE_BYTES))
+    r.done()
+    return sig
 
 
 _B_ITEM = 4 + ELEMENT_BYTES * CHUNKS_PER_KEY
