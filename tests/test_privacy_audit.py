@@ -120,7 +120,7 @@ def _audit_release(layer, spec, world_d, world_d1, trials, cohort=None):
 
     cohort = sorted(world_d) if cohort is None else cohort
     w_in = {c: world_d[c] for c in cohort}
-    w_out = {c: world_d1[c] for c in cohort}
+    w_out = {c: world_d1[c] for c in cohort if c in world_d1}
     s_in = sum(np.asarray(u["stats"]) for u in w_in.values())
     s_out = sum(np.asarray(u["stats"]) for u in w_out.values())
     shift = float(np.linalg.norm(s_in - s_out))
@@ -172,6 +172,21 @@ def test_end_to_end_audit_fedlog_distributed_dp(fedlog_worlds):
     lb, claimed, shift = _audit_release(layer, *fedlog_worlds, trials=500,
                                         cohort=[0, 3, AUDIT_TARGET])
     assert claimed <= 2.0 + 1e-6
+    assert lb < claimed, (f"audit: epsilon >= {lb:.2f} > reported {claimed:.2f} "
+                          f"(the release moved by {shift:.1f})")
+
+
+def test_end_to_end_audit_fedlog_client_level(fedlog_worlds):
+    """Client-level adjacency: D' lacks the target client altogether."""
+    from secagg.layers import Plaintext
+    from secagg.privacy import CentralDP
+
+    spec, world_d, _ = fedlog_worlds
+    without = {c: u for c, u in world_d.items() if c != AUDIT_TARGET}
+    layer = CentralDP(Plaintext(), epsilon=2.0, delta=DELTA, rounds=1, seed=14,
+                      adjacency="client")
+    lb, claimed, shift = _audit_release(layer, spec, world_d, without, trials=300)
+    assert shift > 100  # a whole client's statistic
     assert lb < claimed, (f"audit: epsilon >= {lb:.2f} > reported {claimed:.2f} "
                           f"(the release moved by {shift:.1f})")
 
