@@ -25,9 +25,18 @@ __all__ = ["Aggregate", "Algorithm", "ClientState", "Evaluation", "Phase"]
 
 
 class Phase(ABC):
-    """One upload phase: broadcast, client step, layer, server step."""
+    """One upload phase: broadcast, client step, layer, server step.
+
+    A phase also says which of its fields are computed from model state trained on the
+    client's own records (:meth:`trained_fields`), and whether that training ran under
+    record-level DP-SGD (:meth:`trained_with_dpsgd`). The engine uses both, before the
+    first release, to refuse a record-level DP sensitivity that does not hold
+    (:func:`secagg.privacy.sensitivity.check_training_adjacency`).
+    """
 
     name: ClassVar[str] = "phase"
+    #: How the trained fields depend on the client's records (quoted when refused).
+    training_note: ClassVar[str] = ""
 
     @abstractmethod
     def spec(self) -> UploadSpec:
@@ -50,6 +59,23 @@ class Phase(ABC):
     def client_flops(self, client: ClientState) -> float:
         """Estimated FLOPs of the client's statistic (for the cost ledger); 0 if unknown."""
         return 0.0
+
+    def trained_fields(self) -> tuple[str, ...]:
+        """Fields whose value is computed from a model trained on this client's records
+        (locally in this phase, earlier, or through a global model the client's records
+        trained in earlier rounds). Removing one record changes such a model, so a
+        per-record bound on these fields is not a record-level sensitivity. Default: none."""
+        return ()
+
+    @property
+    def upload_depends_on_training(self) -> bool:
+        """True when some field of the upload depends on trained state."""
+        return bool(self.trained_fields())
+
+    def trained_with_dpsgd(self) -> bool:
+        """True when the training behind :meth:`trained_fields` ran under record-level
+        DP-SGD, whose events the run's privacy ledger composes. Default: False."""
+        return False
 
 
 class Algorithm(ABC):

@@ -345,3 +345,19 @@ class _MomentsPhase(GlobalModelPhase):
     def client_flops(self, client: ClientState) -> float:
         d = self.algo.feature_dim
         return 2.0 * client.n_records * d * (d + 1)
+
+    training_note: ClassVar[str] = (
+        "the moments are features under the final global body, which the FedAvg rounds "
+        "trained on the clients' records, this client's included")
+
+    def trained_fields(self) -> tuple[str, ...]:
+        """``sums`` and ``outer`` (features under the trained global body); ``counts`` is a
+        plain label count. The body is the broadcast, itself the output of the training
+        rounds' releases, so a record-level guarantee holds by adaptive composition exactly
+        when those releases were record-level DP, i.e. (the engine refuses the training
+        rounds otherwise) when training ran under DP-SGD."""
+        return ("sums", "outer")
+
+    def trained_with_dpsgd(self) -> bool:
+        """True when the FedAvg rounds trained under DP-SGD."""
+        return self.algo.dpsgd is not None

@@ -5,8 +5,13 @@ count) and ``weighted_params`` = n * its parameters. Both are additive, so the s
 only their sums: the new global model is sum(n_k w_k) / sum(n_k), the weighted mean.
 
 Bounds: every parameter is clamped to [-param_bound, param_bound] before upload (counted in
-the phase's ``clamped`` counter), so one record moves an entry of ``weighted_params`` by at
-most ``param_bound``; ``n`` moves by 1 per record.
+the phase's ``clamped`` counter), so a client's ``weighted_params`` has entries of at most
+``n * param_bound``, and ``n`` moves by 1 per record. Because theta is trained on the same
+records, removing one record moves every entry of ``n * theta`` (not by ``param_bound``):
+the per-record bound is a record-level sensitivity only under DP-SGD (given the DP model,
+one record adds one theta), so the engine refuses record-level DP on ``weighted_params``
+without DP-SGD; client-level DP uses ``max_records * param_bound`` with a public
+``Federation(max_records=...)``.
 
 Subclasses (FedProx, FedUV, SphereFed) override :meth:`FedAvg.build_model` and
 :meth:`FedAvg.loss_fn`.
@@ -181,6 +186,17 @@ class _TrainPhase(GlobalModelPhase):
     def dp_covered_fields(self) -> tuple[str, ...]:
         """Fields that are post-processing of DP-SGD output (when it is on)."""
         return ("weighted_params",) if self.algo.dpsgd is not None else ()
+
+    training_note: ClassVar[str] = (
+        "n * theta is the model the client just trained on these records")
+
+    def trained_fields(self) -> tuple[str, ...]:
+        """``weighted_params`` (the locally trained model); ``n`` is a plain count."""
+        return ("weighted_params",)
+
+    def trained_with_dpsgd(self) -> bool:
+        """True when local training runs under DP-SGD."""
+        return self.algo.dpsgd is not None
 
     def client_flops(self, client: ClientState) -> float:
         # forward + backward ~ 6 FLOPs per parameter per sample per epoch

@@ -292,6 +292,20 @@ class _FFCPhase(GlobalModelPhase):
         d, c = self.algo.feature_dim, self.algo.n_classes
         return 2.0 * d * client.n_records * (d + c)
 
+    training_note: ClassVar[str] = (
+        "V and U are features under the final global body, which the training rounds "
+        "trained on the clients' records, this client's included")
+
+    def trained_fields(self) -> tuple[str, ...]:
+        """``V`` and ``U``: unit-norm features bound each record's term by 1 whatever the
+        body, but the body itself moves with the client's records (see CCVR's moments
+        phase: record-level DP holds by composition only when training ran under DP-SGD)."""
+        return ("V", "U")
+
+    def trained_with_dpsgd(self) -> bool:
+        """True when the training rounds ran under DP-SGD."""
+        return self.algo.dpsgd is not None
+
 
 __all__: Sequence[str] = [
     "orthonormal_classifier",

@@ -40,7 +40,7 @@ from secagg.data import Dataset
 from secagg.errors import ConfigurationError
 from secagg.federation import derive_seed
 from secagg.layers.base import Layer
-from secagg.messages import Bound, Field, UploadSpec
+from secagg.messages import DEFAULT_MAX_RECORDS, Bound, Field, UploadSpec
 
 #: Why the embeddings cannot be securely summed (used when a layer refuses them).
 EMBEDDINGS_REASON = "TurboSVM-FL's server needs each client's class embeddings"
@@ -178,6 +178,10 @@ class TurboSVM(FedAvg):
                  server_lr: float = 1e-2, spread_out: bool = True, select: bool = True,
                  held_classes_only: bool = True, svm_max_iter: int = 50, svm_tol: float = 1e-3,
                  **kwargs: Any) -> None:
+        if kwargs.get("dpsgd") is not None:
+            raise ConfigurationError(
+                "TurboSVM does not train under DP-SGD (its local training and embeddings "
+                "are not private); drop dpsgd= or use FedAvg/FedLog with DP-SGD")
         super().__init__(local_epochs=local_epochs, lr=lr, momentum=momentum, **kwargs)
         if server_lr <= 0:
             raise ConfigurationError(f"server_lr must be positive, got {server_lr}")
@@ -193,7 +197,6 @@ class TurboSVM(FedAvg):
         self.optimizer: SpreadOut | None = None
         self.last_selection: SVMSelection | None = None
         self.last_spread_loss: float | None = None
-        self.max_records = 1
 
     def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None:
         """Build the model; split its parameters into encoder and head rows."""
@@ -205,7 +208,6 @@ class TurboSVM(FedAvg):
             raise ConfigurationError("TurboSVM needs a linear head with a bias")
         self.encoder = get_flat(self.model.body)
         self.head = self._head_rows(self.model)
-        self.max_records = max((c.n_records for c in clients), default=1)
         self.optimizer = SpreadOut(self.n_classes, self.head.shape[1], self.server_lr)
         self.last_selection = None
 
@@ -260,11 +262,13 @@ class TurboSVM(FedAvg):
         the fields as :attr:`Field.reason <secagg.messages.Field.reason>`).
 
         Call after :meth:`setup` (the spec's shapes come from the model). ``max_records``
-        defaults to the largest client seen at setup.
+        is a public bound on records per client (default
+        :data:`~secagg.messages.DEFAULT_MAX_RECORDS`, the engine's planning default; never
+        the largest client's size, which is private).
         """
         if self.encoder is None:
             raise ConfigurationError("call setup() (or run a Federation) before check_layer")
-        spec = replace(self.spec(), max_records=max_records or self.max_records)
+        spec = replace(self.spec(), max_records=max_records or DEFAULT_MAX_RECORDS)
         layer.check(spec)
 
     def client_upload(self, client: ClientState, encoder: np.ndarray, head: np.ndarray,
@@ -358,3 +362,12 @@ class _TurboPhase(Phase):
     def client_flops(self, client: ClientState) -> float:
         assert self.algo.model is not None
         return 6.0 * n_params(self.algo.model) * client.n_records * self.algo.local_epochs
+
+    training_note: ClassVar[str] = (
+        "the encoder and the class embeddings are the model the client just trained on "
+        "these records")
+
+    def trained_fields(self) -> tuple[str, ...]:
+        """The locally trained encoder and head rows; ``n`` and ``class_counts`` are
+        counts. TurboSVM trains without DP-SGD, so record-level DP is refused for these."""
+        return ("weighted_encoder", "embeddings")

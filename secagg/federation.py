@@ -26,7 +26,7 @@ from secagg.data import ClientData, Dataset, Partition
 from secagg.dropouts import DropoutModel
 from secagg.errors import BudgetExceeded, ConfigurationError, SecureSumAborted
 from secagg.layers.base import Aggregate, Layer, RoundContext
-from secagg.messages import ClipReport, Upload, UploadSpec
+from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
 from secagg.transcript import Transcript
 from secagg.wire import pack_arrays, unpack_arrays
 
@@ -226,6 +226,11 @@ class Federation:
         privacy: a privacy ledger to book DP events in (default: one from the layer, if it
             makes one).
         progress: show a progress bar (default: only on an interactive terminal, not in CI).
+        max_records: a public bound on records per client (never the largest client's
+            size, which is private). It turns record-level bounds into per-client bounds
+            for phases whose spec declares none. Without it, fixed-point planning uses
+            :data:`~secagg.messages.DEFAULT_MAX_RECORDS` and client-level DP on a
+            record-level bound is refused. A client holding more records is refused.
     """
 
     def __init__(
@@ -242,7 +247,12 @@ class Federation:
         include_values: bool = False,
         privacy: Any | None = None,
         progress: bool | None = None,
+        max_records: int | None = None,
     ) -> None:
+        if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
+            raise ConfigurationError(
+                f"max_records must be a positive integer (a public bound), got {max_records!r}"
+            )
         if not isinstance(layer, Layer):
             raise ConfigurationError(f"layer must be a secagg Layer, got {type(layer).__name__}")
         if rounds < 1:
@@ -276,6 +286,7 @@ class Federation:
         self._privacy_arg = privacy
         self.privacy = privacy
         self.progress = _progress_wanted() if progress is None else progress
+        self.max_records = max_records
 
     def _cohort(self, rng: np.random.Generator) -> list[int]:
         n = len(self.partition)
@@ -296,7 +307,7 @@ class Federation:
         ledger, transcript = Ledger(), Transcript(self.include_values)
         states = [ClientState(cd) for cd in self.partition]
         dataset = self.partition.dataset
-        max_records = max(s.n_records for s in states)
+        max_records = DEFAULT_MAX_RECORDS if self.max_records is None else self.max_records
         transcript.meta(
             algorithm=self.algorithm.describe(),
             layer=self.layer.describe(),
@@ -309,6 +320,7 @@ class Federation:
         plan = getattr(self.layer, "plan_releases", None)
         if callable(plan):  # DP layers calibrate their noise for the run's release count
             plan(sum(len(self.algorithm.phases(r, self.rounds)) for r in range(self.rounds)))
+        self._check_adjacency()
         if self.privacy is None:
             maker = getattr(self.layer, "make_privacy_ledger", None)
             self.privacy = maker() if callable(maker) else self._privacy_arg
@@ -390,6 +402,25 @@ class Federation:
             n_clients=len(states),
             wall_s=time.perf_counter() - t_start,
         )
+
+    def _check_adjacency(self) -> None:
+        """Before any round: refuse a DP sensitivity that does not hold for some phase
+        (:func:`secagg.privacy.sensitivity.check_training_adjacency`)."""
+        from secagg.privacy.sensitivity import check_training_adjacency, dp_adjacency
+
+        seen: set[tuple[Any, ...]] = set()
+        for r in range(self.rounds):
+            for phase in self.algorithm.phases(r, self.rounds):
+                trained = tuple(getattr(phase, "trained_fields", lambda: ())())
+                dpsgd = bool(getattr(phase, "trained_with_dpsgd", lambda: False)())
+                if (phase.name, trained, dpsgd) in seen:
+                    continue
+                seen.add((phase.name, trained, dpsgd))
+                spec = phase.spec()
+                check_training_adjacency(
+                    phase.name, spec, trained, dp_adjacency(self.layer, spec), dpsgd,
+                    getattr(phase, "training_note", ""),
+                    self.max_records is not None or spec.max_records is not None)
 
     def _broadcast(
         self, phase: _Phase, cohort: list[int], ctx: RoundContext

@@ -25,6 +25,12 @@ from secagg.errors import UploadError
 Adjacency = Literal["record", "client"]
 _DTYPES = ("float32", "float64", "int64")
 
+#: The public bound on records per client the engine plans fixed-point encodings with when
+#: the user gives none (``Federation(max_records=...)``). It is a constant, never a count
+#: taken from the clients' data; a client holding more records is refused. Client-level DP
+#: on a record-level bound never uses it: there the bound must be given explicitly.
+DEFAULT_MAX_RECORDS = 10_000
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -133,7 +139,9 @@ class UploadSpec:
     Args:
         fields: the fields, in order.
         max_records: a public bound on the number of records one client holds; it turns
-            record-level bounds into per-client bounds (fixed-point plans need those).
+            record-level bounds into per-client bounds (fixed-point plans need those). It
+            must not be computed from the clients' data (the largest client's size is
+            private); :meth:`Upload.validate` refuses a client holding more records.
     """
 
     fields: tuple[Field, ...]
@@ -197,7 +205,9 @@ class UploadSpec:
             if self.max_records is None:
                 raise ValueError(
                     f"field {name!r} has a record-level bound but the UploadSpec has no "
-                    "max_records, so no per-client bound can be derived"
+                    "max_records, so no per-client bound can be derived; declare a public "
+                    "bound on records per client (UploadSpec(max_records=...) or "
+                    "Federation(max_records=...))"
                 )
             out = f.bound.client_linf(self.max_records)
         else:
@@ -272,11 +282,21 @@ class Upload(Mapping[str, np.ndarray]):
         which case the value is scaled (L2) or clamped (L-inf) into the bound and the clip
         is counted in :attr:`clipped`.
 
+        A client holding more records than the spec's public ``max_records`` is refused:
+        every per-client bound derived from record-level bounds assumes it holds.
+
         Raises:
             UploadError: naming the client, the field and the problem.
         """
         if on_violation not in ("raise", "clip"):
             raise ValueError(f"on_violation must be 'raise' or 'clip', got {on_violation!r}")
+        if spec.max_records is not None and n_records > spec.max_records and spec.fields:
+            raise UploadError(
+                client, spec.fields[0].name,
+                f"the client holds {n_records} records, more than the public bound "
+                f"max_records={spec.max_records} every per-client bound is derived from; "
+                "raise max_records (a public parameter) or subsample the client's data",
+            )
         extra = set(values) - set(spec.names)
         if extra:
             raise UploadError(client, sorted(extra)[0], f"not declared in the spec {spec.names}")

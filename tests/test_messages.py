@@ -96,3 +96,15 @@ def test_spec_client_linf_and_errors():
         Bound(l2=-1.0)
     with pytest.raises(ValueError, match="duplicate"):
         UploadSpec((Field("a", (1,)), Field("a", (2,))))
+
+
+def test_a_client_above_the_public_max_records_is_refused():
+    """Per-client bounds are max_records x the record bound: a client holding more records
+    would break the ring plan and the sensitivity, so its upload is refused."""
+    vals = good(n=1)
+    Upload.validate(SPEC, vals, client=2, n_records=10)  # at the bound: fine
+    with pytest.raises(UploadError, match="11 records.*max_records=10") as info:
+        Upload.validate(SPEC, vals, client=2, n_records=11)
+    assert info.value.client == 2
+    with pytest.raises(ValueError, match=r"Federation\(max_records"):
+        UploadSpec(SPEC.fields).client_linf("stats")
