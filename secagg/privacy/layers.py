@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -561,8 +562,10 @@ class DistributedDP(_DPLayer):
         plans = plan(sub, n, self.precision, ring_bits, extra_bound=extra)
         mask = np.uint64((1 << ring_bits) - 1) if ring_bits < 64 else np.uint64(2**64 - 1)
         vectors: dict[int, np.ndarray] = {}
+        encode_s: dict[int, float] = {}
         private = True
         for c in clients:
+            t0 = time.process_time()
             src = self._source(ctx, c, ledger)
             private = private and src.private
             parts = []
@@ -573,10 +576,16 @@ class DistributedDP(_DPLayer):
                     enc = (enc + noise.view(np.uint64)) & mask
                 parts.append(enc)
             vectors[c] = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+            encode_s[c] = time.process_time() - t0
         label = "+".join(f.name for f in additive) + " (dp-noised)"
         # The secure sum transcripts the ring sum under ``label``; it carries the noise.
+        # each client's step (and its encoding and noise draw) is booked on its masked-input
+        # row, as under every other layer
+        costs = {c: (float(uploads[c].cpu_s) + encode_s[c], float(uploads[c].flops))
+                 for c in clients}
         ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
-            vectors, ring_bits, _relabel(ctx, [label] if noised else []), label)
+            vectors, ring_bits, _relabel(ctx, [label] if noised else []), label,
+            upload_costs=costs)
         contributors = tuple(sorted(int(c) for c in contributors))
         achieved = self._events(z, spec, noised, scales, len(contributors), worst, ctx)
         ledger.spend(*achieved)  # what actually happened: fewer survivors, less noise
