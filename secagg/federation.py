@@ -309,9 +309,10 @@ class Federation:
         plan = getattr(self.layer, "plan_releases", None)
         if callable(plan):  # DP layers calibrate their noise for the run's release count
             plan(sum(len(self.algorithm.phases(r, self.rounds)) for r in range(self.rounds)))
+        self.privacy = self._privacy_arg  # a fresh ledger per run (unless one was given)
         if self.privacy is None:
             maker = getattr(self.layer, "make_privacy_ledger", None)
-            self.privacy = maker() if callable(maker) else self._privacy_arg
+            self.privacy = maker() if callable(maker) else None
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
         history: list[float] = []
         clips = ClipReport()
@@ -448,8 +449,9 @@ class Federation:
 
     def _account_local_training(self, phase: _Phase, spec: UploadSpec, ctx: RoundContext) -> None:
         """Spend the phase's DP-SGD events before anything leaves a client (one dominating
-        event per round: the clients' records are disjoint), and, when a privacy ledger is
-        in use, mark every field released without DP noise as breaking the guarantee."""
+        event per round: the clients' records are disjoint; a user-seeded training's events
+        mark the run not private), and, when a privacy ledger is in use, mark every field
+        that neither the layer noises nor DP-SGD covers as released without DP noise."""
         events = list(getattr(phase, "privacy_events", lambda: [])())
         if events:
             from secagg.privacy.accountant import PrivacyLedger
@@ -462,11 +464,8 @@ class Federation:
             self.privacy.spend(
                 round_event(events, round=ctx.round, phase=ctx.phase, fields=covered)
             )
-        if self.privacy is not None and not callable(getattr(self.layer, "plan_releases", None)):
+        if self.privacy is not None:
             covered = set(getattr(phase, "dp_covered_fields", lambda: ())())
-            for name in spec.names:
+            for name, why in self.layer.unnoised_fields(spec).items():
                 if name not in covered:
-                    self.privacy.mark_not_private(
-                        f"phase {phase.name!r}: field {name!r} released through layer "
-                        f"{self.layer.name!r} without DP noise"
-                    )
+                    self.privacy.mark_unnoised(name, phase.name, why)

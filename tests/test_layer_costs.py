@@ -35,8 +35,7 @@ LAYERS = {
     "distributed-dp": lambda: DistributedDP(SecureSum(threshold=0.7), epsilon=4.0, delta=1e-5),
     "per-group": lambda: PerGroup({}, default=SecureSum(threshold=0.7)),
     "per-group-ddp": lambda: PerGroup(
-        {"default": DistributedDP(SecureSum(threshold=0.7), epsilon=4.0, delta=1e-5,
-                                  rounds=1)}),
+        {"default": DistributedDP(SecureSum(threshold=0.7), epsilon=4.0, delta=1e-5)}),
 }
 
 

@@ -270,6 +270,17 @@ class _DPLayer(Layer):
     def _check_inner(self, spec: UploadSpec) -> None:
         self.inner.check(spec)
 
+    def unnoised_fields(self, spec: UploadSpec) -> dict[str, str]:
+        """The fields released without DP noise: those declared ``public`` (unless the
+        inner layer noises them itself), with the reason."""
+        noised = {f.name for f in self._noised(spec)}
+        rest = [f.name for f in spec.fields if f.name not in noised]
+        if not rest:
+            return {}
+        inner = self.inner.unnoised_fields(spec.subset(rest))
+        return {n: f"declared public (public={list(self.public)}) in layer {self.name!r}"
+                for n in rest if n in inner}
+
     def _noised(self, spec: UploadSpec) -> list[Field]:
         return [f for f in spec.fields if f.name not in self.public
                 and (f.additive or self.allow_non_additive)]
@@ -290,25 +301,36 @@ class _DPLayer(Layer):
             self._own_ledger = self.make_privacy_ledger()
         return self._own_ledger
 
-    def _source(self, ctx: RoundContext, party: Any, ledger: PrivacyLedger) -> NoiseSource:
+    def _source(self, ctx: RoundContext, party: Any, ledger: PrivacyLedger,
+                fields: Sequence[str] = ()) -> NoiseSource:
+        """The noise generator for ``party``'s noise on ``fields``: secret, or (user seed)
+        reproducible, and then those fields are marked not private."""
         if self.seed is None:
             return noise_generator()
-        ledger.mark_not_private(f"{self.name}: noise seed fixed by the user (seed={self.seed})")
+        ledger.mark_not_private(f"{self.name}: noise seed fixed by the user (seed={self.seed})",
+                                fields=tuple(fields))
         return noise_generator(_derived_seed(self.seed, ctx.round, ctx.phase, party))
 
     def _start(self, spec: UploadSpec, ctx: RoundContext) -> PrivacyLedger:
         """What every release starts with: check the spec, record the public fields in the
-        transcript, and return the ledger the release is spent on."""
+        transcript, and return the ledger the release is spent on. On the layer's own
+        ledger (no run ledger) the public fields are marked as released without noise; in a
+        federation the engine marks them (it knows which fields DP-SGD covers)."""
         self.check(spec)
         self._record_public(spec, ctx)
-        return self.ledger(ctx)
+        ledger = self.ledger(ctx)
+        if ctx.privacy is None:
+            for name, why in self.unnoised_fields(spec).items():
+                ledger.mark_unnoised(name, ctx.phase, why)
+        return ledger
 
     def _record_public(self, spec: UploadSpec, ctx: RoundContext) -> None:
         """Say in the transcript which fields were released without DP noise."""
         for name in self.public:
             if name in spec.names:
                 ctx.transcript.privacy(field=name, public=True, round=ctx.round,
-                                       phase=ctx.phase, layer=self.name,
+                                       phase=ctx.phase, layer=self.name, private=False,
+                                       reason=f"declared public in layer {self.name!r}",
                                        note="declared public: released without DP noise")
 
     def _notes(self, spec: UploadSpec, sigmas: Mapping[str, float], mechanism: str,
@@ -345,7 +367,7 @@ class CentralDP(_DPLayer):
         event = GaussianEvent(noise_multiplier=self.noise_multiplier, round=ctx.round,
                               phase=ctx.phase, fields=tuple(sigmas), label=self.name)
         ledger.spend(event)  # raises BudgetExceeded before anything is released
-        src = self._source(ctx, SERVER, ledger)
+        src = self._source(ctx, SERVER, ledger, tuple(sigmas))
         for f in noised:
             noisy = agg.sums[f.name] + gaussian(sigmas[f.name], f.shape, src.rng)
             if f.is_integer:
@@ -401,7 +423,7 @@ class LocalDP(_DPLayer):
         private = True
         noisy_uploads: dict[int, Upload] = {}
         for c, up in uploads.items():
-            src = self._source(ctx, c, ledger)
+            src = self._source(ctx, c, ledger, tuple(sigmas))
             private = private and src.private
             values: dict[str, np.ndarray] = {}
             for f in spec.fields:
@@ -566,7 +588,7 @@ class DistributedDP(_DPLayer):
         private = True
         for c in clients:
             t0 = time.process_time()
-            src = self._source(ctx, c, ledger)
+            src = self._source(ctx, c, ledger, [f.name for f in noised])
             private = private and src.private
             parts = []
             for f in additive:
