@@ -134,6 +134,8 @@ def test_per_group_ledger_needs_one_delta_and_sums_budgets() -> None:
     led = both.make_privacy_ledger()
     assert led.delta == 1e-5 and led.epsilon_budget == 3.0
     assert PerGroup({"a": Plaintext()}).make_privacy_ledger() is None
+    shared = CentralDP(Plaintext(), epsilon=2.0, delta=1e-5, rounds=1)
+    assert PerGroup({"a": shared}, default=shared).make_privacy_ledger().epsilon_budget == 2.0
     mixed = PerGroup({"a": CentralDP(Plaintext(), epsilon=1.0, delta=1e-5, rounds=1)},
                      default=CentralDP(Plaintext(), epsilon=1.0, delta=1e-6, rounds=1))
     with pytest.raises(PrivacyError, match="same delta"):
@@ -191,3 +193,80 @@ def test_record_format_per_field_and_total() -> None:
     assert total["private"] is False and len(total["not_private_reasons"]) == 2
     assert total["unnoised"] == [{"phase": "p", "field": "b", "reason": "declared public"}]
     assert total["epsilon"] == pytest.approx(led.epsilon()) and total["n_events"] == 2
+
+
+class _CensusThenTrain:
+    """Round 0 releases each client's record count (a phase of its own); later rounds
+    upload a model trained with DP-SGD (its real planned event, covering ``w``)."""
+
+    name = "census-then-train"
+    personalized = False
+
+    def setup(self, dataset, clients, seed) -> None:
+        self.dpsgd = DPSGD(1.0, 1.0)
+
+    def phases(self, round: int, rounds: int):
+        from algorithms.base import Phase
+
+        algo = self
+
+        class Census(Phase):
+            name = "census"
+
+            def spec(self):
+                return UploadSpec((Field("n", (1,), "int64", bound=Bound(linf=10**6)),))
+
+            def client_step(self, client, broadcast):
+                return {"n": np.array([client.n_records])}
+
+            def server_step(self, aggregate) -> None:
+                pass
+
+        class Train(Phase):
+            name = "train"
+
+            def spec(self):
+                return UploadSpec((Field("w", (2,), bound=Bound(linf=1.0)),))
+
+            def client_step(self, client, broadcast):
+                return {"w": np.zeros(2)}
+
+            def server_step(self, aggregate) -> None:
+                pass
+
+            def privacy_events(self):
+                return [algo.dpsgd.event(100, 10, 1)]
+
+            def dp_covered_fields(self):
+                return ("w",)
+
+        return [Census()] if round == 0 else [Train()]
+
+    def evaluate(self, dataset, clients) -> float:
+        return 0.0
+
+    def describe(self):
+        return {"name": self.name}
+
+
+def test_clear_release_before_dpsgd_starts_is_still_reported(three_clients):
+    """The ledger appears only when DP-SGD first spends (round 1); the census phase of
+    round 0 released n in the clear and must still make the run not private."""
+    r = Federation(_CensusThenTrain(), Plaintext(), three_clients, rounds=2, seed=0).run()
+    led = r.privacy
+    assert led is not None and len(led.events) == 1
+    assert not led.private
+    assert set(led.unnoised) == {("census", "n")}
+    assert led.field_guarantee("w")["private"] is True
+
+
+def test_each_run_gets_a_fresh_ledger(digits_clients):
+    """Running the same Federation twice does not book the first run's releases again."""
+    from algorithms.fedlog import FedLog
+
+    fed = Federation(FedLog(feature_dim=8), CentralDP(Plaintext(), noise_multiplier=2.0,
+                                                      delta=DELTA), digits_clients, rounds=1)
+    first = fed.run().privacy
+    second = fed.run().privacy
+    assert len(first.events) == len(second.events) == 1
+    assert second.epsilon() == pytest.approx(_gaussian_epsilon(2.0))

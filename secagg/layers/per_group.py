@@ -54,7 +54,8 @@ class PerGroup(Layer):
 
     def _dp_layers(self) -> list[Layer]:
         """The routed layers that book DP releases (they plan them and make a ledger)."""
-        return [lay for lay in self._layers()
+        unique = {id(lay): lay for lay in self._layers()}  # a layer routed twice counts once
+        return [lay for lay in unique.values()
                 if callable(getattr(lay, "plan_releases", None))
                 and callable(getattr(lay, "make_privacy_ledger", None))]
 
