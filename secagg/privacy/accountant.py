@@ -16,6 +16,13 @@ Composition is done by Google's ``dp_accounting`` library:
 A ledger created with a budget ``(epsilon_budget, delta)`` refuses, with
 :class:`BudgetExceeded` and before anything is recorded, an event that would take the
 composed epsilon above the budget (:meth:`PrivacyLedger.spend`).
+
+The epsilon is only half of the claim. The ledger also keeps, per field, why a guarantee
+does not hold: a field released without DP noise in some phase (:meth:`mark_unnoised`:
+declared public, routed through a layer that adds no noise), or noise that was not secret
+(a user seed: :meth:`mark_not_private`, or an event's ``not_private_reason``). The run is
+private only when no such mark exists; :meth:`field_guarantee` and :meth:`record_in` give
+each field's own truth.
 """
 
 from __future__ import annotations

@@ -17,8 +17,11 @@ for ``rounds * releases_per_round`` releases (:meth:`_DPLayer.plan_releases` ove
 count). A release noises every non-public field f with sigma_f = z * sqrt(k) * Delta_f,
 k the number of noised fields and Delta_f the field's L2 sensitivity (from its Bound and the
 adjacency): the release is then exactly a Gaussian mechanism with multiplier z on the
-joint sensitivity, whatever k. Fields listed in ``public`` are not noised and the
-transcript says so; every other field needs a Bound (else :class:`InadmissibleField`).
+joint sensitivity, whatever k. Fields listed in ``public`` are not noised: the transcript
+says so, and the run's ledger marks each of them as released without DP noise (the run is
+then not private; :meth:`_DPLayer.unnoised_fields` names them, with the reason). Every
+other field needs a Bound (else :class:`InadmissibleField`). A user ``seed`` makes the noise
+reproducible and marks the fields it noised as not private.
 
 Before every release the layer asks the run's :class:`PrivacyLedger` (``ctx.privacy``, or
 the layer's own) to :meth:`~PrivacyLedger.spend` the event; a release that would exceed
