@@ -135,7 +135,10 @@ def test_per_group_ledger_needs_one_delta_and_sums_budgets() -> None:
     assert led.delta == 1e-5 and led.epsilon_budget == 3.0
     assert PerGroup({"a": Plaintext()}).make_privacy_ledger() is None
     shared = CentralDP(Plaintext(), epsilon=2.0, delta=1e-5, rounds=1)
-    assert PerGroup({"a": shared}, default=shared).make_privacy_ledger().epsilon_budget == 2.0
+    twice = PerGroup({"a": shared}, default=shared)
+    assert twice.make_privacy_ledger().epsilon_budget == 2.0
+    twice.plan_releases(3)  # 3 phases, each releasing through it once per group
+    assert shared.releases == 6
     mixed = PerGroup({"a": CentralDP(Plaintext(), epsilon=1.0, delta=1e-5, rounds=1)},
                      default=CentralDP(Plaintext(), epsilon=1.0, delta=1e-6, rounds=1))
     with pytest.raises(PrivacyError, match="same delta"):

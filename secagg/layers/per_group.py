@@ -13,6 +13,7 @@ no noise, so that the run is reported private only when every field is noised.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -62,9 +63,10 @@ class PerGroup(Layer):
     def plan_releases(self, releases: int) -> None:
         """Tell every DP route how many releases the run makes (rounds x phases): each is
         calibrated as if all of them went through it (conservative when a group is absent
-        from some phase)."""
+        from some phase), times the number of groups it is routed for (one release each)."""
+        times = Counter(id(lay) for lay in self._layers())
         for lay in self._dp_layers():
-            lay.plan_releases(releases)  # type: ignore[attr-defined]
+            lay.plan_releases(releases * times[id(lay)])  # type: ignore[attr-defined]
 
     def make_privacy_ledger(self) -> Any | None:
         """One ledger for the run in which every DP route's events compose (None when no
