@@ -64,7 +64,8 @@ def train_local(
 
     opt = make()
     if dpsgd is not None:
-        return _train_private(model, xt, yt, opt, loss_fn, epochs, batch_size, dpsgd, events)
+        return _train_private(model, xt, yt, opt, loss_fn, epochs, batch_size, dpsgd, events,
+                              stream=seed)
     gen = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
     model.train()
     last = 0.0
@@ -87,14 +88,14 @@ def train_local(
 
 def _train_private(model: nn.Module, xt: torch.Tensor, yt: torch.Tensor,
                    opt: torch.optim.Optimizer, loss_fn: LossFn, epochs: int, batch_size: int,
-                   dpsgd: Any, events: list[Any] | None) -> float:
+                   dpsgd: Any, events: list[Any] | None, stream: int = 0) -> float:
     from torch.utils.data import DataLoader, TensorDataset
 
     from secagg.privacy.dpsgd import make_private
 
     loader = DataLoader(TensorDataset(xt, yt), batch_size=batch_size)
     model.train()
-    private = make_private(model, opt, loader, dpsgd)
+    private = make_private(model, opt, loader, dpsgd, stream=stream)  # per client and round
     private.module.train()
     last = 0.0
     try:

@@ -321,9 +321,11 @@ class Federation:
         if callable(plan):  # DP layers calibrate their noise for the run's release count
             plan(sum(len(self.algorithm.phases(r, self.rounds)) for r in range(self.rounds)))
         self._check_adjacency()
+        self.privacy = self._privacy_arg  # a fresh ledger per run (unless one was given)
+        self._unnoised: dict[tuple[str, str], str] = {}  # kept until a ledger exists
         if self.privacy is None:
             maker = getattr(self.layer, "make_privacy_ledger", None)
-            self.privacy = maker() if callable(maker) else self._privacy_arg
+            self.privacy = maker() if callable(maker) else None
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
         history: list[float] = []
         clips = ClipReport()
@@ -479,8 +481,15 @@ class Federation:
 
     def _account_local_training(self, phase: _Phase, spec: UploadSpec, ctx: RoundContext) -> None:
         """Spend the phase's DP-SGD events before anything leaves a client (one dominating
-        event per round: the clients' records are disjoint), and, when a privacy ledger is
-        in use, mark every field released without DP noise as breaking the guarantee."""
+        event per round: the clients' records are disjoint; a user-seeded training's events
+        mark the run not private), and, when a privacy ledger is in use, mark every field
+        that neither the layer noises nor DP-SGD covers as released without DP noise."""
+        covered = set(getattr(phase, "dp_covered_fields", lambda: ())())
+        # Un-noised releases are remembered even before a ledger exists (DP-SGD may start
+        # in a later round): a ledger made then still reports every one of them.
+        for name, why in self.layer.unnoised_fields(spec).items():
+            if name not in covered:
+                self._unnoised.setdefault((phase.name, name), why)
         events = list(getattr(phase, "privacy_events", lambda: [])())
         if events:
             from secagg.privacy.accountant import PrivacyLedger
@@ -489,15 +498,11 @@ class Federation:
             if self.privacy is None:  # DP-SGD under a non-DP layer: a ledger at delta 1e-5
                 self.privacy = PrivacyLedger(delta=1e-5)
                 ctx.privacy = self.privacy
-            covered = tuple(getattr(phase, "dp_covered_fields", lambda: ())())
+            # every field of the upload is computed after the training, so each field's
+            # guarantee composes with it (conservative for fields that do not use the model)
             self.privacy.spend(
-                round_event(events, round=ctx.round, phase=ctx.phase, fields=covered)
+                round_event(events, round=ctx.round, phase=ctx.phase, fields=tuple(spec.names))
             )
-        if self.privacy is not None and not callable(getattr(self.layer, "plan_releases", None)):
-            covered = set(getattr(phase, "dp_covered_fields", lambda: ())())
-            for name in spec.names:
-                if name not in covered:
-                    self.privacy.mark_not_private(
-                        f"phase {phase.name!r}: field {name!r} released through layer "
-                        f"{self.layer.name!r} without DP noise"
-                    )
+        if self.privacy is not None:
+            for (ph, name), why in self._unnoised.items():
+                self.privacy.mark_unnoised(name, ph, why)

@@ -47,3 +47,71 @@ def test_budget_guard_stops_the_run_before_a_release(digits_clients):
     assert r.rounds < 5 and r.aborted
     assert "budget" in r.aborted[-1][2].lower()
     assert r.privacy.epsilon() <= 0.5
+
+
+def _spy_streams(monkeypatch) -> list[tuple[int, tuple[float, ...]]]:
+    """Record, for every private training, the Poisson-sampling generator's seed and the
+    first draws of its noise generator (from a copy, so training is unaffected)."""
+    import copy
+
+    from secagg.privacy import dpsgd as mod
+
+    seen: list[tuple[int, tuple[float, ...]]] = []
+    real_noise, real_make = mod.noise_generator, mod.make_private
+    noise_draws: list[tuple[float, ...]] = []
+
+    def noise_spy(*args, **kwargs):
+        src = real_noise(*args, **kwargs)
+        noise_draws.append(tuple(copy.deepcopy(src.rng).standard_normal(4)))
+        return src
+
+    def make_spy(*args, **kwargs):
+        pt = real_make(*args, **kwargs)
+        seen.append((int(pt.engine.secure_rng.initial_seed()), noise_draws[-1]))
+        return pt
+
+    monkeypatch.setattr(mod, "noise_generator", noise_spy)
+    monkeypatch.setattr(mod, "make_private", make_spy)
+    return seen
+
+
+def _two_clients(digits):
+    from secagg.data import iid_split
+
+    return iid_split(digits, 2, seed=0)
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_each_client_and_round_trains_on_its_own_streams(seed, digits, monkeypatch):
+    """Two clients x two rounds = four trainings: four different sampling seeds and four
+    different noise streams, with or without a user seed (the old code gave every training
+    of a seeded run the same streams)."""
+    seen = _spy_streams(monkeypatch)
+    r = Federation(FedAvg(local_epochs=1, dpsgd=DPSGD(1.0, 1.0, seed=seed)), Plaintext(),
+                   _two_clients(digits), rounds=2, seed=0).run()
+    assert len(seen) == 4
+    assert len({s for s, _ in seen}) == 4, "Poisson sampling shared between trainings"
+    assert len({n for _, n in seen}) == 4, "DP-SGD noise shared between trainings"
+    seed_reasons = [w for w in r.privacy.not_private_reasons if "seed" in w]
+    if seed is None:
+        assert not seed_reasons
+    else:
+        # a user-fixed seed makes the noise predictable: the run says so, with the seed
+        assert seed_reasons and f"seed={seed}" in seed_reasons[0]
+        assert not r.privacy.field_guarantee("weighted_params")["private"]
+
+
+def test_seeded_dpsgd_is_reproducible_and_reported_not_private(digits):
+    """Same user seed, same run: the same streams (that is what a seed is for); and the
+    guarantee is reported as not holding, in the table and in the transcript."""
+    def run():
+        return Federation(FedAvg(local_epochs=1, dpsgd=DPSGD(1.0, 1.0, seed=5)), Plaintext(),
+                          _two_clients(digits), rounds=1, seed=0).run()
+    a, b = run(), run()
+    assert a.history == b.history
+    assert not a.privacy.private
+    assert any("seed=5" in w for w in a.privacy.not_private_reasons)
+    assert "seed=5" in dict(a.privacy.summary_rows())["DP guarantee holds"]
+    recs = {p["field"]: p for p in a.transcript.records if p.get("type") == "privacy"}
+    assert recs["weighted_params"]["private"] is False
+    assert "seed=5" in recs["weighted_params"]["reason"]

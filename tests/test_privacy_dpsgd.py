@@ -90,8 +90,9 @@ def test_bad_config_refused() -> None:
 
 def test_dpsgd_noise_comes_from_the_noise_generator() -> None:
     """With zero gradients, one DP-SGD step moves the weights by exactly the Gaussian noise
-    drawn from ``noise_generator(seed)`` (std z * C, divided by the expected batch size)."""
-    from secagg.privacy.samplers import noise_generator
+    drawn from the training's noise generator (std z * C, divided by the expected batch
+    size)."""
+    import copy
 
     torch.manual_seed(0)
     x = torch.randn(256, 5)
@@ -101,11 +102,12 @@ def test_dpsgd_noise_comes_from_the_noise_generator() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     cfg = DPSGD(noise_multiplier=2.0, max_grad_norm=0.5, seed=7)
     pt = make_private(model, opt, DataLoader(TensorDataset(x, y), batch_size=32), cfg)
+    assert pt.noise is not None and not pt.noise.private
+    rng = copy.deepcopy(pt.noise.rng)
     xb, _ = next(iter(pt.data_loader))
     pt.optimizer.zero_grad()
     (0.0 * pt.module(xb).sum()).backward()  # per-sample gradients are all zero
     pt.optimizer.step()
-    rng = noise_generator(7).rng
     for p, p0 in zip(model.parameters(), before, strict=True):
         want = -torch.as_tensor(rng.normal(0.0, 2.0 * 0.5, size=tuple(p.shape)),
                                 dtype=p.dtype) / 32
@@ -128,3 +130,35 @@ def test_poisson_sampling_is_secret_not_torch_global_state() -> None:
 
     assert batches(None) != batches(None)
     assert batches(5) == batches(5)
+
+
+def test_seeded_trainings_get_one_stream_each() -> None:
+    """With a user seed, the stream name picks the training's own noise and sampling: the
+    same (seed, stream) reproduces them, another stream (client, round) gets others, and
+    the events say the run is not private. Without a seed the noise is secret."""
+    import copy
+
+    x = torch.arange(200, dtype=torch.float32).reshape(200, 1)
+    y = torch.zeros(200, dtype=torch.long)
+
+    def streams(seed, stream):
+        model = nn.Sequential(nn.Linear(1, 2))
+        pt = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                          DataLoader(TensorDataset(x, y), batch_size=20),
+                          DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, seed=seed), stream)
+        noise = tuple(copy.deepcopy(pt.noise.rng).standard_normal(3))
+        return noise, [xb.ravel().tolist() for xb, _ in pt.data_loader], pt
+
+    a_noise, a_batches, pt = streams(5, 1)
+    b_noise, b_batches, _ = streams(5, 2)
+    assert streams(5, 1)[:2] == (a_noise, a_batches)
+    assert a_noise != b_noise and a_batches != b_batches
+    ev = round_event([pt.config.event(200, 20, 1), DPSGD(1.0, 1.0).event(100, 20, 1)])
+    assert "seed=5" in ev.not_private_reason
+    ledger = PrivacyLedger(delta=DELTA)
+    ledger.spend(ev)
+    assert not ledger.private and "seed=5" in ledger.not_private_reasons[0]
+    _, _, secret = streams(None, 1)
+    assert secret.noise.private and secret.config.event(200, 20, 1).not_private_reason == ""
+    with pytest.raises(PrivacyError):
+        streams(5, 1.5)

@@ -142,6 +142,12 @@ class Layer(ABC):
         """JSON-able description (name and parameters), for results and transcripts."""
         return {"name": self.name}
 
+    def unnoised_fields(self, spec: UploadSpec) -> dict[str, str]:
+        """The fields of ``spec`` this layer releases without DP noise, each with the
+        reason (the privacy ledger marks them). The default: every field, as a layer that
+        is not a DP layer adds no noise."""
+        return {f.name: f"layer {self.name!r} adds no DP noise" for f in spec.fields}
+
     @property
     def server_sees_clear_uploads(self) -> bool:
         """True when the aggregator reads individual uploads in the clear."""

@@ -16,6 +16,13 @@ Composition is done by Google's ``dp_accounting`` library:
 A ledger created with a budget ``(epsilon_budget, delta)`` refuses, with
 :class:`BudgetExceeded` and before anything is recorded, an event that would take the
 composed epsilon above the budget (:meth:`PrivacyLedger.spend`).
+
+The epsilon is only half of the claim. The ledger also keeps, per field, why a guarantee
+does not hold: a field released without DP noise in some phase (:meth:`mark_unnoised`:
+declared public, routed through a layer that adds no noise), or noise that was not secret
+(a user seed: :meth:`mark_not_private`, or an event's ``not_private_reason``). The run is
+private only when no such mark exists; :meth:`field_guarantee` and :meth:`record_in` give
+each field's own truth.
 """
 
 from __future__ import annotations
@@ -152,6 +159,9 @@ class PrivacyLedger:
         self.pld_discretization = float(pld_discretization)
         self._events: list[PrivacyEvent] = []
         self._not_private: list[str] = []
+        self._global_reasons: list[str] = []
+        self._field_reasons: dict[str, list[str]] = {}
+        self._unnoised: dict[tuple[str | None, str], str] = {}
 
     # -- recording -----------------------------------------------------------------------
 
@@ -162,18 +172,76 @@ class PrivacyLedger:
 
     @property
     def private(self) -> bool:
-        """False when some release used user-seeded noise or was marked not private."""
+        """False when some release used user-seeded noise, some field was released without
+        DP noise, or the run was otherwise marked not private."""
         return not self._not_private
 
     @property
     def not_private_reasons(self) -> tuple[str, ...]:
-        """Why the run is not private (empty when it is)."""
+        """Why the run is not private (empty when it is), one line per cause."""
         return tuple(self._not_private)
 
-    def mark_not_private(self, reason: str) -> None:
-        """Record that the run's guarantee does not hold (e.g. user-fixed noise seed)."""
+    def mark_not_private(self, reason: str, *, fields: Sequence[str] = ()) -> None:
+        """Record that the run's guarantee does not hold (e.g. user-fixed noise seed):
+        for ``fields`` only, or for every field when none are named."""
+        if not isinstance(reason, str) or not reason:
+            raise PrivacyError(f"a not-private mark needs a reason, got {reason!r}")
+        if isinstance(fields, str):
+            fields = (fields,)
         if reason not in self._not_private:
             self._not_private.append(reason)
+        targets = [self._field_reasons.setdefault(f, []) for f in fields] or [
+            self._global_reasons]
+        for lst in targets:
+            if reason not in lst:
+                lst.append(reason)
+
+    def mark_unnoised(self, field: str, phase: str | None, reason: str) -> None:
+        """Record that ``field`` was released in ``phase`` without DP noise, and why (e.g.
+        declared public, or routed through a layer that adds no noise). The run is then not
+        private; the field's guarantee is epsilon = infinity."""
+        if not isinstance(field, str) or not field:
+            raise PrivacyError(f"field must be a field name, got {field!r}")
+        key = (phase, field)
+        if key in self._unnoised:
+            return
+        self._unnoised[key] = reason
+        where = f"phase {phase!r}: " if phase is not None else ""
+        self.mark_not_private(f"{where}field {field!r} released without DP noise: {reason}",
+                              fields=(field,))
+
+    @property
+    def unnoised(self) -> dict[tuple[str | None, str], str]:
+        """(phase, field) -> why that field was released there without DP noise."""
+        return dict(self._unnoised)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every field the ledger knows of: covered by an event, released without noise,
+        or named by a not-private mark (sorted)."""
+        names = {f for e in self._events for f in e.fields}
+        names |= {f for _, f in self._unnoised} | set(self._field_reasons)
+        return tuple(sorted(names))
+
+    def field_guarantee(self, field: str, delta: float | None = None) -> dict[str, Any]:
+        """The guarantee of one field over the whole run: ``phases`` it was released in,
+        ``epsilon`` at ``delta`` (default: the ledger's; infinity when some release of it
+        was not noised; None without a delta), ``private`` and, when not private, the
+        ``reason`` (every cause, joined by "; ")."""
+        d = delta if delta is not None else self.delta
+        unnoised = sorted(p for p, f in self._unnoised if f == field and p is not None)
+        phases = {e.phase for e in self._events if field in e.fields and e.phase is not None}
+        eps: float | None
+        if any(f == field for _, f in self._unnoised):
+            eps = math.inf
+        else:
+            eps = None if d is None else self.epsilon(d, field=field)
+        reasons = [*self._global_reasons, *self._field_reasons.get(field, [])]
+        out: dict[str, Any] = {"field": field, "phases": sorted(phases | set(unnoised)),
+                               "epsilon": eps, "private": not reasons}
+        if reasons:
+            out["reason"] = "; ".join(reasons)
+        return out
 
     def check(self, *events: PrivacyEvent) -> float:
         """The epsilon (at the budget's delta) the run would reach with ``events`` added.
@@ -201,14 +269,20 @@ class PrivacyLedger:
         """Record ``events`` after the budget guard (:meth:`check`) passes; returns the
         epsilon after them (NaN when the ledger has no budget)."""
         eps = self.check(*events)
-        self._events.extend(events)
+        for e in events:
+            self._record(e)
         return eps
 
     def extend(self, events: Iterable[PrivacyEvent]) -> None:
         """Record events without the budget guard (e.g. a history replayed from a file)."""
         for e in events:
             self.check_supported(e)
-            self._events.append(e)
+            self._record(e)
+
+    def _record(self, event: PrivacyEvent) -> None:
+        self._events.append(event)
+        if event.not_private_reason:
+            self.mark_not_private(event.not_private_reason, fields=event.fields)
 
     def check_supported(self, event: PrivacyEvent) -> None:
         """Raise :class:`PrivacyError` if no accountant can bound ``event``."""
@@ -259,6 +333,9 @@ class PrivacyLedger:
             out["per_field"] = {f: self.epsilon(d, field=f) for f in fields}
             phases = sorted({e.phase for e in self._events if e.phase is not None})
             out["per_phase"] = {p: self.epsilon(d, phase=p) for p in phases}
+        out["fields"] = {f: self.field_guarantee(f, d) for f in self.fields}
+        out["unnoised"] = [{"phase": p, "field": f, "reason": why}
+                           for (p, f), why in self._unnoised.items()]
         out["events"] = [e.describe() for e in self._events]
         return out
 
@@ -275,24 +352,39 @@ class PrivacyLedger:
         budget = "" if self.epsilon_budget is None else f" of budget {self.epsilon_budget:g}"
         rows = [(f"DP epsilon spent (delta={self.delta:g}, {self.method().upper()})",
                  f"{eps:.4g}{budget}")]
-        for f in sorted({f for e in self._events for f in e.fields}):
-            rows.append((f"DP epsilon, field {f}", f"{self.epsilon(field=f):.4g}"))
+        for f in self.fields:
+            g = self.field_guarantee(f)
+            text = ("none (released without noise)" if g["epsilon"] == math.inf
+                    else f"{g['epsilon']:.4g}")
+            rows.append((f"DP epsilon, field {f}", text))
         rows.append(("DP guarantee holds", "yes" if self.private else
                      "NO: " + "; ".join(self._not_private)))
         return rows
 
     def record_in(self, transcript: Any) -> None:
         """Write the guarantee per field and in total into a transcript
-        (:meth:`secagg.transcript.Transcript.privacy` records)."""
-        if self.delta is None:
-            return
+        (:meth:`secagg.transcript.Transcript.privacy` records).
+
+        One record per field the run released (noised or not): ``field``, ``phases``,
+        ``epsilon`` (infinity when some release of it was not noised; None without a
+        delta), ``delta``, ``accountant``, ``private`` (this field's own truth) and, when
+        not private, ``reason``. Then one total record (``field`` None): ``epsilon`` of the
+        noised releases composed, ``delta``, ``accountant``, ``private`` (the run's),
+        ``not_private_reasons``, ``unnoised`` ([{phase, field, reason}]), ``epsilon_budget``
+        and ``n_events``.
+        """
         method = self.method()
-        for f in sorted({f for e in self._events for f in e.fields}):
-            transcript.privacy(field=f, epsilon=self.epsilon(field=f), delta=self.delta,
-                               accountant=method, private=self.private)
-        transcript.privacy(field=None, epsilon=self.epsilon(), delta=self.delta,
-                           accountant=method, private=self.private,
+        for f in self.fields:
+            g = self.field_guarantee(f)
+            transcript.privacy(field=f, phases=g["phases"], epsilon=g["epsilon"],
+                               delta=self.delta, accountant=method, private=g["private"],
+                               **({"reason": g["reason"]} if "reason" in g else {}))
+        transcript.privacy(field=None,
+                           epsilon=None if self.delta is None else self.epsilon(),
+                           delta=self.delta, accountant=method, private=self.private,
                            not_private_reasons=list(self._not_private),
+                           unnoised=[{"phase": p, "field": f, "reason": why}
+                                     for (p, f), why in self._unnoised.items()],
                            epsilon_budget=self.epsilon_budget, n_events=len(self._events))
 
     # -- internals -----------------------------------------------------------------------

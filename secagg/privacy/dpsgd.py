@@ -20,8 +20,14 @@ torchcsprng, which is not installed) but the DP layers' own
 which the wrapped optimizer's ``add_noise`` draws from (same law: N(0, (z C)^2) per
 coordinate of the summed clipped gradient). The Poisson sampling masks come from a torch
 generator seeded with 64 bits from ``secrets``, not from torch's global generator (which
-runs seed from their public seed). A user seed makes both reproducible and, as for every DP
-layer, the run not private.
+runs seed from their public seed). Every :func:`make_private` call (one per client and
+round in a federation) gets fresh keys, so no two trainings share a stream.
+
+A user seed (``DPSGD(seed=...)``) makes both reproducible: each training's streams are
+derived from (seed, ``stream``), ``stream`` naming the training (the engine passes one per
+client and round), so they still differ between clients and rounds, but anyone who knows
+the seed can predict them. The events of such a training carry a ``not_private_reason``,
+and the ledger that records them marks the run not private.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import numpy as np
 from secagg.errors import PrivacyError
 from secagg.privacy.accountant import PrivacyLedger
 from secagg.privacy.events import SampledGaussianEvent
-from secagg.privacy.samplers import noise_generator
+from secagg.privacy.samplers import NoiseSource, noise_generator
 
 __all__ = ["DPSGD", "PrivateTraining", "make_private", "round_event"]
 
@@ -50,7 +56,9 @@ class DPSGD:
     Args:
         noise_multiplier: z, noise std over the clipping norm.
         max_grad_norm: per-sample gradient L2 clipping norm.
-        seed: fix Opacus' noise generator (experiments only: the run is then not private).
+        seed: make the noise and the Poisson sampling reproducible (experiments only:
+            each training's streams are derived from this seed and its ``stream``, and any
+            ledger that records its events marks the run not private).
     """
 
     noise_multiplier: float
@@ -73,8 +81,17 @@ class DPSGD:
             raise PrivacyError("n_records, batch_size and epochs must be positive")
         q = min(1.0, batch_size / n_records)
         steps = epochs * math.ceil(n_records / batch_size)
+        where.setdefault("not_private_reason", self.not_private_reason)
         return SampledGaussianEvent(noise_multiplier=float(self.noise_multiplier),
                                     sampling_rate=q, steps=steps, label="dp-sgd", **where)
+
+    @property
+    def not_private_reason(self) -> str:
+        """Why trainings with this configuration are not private ("" when they are)."""
+        if self.seed is None:
+            return ""
+        return (f"dp-sgd: noise and sampling seed fixed by the user (seed={self.seed}): "
+                "the noise is predictable")
 
 
 @dataclass
@@ -87,11 +104,15 @@ class PrivateTraining:
     data_loader: Any
     engine: Any
     config: DPSGD
+    #: where the Gaussian noise is drawn from (its ``private`` says whether it is secret)
+    noise: NoiseSource | None = None
 
     def events(self, **where: Any) -> list[SampledGaussianEvent]:
         """One :class:`SampledGaussianEvent` per (multiplier, rate) block of Opacus'
-        accountant history so far (``where``: round=, phase=, fields=, label=)."""
+        accountant history so far (``where``: round=, phase=, fields=, label=). With a user
+        seed the events carry the configuration's ``not_private_reason``."""
         where.setdefault("label", "dp-sgd")
+        where.setdefault("not_private_reason", self.config.not_private_reason)
         out = []
         for z, q, steps in self.engine.accountant.history:
             out.append(SampledGaussianEvent(noise_multiplier=float(z), sampling_rate=float(q),
@@ -99,30 +120,45 @@ class PrivateTraining:
         return out
 
     def record(self, ledger: PrivacyLedger, **where: Any) -> list[SampledGaussianEvent]:
-        """Spend this training's events on ``ledger`` (single-client use; in a federation
-        spend :func:`round_event` of all clients once per round instead)."""
+        """Spend this training's events on ``ledger`` (a seeded training's events mark it
+        not private). Single-training use: a federation spends :func:`round_event` of the
+        round's trainings once per round instead (the engine does)."""
         evs = self.events(**where)
-        if self.config.seed is not None:
-            ledger.mark_not_private(
-                f"dp-sgd: noise seed fixed by the user (seed={self.config.seed})")
         ledger.spend(*evs)
         return evs
 
 
-def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD) -> PrivateTraining:
+def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD,
+                 stream: int | str | None = None) -> PrivateTraining:
     """Wrap a plain torch model, optimizer and DataLoader for record-level DP-SGD (Opacus,
-    Poisson sampling, flat clipping). Train with the returned module/optimizer/loader."""
+    Poisson sampling, flat clipping). Train with the returned module/optimizer/loader.
+
+    ``stream`` names this training (e.g. a number unique to the client and round); it is
+    used only with a user seed, to derive this training's own reproducible streams from
+    (seed, stream). Without a seed every call draws fresh secret keys."""
     import torch
     from opacus import PrivacyEngine
 
     if not isinstance(config, DPSGD):
         raise PrivacyError(f"config must be a DPSGD, got {config!r}")
+    if isinstance(stream, np.integer):
+        stream = int(stream)
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, (int, str))):
+        raise PrivacyError(f"stream must be an int or a string, got {stream!r}")
+    if config.seed is None:
+        noise_seed = sampling_seed = None
+    else:
+        from secagg.federation import derive_seed
+
+        parts = (config.seed, "" if stream is None else stream)
+        noise_seed = derive_seed(*parts, "dp-sgd noise")
+        sampling_seed = derive_seed(*parts, "dp-sgd sampling")
     # Poisson sampling must be secret too (amplification by subsampling assumes it): Opacus
     # draws the masks from ``engine.secure_rng`` when set, else from torch's global generator,
     # which a run seeds from its public seed. Give it its own generator, seeded with 64 bits
-    # from ``secrets`` (or the user seed).
+    # from ``secrets`` (or derived from the user seed).
     sampling = torch.Generator()
-    sampling.manual_seed(secrets.randbits(64) if config.seed is None else config.seed)
+    sampling.manual_seed(secrets.randbits(64) if sampling_seed is None else sampling_seed)
     engine = PrivacyEngine(accountant="rdp")
     engine.secure_rng = sampling  # read only by the Poisson data loader (secure_mode is off)
     module, opt, loader = engine.make_private(
@@ -130,8 +166,9 @@ def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD) ->
         noise_multiplier=float(config.noise_multiplier),
         max_grad_norm=float(config.max_grad_norm), poisson_sampling=True,
     )
-    _draw_noise_from(opt, noise_generator(config.seed).rng)
-    return PrivateTraining(module, opt, loader, engine, config)
+    noise = noise_generator(noise_seed)
+    _draw_noise_from(opt, noise.rng)
+    return PrivateTraining(module, opt, loader, engine, config, noise)
 
 
 def _draw_noise_from(optimizer: Any, rng: np.random.Generator) -> None:
@@ -161,6 +198,8 @@ def round_event(events: Sequence[SampledGaussianEvent], **where: Any) -> Sampled
     if not events:
         raise PrivacyError("round_event needs at least one event")
     where.setdefault("label", "dp-sgd")
+    reasons = dict.fromkeys(e.not_private_reason for e in events if e.not_private_reason)
+    where.setdefault("not_private_reason", "; ".join(reasons))
     return SampledGaussianEvent(
         noise_multiplier=min(e.noise_multiplier for e in events),
         sampling_rate=max(e.sampling_rate for e in events),

@@ -86,6 +86,10 @@ class PrivacyEvent:
         phase: the phase of the release, if any.
         fields: the fields the release covers.
         count: how many times this mechanism was applied (self-composition).
+        not_private_reason: non-empty when the release's randomness was not secret (e.g. a
+            noise seed fixed by the user): the mechanism is accounted as usual, but a ledger
+            that records the event marks the run (its ``fields``, or all when empty) not
+            private with this reason.
     """
 
     label: str = ""
@@ -93,6 +97,7 @@ class PrivacyEvent:
     phase: str | None = None
     fields: tuple[str, ...] = ()
     count: int = 1
+    not_private_reason: str = ""
 
     mechanism: ClassVar[str] = "event"
     pld_supported: ClassVar[bool] = False
@@ -101,6 +106,9 @@ class PrivacyEvent:
         object.__setattr__(self, "fields", tuple(self.fields))
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
             raise PrivacyError(f"event count must be a positive integer, got {self.count!r}")
+        if not isinstance(self.not_private_reason, str):
+            raise PrivacyError(f"not_private_reason must be a string, got "
+                               f"{self.not_private_reason!r}")
 
     def dp_event(self) -> dp_event.DpEvent:
         """The dp_accounting event for ONE application (``count`` is applied by the ledger)."""

@@ -17,8 +17,11 @@ for ``rounds * releases_per_round`` releases (:meth:`_DPLayer.plan_releases` ove
 count). A release noises every non-public field f with sigma_f = z * sqrt(k) * Delta_f,
 k the number of noised fields and Delta_f the field's L2 sensitivity (from its Bound and the
 adjacency): the release is then exactly a Gaussian mechanism with multiplier z on the
-joint sensitivity, whatever k. Fields listed in ``public`` are not noised and the
-transcript says so; every other field needs a Bound (else :class:`InadmissibleField`).
+joint sensitivity, whatever k. Fields listed in ``public`` are not noised: the transcript
+says so, and the run's ledger marks each of them as released without DP noise (the run is
+then not private; :meth:`_DPLayer.unnoised_fields` names them, with the reason). Every
+other field needs a Bound (else :class:`InadmissibleField`). A user ``seed`` makes the noise
+reproducible and marks the fields it noised as not private.
 
 Before every release the layer asks the run's :class:`PrivacyLedger` (``ctx.privacy``, or
 the layer's own) to :meth:`~PrivacyLedger.spend` the event; a release that would exceed
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -269,6 +273,17 @@ class _DPLayer(Layer):
     def _check_inner(self, spec: UploadSpec) -> None:
         self.inner.check(spec)
 
+    def unnoised_fields(self, spec: UploadSpec) -> dict[str, str]:
+        """The fields released without DP noise: those declared ``public`` (unless the
+        inner layer noises them itself), with the reason."""
+        noised = {f.name for f in self._noised(spec)}
+        rest = [f.name for f in spec.fields if f.name not in noised]
+        if not rest:
+            return {}
+        inner = self.inner.unnoised_fields(spec.subset(rest))
+        return {n: f"declared public (public={list(self.public)}) in layer {self.name!r}"
+                for n in rest if n in inner}
+
     def _noised(self, spec: UploadSpec) -> list[Field]:
         return [f for f in spec.fields if f.name not in self.public
                 and (f.additive or self.allow_non_additive)]
@@ -289,25 +304,36 @@ class _DPLayer(Layer):
             self._own_ledger = self.make_privacy_ledger()
         return self._own_ledger
 
-    def _source(self, ctx: RoundContext, party: Any, ledger: PrivacyLedger) -> NoiseSource:
+    def _source(self, ctx: RoundContext, party: Any, ledger: PrivacyLedger,
+                fields: Sequence[str] = ()) -> NoiseSource:
+        """The noise generator for ``party``'s noise on ``fields``: secret, or (user seed)
+        reproducible, and then those fields are marked not private."""
         if self.seed is None:
             return noise_generator()
-        ledger.mark_not_private(f"{self.name}: noise seed fixed by the user (seed={self.seed})")
+        ledger.mark_not_private(f"{self.name}: noise seed fixed by the user (seed={self.seed})",
+                                fields=tuple(fields))
         return noise_generator(_derived_seed(self.seed, ctx.round, ctx.phase, party))
 
     def _start(self, spec: UploadSpec, ctx: RoundContext) -> PrivacyLedger:
         """What every release starts with: check the spec, record the public fields in the
-        transcript, and return the ledger the release is spent on."""
+        transcript, and return the ledger the release is spent on. On the layer's own
+        ledger (no run ledger) the public fields are marked as released without noise; in a
+        federation the engine marks them (it knows which fields DP-SGD covers)."""
         self.check(spec)
         self._record_public(spec, ctx)
-        return self.ledger(ctx)
+        ledger = self.ledger(ctx)
+        if ctx.privacy is None:
+            for name, why in self.unnoised_fields(spec).items():
+                ledger.mark_unnoised(name, ctx.phase, why)
+        return ledger
 
     def _record_public(self, spec: UploadSpec, ctx: RoundContext) -> None:
         """Say in the transcript which fields were released without DP noise."""
         for name in self.public:
             if name in spec.names:
                 ctx.transcript.privacy(field=name, public=True, round=ctx.round,
-                                       phase=ctx.phase, layer=self.name,
+                                       phase=ctx.phase, layer=self.name, private=False,
+                                       reason=f"declared public in layer {self.name!r}",
                                        note="declared public: released without DP noise")
 
     def _notes(self, spec: UploadSpec, sigmas: Mapping[str, float], mechanism: str,
@@ -344,7 +370,7 @@ class CentralDP(_DPLayer):
         event = GaussianEvent(noise_multiplier=self.noise_multiplier, round=ctx.round,
                               phase=ctx.phase, fields=tuple(sigmas), label=self.name)
         ledger.spend(event)  # raises BudgetExceeded before anything is released
-        src = self._source(ctx, SERVER, ledger)
+        src = self._source(ctx, SERVER, ledger, tuple(sigmas))
         for f in noised:
             noisy = agg.sums[f.name] + gaussian(sigmas[f.name], f.shape, src.rng)
             if f.is_integer:
@@ -400,7 +426,7 @@ class LocalDP(_DPLayer):
         private = True
         noisy_uploads: dict[int, Upload] = {}
         for c, up in uploads.items():
-            src = self._source(ctx, c, ledger)
+            src = self._source(ctx, c, ledger, tuple(sigmas))
             private = private and src.private
             values: dict[str, np.ndarray] = {}
             for f in spec.fields:
@@ -561,9 +587,11 @@ class DistributedDP(_DPLayer):
         plans = plan(sub, n, self.precision, ring_bits, extra_bound=extra)
         mask = np.uint64((1 << ring_bits) - 1) if ring_bits < 64 else np.uint64(2**64 - 1)
         vectors: dict[int, np.ndarray] = {}
+        encode_s: dict[int, float] = {}
         private = True
         for c in clients:
-            src = self._source(ctx, c, ledger)
+            t0 = time.process_time()
+            src = self._source(ctx, c, ledger, [f.name for f in noised])
             private = private and src.private
             parts = []
             for f in additive:
@@ -573,10 +601,16 @@ class DistributedDP(_DPLayer):
                     enc = (enc + noise.view(np.uint64)) & mask
                 parts.append(enc)
             vectors[c] = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+            encode_s[c] = time.process_time() - t0
         label = "+".join(f.name for f in additive) + " (dp-noised)"
         # The secure sum transcripts the ring sum under ``label``; it carries the noise.
+        # each client's step (and its encoding and noise draw) is booked on its masked-input
+        # row, as under every other layer
+        costs = {c: (float(uploads[c].cpu_s) + encode_s[c], float(uploads[c].flops))
+                 for c in clients}
         ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
-            vectors, ring_bits, _relabel(ctx, [label] if noised else []), label)
+            vectors, ring_bits, _relabel(ctx, [label] if noised else []), label,
+            upload_costs=costs)
         contributors = tuple(sorted(int(c) for c in contributors))
         achieved = self._events(z, spec, noised, scales, len(contributors), worst, ctx)
         ledger.spend(*achieved)  # what actually happened: fewer survivors, less noise

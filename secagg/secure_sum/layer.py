@@ -195,8 +195,11 @@ class SecureSum(Layer):
         ring_bits: int,
         ctx: RoundContext,
         label: str = "upload",
+        upload_costs: Mapping[int, tuple[float, float]] | None = None,
     ) -> tuple[np.ndarray, tuple[int, ...]]:
         """Run the protocol on already-encoded vectors (uint64 ring elements, one length).
+        ``upload_costs``: client -> (CPU seconds, FLOPs) of its client step, booked on its
+        masked-input row (as :meth:`aggregate` does).
 
         Returns:
             (the sum mod 2^ring_bits of the contributors' vectors as uint64, the contributors).
@@ -206,6 +209,6 @@ class SecureSum(Layer):
         """
         report = run_secure_sum(vectors, ring_bits, ctx, threshold=self.threshold,
                                 graph=self.graph, k=self.k, label=label,
-                                identities=self.identities)
+                                identities=self.identities, upload_costs=upload_costs)
         self.last_report = report
         return report.total, report.contributors
