@@ -69,7 +69,7 @@ class FieldView:
 def _parties(who: Any, clients: Iterable[int]) -> frozenset[Any]:
     if isinstance(who, ThreatModel):
         return who.parties(clients)
-    if isinstance(who, str) and "+" not in who and who not in ("active-server",):
+    if isinstance(who, str) and who in ("server", "decryptor"):
         return frozenset({who})
     if isinstance(who, str):
         return ThreatModel.parse(who).parties(clients)
