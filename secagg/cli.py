@@ -2,6 +2,7 @@
 
 ``secagg run``   run an algorithm under a privacy layer and print the closing table.
 ``secagg audit`` read a transcript and print what the server saw, per phase and field.
+``secagg check`` verify that an algorithm's additive fields are sums over records.
 
 Algorithms are found through the ``secagg.algorithms`` entry-point group (the ``algorithms``
 package registers its own; a third-party package can add more), or given as
@@ -233,7 +234,46 @@ def _make_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("file", type=Path, help="transcript.jsonl (or a run directory holding one)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
+    a.add_argument(
+        "--threat",
+        default=None,
+        metavar="COALITION",
+        help="also judge every field against a coalition, e.g. server, server+3, "
+        "server+decryptor, active-server (threat_models); exits 3 when the coalition can "
+        "read a field beyond what the layer promises",
+    )
+
+    c = sub.add_parser(
+        "check",
+        help="check that an algorithm's additive fields are sums over records",
+        description="Split clients' records in two and verify f(A u B) = f(A) + f(B) for "
+        "every field declared additive (threat_models.additivity); exits 1 when one is not.",
+    )
+    c.add_argument("algorithm", help="algorithm name or module:Class")
+    c.add_argument("--dataset", default="digits", choices=("digits", "fashion-mnist", "mnist"))
+    c.add_argument("--data-dir", default=None, help="directory of the IDX .gz files")
+    c.add_argument("--clients", type=int, default=5, help="clients to split into (%(default)s)")
+    c.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
     return p
+
+
+def _check(args: argparse.Namespace) -> int:
+    from secagg.data import dirichlet_split, load_dataset
+
+    try:
+        from threat_models.additivity import check_additivity, format_checks
+    except ImportError as exc:
+        raise SecaggError(f"secagg check needs the threat_models package: {exc}") from None
+    algo = load_algorithm(args.algorithm)()
+    part = dirichlet_split(load_dataset(args.dataset, args.data_dir), args.clients, 0.5,
+                           seed=args.seed)
+    checks = check_additivity(algo, part, seed=args.seed)
+    print(format_checks(checks))
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        print(f"\n{len(bad)} field(s) declared additive are not sums over records; upload "
+              "sums instead (algorithms.moments) or declare additive=False")
+    return 1 if bad else 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -302,8 +342,17 @@ def _audit(args: argparse.Namespace) -> int:
     path = args.file / "transcript.jsonl" if args.file.is_dir() else args.file
     if not path.exists():
         raise SecaggError(f"no such transcript: {path}")
-    report = audit(Transcript.read(path))
+    transcript = Transcript.read(path)
+    report = audit(transcript)
     print(json.dumps(report, indent=2) if args.json else format_audit(report))
+    if getattr(args, "threat", None):
+        try:
+            from threat_models.audit import threat_audit
+        except ImportError as exc:
+            raise SecaggError(f"audit --threat needs the threat_models package: {exc}") from None
+        text, leaks = threat_audit(transcript, args.threat)
+        print("\n" + text)
+        return 3 if leaks else 0
     return 0
 
 
@@ -311,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``secagg`` command; returns the exit status."""
     parser = _make_parser()
     args = parser.parse_args(argv)
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit}
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit,
+                                                                 "check": _check}
     if args.command is None:
         parser.print_help()
         return 2

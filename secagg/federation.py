@@ -24,7 +24,7 @@ import numpy as np
 from secagg.costs import SERVER, HardwareProfile, Ledger, get_profile
 from secagg.data import ClientData, Dataset, Partition
 from secagg.dropouts import DropoutModel
-from secagg.errors import BudgetExceeded, ConfigurationError, SecureSumAborted
+from secagg.errors import BudgetExceeded, ConfigurationError, InadmissibleField, SecureSumAborted
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
 from secagg.transcript import Transcript
@@ -231,6 +231,11 @@ class Federation:
             for phases whose spec declares none. Without it, fixed-point planning uses
             :data:`~secagg.messages.DEFAULT_MAX_RECORDS` and client-level DP on a
             record-level bound is refused. A client holding more records is refused.
+        threat: an adversary model with ``check(algorithm, layer, specs, n_clients)``
+            returning per-field verdicts (``ok``, ``phase``, ``field``, ``reason``), e.g.
+            :class:`threat_models.ThreatModel`; the run is refused before its first phase
+            when a field is not protected against it.
+        allow_leaks: run anyway; the leaking fields are recorded in the transcript header.
     """
 
     def __init__(
@@ -248,6 +253,8 @@ class Federation:
         privacy: Any | None = None,
         progress: bool | None = None,
         max_records: int | None = None,
+        threat: Any | None = None,
+        allow_leaks: bool = False,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -287,6 +294,31 @@ class Federation:
         self.privacy = privacy
         self.progress = _progress_wanted() if progress is None else progress
         self.max_records = max_records
+        self.threat = threat
+        self.allow_leaks = allow_leaks
+
+    def _check_threat(self, max_records: int) -> list[str]:
+        """Judge every phase's fields against ``self.threat``; raise InadmissibleField for
+        the first unprotected one unless ``allow_leaks`` (then return them all)."""
+        specs: dict[str, UploadSpec] = {}
+        for r in range(self.rounds):
+            for ph in self.algorithm.phases(r, self.rounds):
+                if ph.name not in specs:
+                    spec = ph.spec()
+                    specs[ph.name] = spec if spec.max_records is not None else replace(
+                        spec, max_records=max_records)
+        cohort = max(1, int(round(self.fraction * len(self.partition))))
+        verdicts = self.threat.check(self.algorithm, self.layer, specs, n_clients=cohort)
+        leaks = [v for v in verdicts if not v.ok]
+        if leaks and not self.allow_leaks:
+            v = leaks[0]
+            name = getattr(self.threat, "name", str(self.threat))
+            raise InadmissibleField(
+                self.layer.name, v.field,
+                f"phase {v.phase!r}: not protected against threat {name!r}: {v.reason} "
+                "(choose a layer that protects it, or pass allow_leaks=True to run anyway; "
+                "the transcript then records the leak)")
+        return [str(v) for v in leaks]
 
     def _cohort(self, rng: np.random.Generator) -> list[int]:
         n = len(self.partition)
@@ -315,8 +347,13 @@ class Federation:
             rounds=self.rounds,
             clients=len(states),
             fraction=self.fraction,
+            **({} if self.threat is None else {
+                "threat": self.threat.describe(), "allow_leaks": self.allow_leaks}),
         )
+        header = transcript.records[-1]
         self.algorithm.setup(dataset, states, self.seed)
+        if self.threat is not None:
+            header["leaks"] = self._check_threat(max_records)
         plan = getattr(self.layer, "plan_releases", None)
         if callable(plan):  # DP layers calibrate their noise for the run's release count
             plan(sum(len(self.algorithm.phases(r, self.rounds)) for r in range(self.rounds)))

@@ -1,0 +1,267 @@
+"""A federated Gaussian mixture: EM with additive sufficient statistics.
+
+Every EM iteration is one round. The server broadcasts the mixture (weights, means and the
+Cholesky factors of the precisions); each client computes its records' responsibilities
+``r_ij`` (E-step) and uploads, per component j, ``N_j = sum_i r_ij``, ``S_j = sum_i r_ij x_i``
+and ``Q_j = sum_i r_ij x_i x_i^T`` (packed upper triangle). All three are sums over records,
+so the upload goes through any additive layer (plaintext, secure summation, BFV/CKKS, DP),
+and the server's M-step on the summed statistics is the M-step on the pooled data:
+``weights = N / sum N``, ``means = S / N``, ``cov = Q / N - means means^T + reg_covar I``,
+the same update (and the same ``10 eps`` guard on ``N``) as scikit-learn's
+``GaussianMixture(covariance_type="full")``.
+
+Initialisation (round 0, phase ``init``): clients upload the global moments (count, sum,
+packed sum of outer products); the server places the K initial means at
+``mean + L z_j`` (``L L^T`` the global covariance, ``z_j`` standard normal from the run
+seed), with equal weights and the global covariance for every component. The initial
+mixture is kept in :attr:`GMM.initial` so a pooled run can start from it.
+
+Records are clamped to the public box ``[low, high]^d`` before any statistic (clamped
+entries are counted in :attr:`GMM.clamped`), which gives every field a declared bound: per
+record ``||r|| <= 1``, ``||r (x) x|| <= ||x|| <= B sqrt(d)`` and ``||r (x) x x^T|| <= ||x||^2 <=
+d B^2`` with ``B = max(|low|, |high|)``.
+
+:meth:`GMM.evaluate` returns the clustering accuracy on the global test set: each
+component is matched to one class by the Hungarian algorithm on the confusion matrix
+(``scipy.optimize.linear_sum_assignment``) and the share of test records whose
+most-responsible component maps to their label is reported. :meth:`GMM.score` gives the
+mean log-likelihood of data under the mixture.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from scipy.linalg import solve_triangular
+from scipy.special import logsumexp
+
+from algorithms.base import Aggregate, Algorithm, ClientState, Phase
+from algorithms.moments import moments_to_gaussians, weighted_moments
+from algorithms.spherefed import packed_size
+from secagg.data import Dataset
+from secagg.errors import ConfigurationError
+from secagg.federation import derive_seed
+from secagg.messages import Bound, Field, UploadSpec
+
+
+def precision_cholesky(cov: np.ndarray) -> np.ndarray:
+    """Per component, the upper-triangular ``P`` with ``P P^T = cov^-1`` (scikit-learn's
+    ``precisions_cholesky_`` for full covariances).
+
+    Raises:
+        ConfigurationError: a covariance is not positive definite (raise ``reg_covar``).
+    """
+    out = np.empty_like(cov)
+    d = cov.shape[-1]
+    for j, c in enumerate(cov):
+        try:
+            low = np.linalg.cholesky(c)
+        except np.linalg.LinAlgError:
+            raise ConfigurationError(
+                f"component {j}: covariance is not positive definite; increase reg_covar"
+            ) from None
+        out[j] = solve_triangular(low, np.eye(d), lower=True).T
+    return out
+
+
+def log_gaussian(x: np.ndarray, means: np.ndarray, prec_chol: np.ndarray) -> np.ndarray:
+    """(n, K) log densities of rows of ``x`` under each component."""
+    n, d = x.shape
+    out = np.empty((n, len(means)))
+    for j, (mu, p) in enumerate(zip(means, prec_chol)):
+        y = x @ p - mu @ p
+        out[:, j] = np.sum(y * y, axis=1)
+    log_det = np.sum(np.log(np.diagonal(prec_chol, axis1=1, axis2=2)), axis=1)
+    return -0.5 * (d * np.log(2 * np.pi) + out) + log_det
+
+
+def responsibilities(x: np.ndarray, weights: np.ndarray, means: np.ndarray,
+                     prec_chol: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(responsibilities (n, K), per-record log-likelihood (n,)): the E-step."""
+    wlp = log_gaussian(x, means, prec_chol) + np.log(weights)
+    norm = logsumexp(wlp, axis=1)
+    return np.exp(wlp - norm[:, None]), norm
+
+
+class GMM(Algorithm):
+    """Federated EM for a full-covariance Gaussian mixture.
+
+    Args:
+        n_components: K (default: the data set's number of classes).
+        reg_covar: added to every covariance's diagonal (scikit-learn's default 1e-6).
+        low, high: the public box records are clamped to (digits and the image sets are
+            scaled to [0, 1]).
+    """
+
+    name: ClassVar[str] = "gmm"
+
+    def __init__(self, n_components: int | None = None, reg_covar: float = 1e-6,
+                 low: float = 0.0, high: float = 1.0) -> None:
+        if n_components is not None and n_components < 1:
+            raise ConfigurationError(f"n_components must be >= 1, got {n_components}")
+        if not (reg_covar >= 0 and math.isfinite(reg_covar)):
+            raise ConfigurationError(f"reg_covar must be a finite number >= 0, got {reg_covar}")
+        if not low < high:
+            raise ConfigurationError(f"the box needs low < high, got [{low}, {high}]")
+        self.n_components = n_components
+        self.reg_covar = float(reg_covar)
+        self.low, self.high = float(low), float(high)
+        self.k = 0
+        self.d = 0
+        self.seed = 0
+        self.clamped = 0
+        self.weights: np.ndarray | None = None
+        self.means: np.ndarray | None = None
+        self.covariances: np.ndarray | None = None
+        self.initial: dict[str, np.ndarray] | None = None
+        self.iterations = 0
+
+    # -- Algorithm ------------------------------------------------------------------------
+    def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None:
+        """Fix K, d and the seed; the mixture is initialised in round 0's ``init`` phase."""
+        self.seed = seed
+        self.d = int(np.prod(dataset.input_shape))
+        self.k = int(self.n_components or dataset.n_classes)
+        self.weights = self.means = self.covariances = None
+        self.initial = None
+        self.iterations = 0
+        self.clamped = 0
+
+    def phases(self, round: int, rounds: int) -> Sequence[Phase]:
+        """Round 0: ``init`` then ``em``; later rounds: ``em``."""
+        return [_InitPhase(self), _EMPhase(self)] if round == 0 else [_EMPhase(self)]
+
+    def evaluate(self, dataset: Dataset, clients: Sequence[ClientState]) -> float:
+        """Clustering accuracy on the global test set (Hungarian matching of components to
+        classes; 0.0 before the first M-step)."""
+        if self.means is None or dataset.n_test == 0:
+            return 0.0
+        from scipy.optimize import linear_sum_assignment
+
+        x = self.clamp(dataset.x_test)
+        pred = np.argmax(self.predict_proba(x), axis=1)
+        conf = np.zeros((self.k, dataset.n_classes))
+        np.add.at(conf, (pred, dataset.y_test), 1)
+        rows, cols = linear_sum_assignment(-conf)
+        return float(conf[rows, cols].sum() / dataset.n_test)
+
+    def describe(self) -> dict[str, Any]:
+        """Name and hyper-parameters."""
+        return {"name": self.name, "n_components": self.n_components,
+                "reg_covar": self.reg_covar, "low": self.low, "high": self.high}
+
+    # -- the mixture ----------------------------------------------------------------------
+    def clamp(self, x: np.ndarray) -> np.ndarray:
+        """Flatten to (n, d) float64 and clamp into the public box."""
+        return np.clip(np.asarray(x, dtype=np.float64).reshape(len(x), -1), self.low, self.high)
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        """(n, K) responsibilities of already-flattened records."""
+        assert self.weights is not None and self.means is not None
+        assert self.covariances is not None
+        return responsibilities(x, self.weights, self.means,
+                                precision_cholesky(self.covariances))[0]
+
+    def score(self, x: np.ndarray) -> float:
+        """Mean log-likelihood per record of ``x`` (clamped) under the mixture."""
+        assert self.weights is not None and self.means is not None
+        assert self.covariances is not None
+        return float(np.mean(responsibilities(self.clamp(x), self.weights, self.means,
+                                              precision_cholesky(self.covariances))[1]))
+
+    @property
+    def box_bound(self) -> float:
+        """B = max(|low|, |high|)."""
+        return max(abs(self.low), abs(self.high))
+
+    def spec(self, k: int) -> UploadSpec:
+        """Fields ``N`` (k,), ``S`` (k, d), ``Q`` (k, d(d+1)/2), per-record bounds."""
+        b, d = self.box_bound, self.d
+        return UploadSpec((
+            Field("N", (k,), "float64", additive=True, bound=Bound(l2=1.0, linf=1.0)),
+            Field("S", (k, d), "float64", additive=True,
+                  bound=Bound(l2=b * math.sqrt(d), linf=b)),
+            Field("Q", (k, packed_size(d)), "float64", additive=True,
+                  bound=Bound(l2=d * b * b, linf=b * b)),
+        ))
+
+    def client_statistics(self, client: ClientState, weights: np.ndarray | None = None,
+                          means: np.ndarray | None = None,
+                          prec_chol: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """One client's (N, S, Q): global moments without a mixture, else the E-step's."""
+        raw = np.asarray(client.data.x, dtype=np.float64).reshape(len(client.data.x), -1)
+        x = self.clamp(raw)
+        self.clamped += int(np.count_nonzero(x != raw))
+        r = None if weights is None else responsibilities(x, weights, means, prec_chol)[0]
+        n, s, q = weighted_moments(x, r)
+        return {"N": n, "S": s, "Q": q}
+
+    def initialise(self, n: np.ndarray, s: np.ndarray, q: np.ndarray) -> None:
+        """Server: the initial mixture from the global moments (see the module docstring)."""
+        _, mean, cov = moments_to_gaussians(n, s, q, reg=self.reg_covar)
+        rng = np.random.default_rng(derive_seed(self.seed, "gmm-init"))
+        low = np.linalg.cholesky(cov[0])
+        z = rng.standard_normal((self.k, self.d))
+        self.means = mean[0] + z @ low.T
+        self.weights = np.full(self.k, 1.0 / self.k)
+        self.covariances = np.repeat(cov, self.k, axis=0)
+        self.initial = {"weights": self.weights.copy(), "means": self.means.copy(),
+                        "precisions": np.linalg.inv(self.covariances)}
+
+    def m_step(self, n: np.ndarray, s: np.ndarray, q: np.ndarray) -> None:
+        """Server: the M-step from summed statistics (scikit-learn's update)."""
+        n = np.asarray(n, dtype=np.float64) + 10 * np.finfo(np.float64).eps
+        self.weights, self.means, self.covariances = moments_to_gaussians(
+            n, s, q, reg=self.reg_covar)
+        self.iterations += 1
+
+
+class _InitPhase(Phase):
+    name: ClassVar[str] = "init"
+
+    def __init__(self, algo: GMM) -> None:
+        self.algo = algo
+
+    def spec(self) -> UploadSpec:
+        return self.algo.spec(1)
+
+    def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
+        return self.algo.client_statistics(client)
+
+    def server_step(self, aggregate: Aggregate) -> None:
+        self.algo.initialise(aggregate["N"], aggregate["S"], aggregate["Q"])
+
+
+class _EMPhase(Phase):
+    name: ClassVar[str] = "em"
+
+    def __init__(self, algo: GMM) -> None:
+        self.algo = algo
+
+    def spec(self) -> UploadSpec:
+        return self.algo.spec(self.algo.k)
+
+    def broadcast(self) -> dict[str, np.ndarray]:
+        a = self.algo
+        if a.means is None or a.covariances is None or a.weights is None:
+            raise ConfigurationError("the GMM has no mixture yet: the init phase must run first")
+        return {"weights": a.weights, "means": a.means,
+                "prec_chol": precision_cholesky(a.covariances)}
+
+    def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
+        return self.algo.client_statistics(client, np.asarray(broadcast["weights"]),
+                                           np.asarray(broadcast["means"]),
+                                           np.asarray(broadcast["prec_chol"]))
+
+    def server_step(self, aggregate: Aggregate) -> None:
+        self.algo.m_step(aggregate["N"], aggregate["S"], aggregate["Q"])
+
+    def client_flops(self, client: ClientState) -> float:
+        a = self.algo
+        return float(client.n_records * a.k * (2 * a.d * a.d + a.d * (a.d + 1)))
+
+
+__all__ = ["GMM", "log_gaussian", "precision_cholesky", "responsibilities"]
