@@ -211,3 +211,14 @@ def test_cli_sweep_and_plot(tmp_path, capsys):
     toml.write_text('[grid]\nalgorithms = ["fedlog"]\nlayers = ["local-dp"]\nepsilon = [0]\n')
     assert main(["sweep", str(toml), "--out", str(out)]) == 1
     assert "grid.epsilon[0]" in capsys.readouterr().err
+
+
+def test_clip_axis_sets_the_algorithms_bound():
+    from secagg.sweep import _algorithm
+
+    cfg = load_config(_cfg(grid={"clip": [0.5, 2.0], "layers": ["plaintext"],
+                                 "epsilon": None}))
+    cells = cfg.cells()
+    assert [c.clip for c in cells] == [0.5, 2.0]
+    assert [_algorithm(cfg, c).feature_bound for c in cells] == [0.5, 2.0]
+    assert cfg.cell_id(cells[0]) != cfg.cell_id(cells[1])
