@@ -1,128 +1,118 @@
-"""Privacy-utility sweep: FedLog under CentralDP, DistributedDP(SecureSum) and LocalDP.
+"""Privacy-utility sweep: accuracy vs epsilon under central, distributed and local DP.
 
-For each total epsilon (delta fixed, composed over all rounds by the run's PrivacyLedger)
-the three DP layers run the same FedLog federation (same data split, seed and
-initialisation) and the script prints the final mean local test accuracy next to the
-non-private run (Plaintext), plus the epsilon each run actually spent.
+Runs (or resumes) a sweep from a TOML config through :func:`secagg.sweep.sweep` and prints,
+per algorithm, the non-private accuracy, then per epsilon the central, distributed and
+local DP accuracies (mean over seeds), the gaps the issue asks about (non-private minus
+central, central minus distributed), which cells used the statistics cache, and the
+measured speed-up of the cache: a cached cell is re-run with the cache off and both wall
+times are printed.
 
-Defaults follow the issue: Fashion-MNIST, Dirichlet alpha 0.1, 20 clients, delta 1e-5,
-epsilon in {0.5, 1, 2, 4, 8}. CPU time is the limit here, so the number of rounds, the
-local epochs and an optional subsample of the training set are flags:
+    python benchmarks/privacy_utility.py                                   # reduced (minutes)
+    python benchmarks/privacy_utility.py examples/privacy_utility_fmnist.toml  # issue 13 pt 4
 
-    python benchmarks/privacy_utility.py                       # the full sweep
-    python benchmarks/privacy_utility.py --dataset digits --rounds 3   # smoke test
-
-Expected shape: every DP cell below the non-private run; distributed close to central at
-large epsilon but behind at small epsilon, where its noise, sized for the worst case the
-threshold allows (only a 0.7 fraction of clients surviving), and its RDP accounting of the
-discrete Gaussian cost most; local clearly worse (n times the noise variance). Recorded:
-benchmarks/results/privacy_utility_reduced.txt (central 0.37 / 0.60 / 0.76 / 0.81 / 0.81,
-distributed 0.19 / 0.46 / 0.70 / 0.78 / 0.81, local 0.09 / 0.13 / 0.20 / 0.54 / 0.73 at
-epsilon 0.5 / 1 / 2 / 4 / 8; non-private 0.82).
+Outputs (results.jsonl/.csv, plots) go to the config's ``sweep.out`` or ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from algorithms.fedlog import FedLog  # noqa: E402
-from secagg.data import dirichlet_split, load_dataset  # noqa: E402
-from secagg.federation import Federation  # noqa: E402
-from secagg.layers.plaintext import Plaintext  # noqa: E402
-from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP  # noqa: E402
-from secagg.secure_sum import SecureSum  # noqa: E402
+from secagg.sweep import Cell, load_config, run_cell, sweep  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _layer(kind: str, eps: float, delta: float, rounds: int, threshold: float):
-    common = {"epsilon": eps, "delta": delta, "rounds": rounds}
-    if kind == "central":
-        return CentralDP(Plaintext(), **common)
-    if kind == "distributed":
-        return DistributedDP(SecureSum(threshold=threshold), **common)
-    if kind == "local":
-        return LocalDP(Plaintext(), **common)
-    raise ValueError(kind)
+def _mean(rows: list[dict]) -> float | None:
+    return float(np.mean([r["accuracy"] for r in rows])) if rows else None
+
+
+def _fmt(x: float | None) -> str:
+    return "   -  " if x is None else f"{x:.4f}"
+
+
+def table(rows: list[dict]) -> str:
+    """The closing table: per algorithm, accuracy per layer and epsilon, and the gaps."""
+    out: list[str] = []
+    for algo in sorted({r["algorithm"] for r in rows}):
+        mine = [r for r in rows if r["algorithm"] == algo]
+        base = _mean([r for r in mine if r["layer"] == "plaintext"])
+        ss = _mean([r for r in mine if r["layer"] == "secure-sum"])
+        kind = mine[0].get("accuracy_kind", "")
+        out.append(f"\n{algo} ({kind} accuracy; mean over "
+                   f"{len({r['seed'] for r in mine})} seed(s))")
+        out.append(f"  non-private: plaintext {_fmt(base)}, secure-sum {_fmt(ss)}")
+        cells: dict[tuple[float, str], list[dict]] = defaultdict(list)
+        for r in mine:
+            if r.get("epsilon") is not None:
+                cells[(r["epsilon"], r["layer"])].append(r)
+        eps = sorted({e for e, _ in cells})
+        out.append(f"  {'epsilon':>7} | {'central':>7} | {'distrib.':>8} | {'local':>7} | "
+                   f"{'np-central':>10} | {'central-distr.':>14} | cache")
+        for e in eps:
+            c = _mean(cells.get((e, "central-dp"), []))
+            d = _mean(cells.get((e, "distributed-dp"), []))
+            lo = _mean(cells.get((e, "local-dp"), []))
+            gap1 = "" if base is None or c is None else f"{100 * (base - c):+.2f} pt"
+            gap2 = "" if c is None or d is None else f"{100 * (c - d):+.2f} pt"
+            used = sorted({r["cache"] for k, v in cells.items() if k[0] == e for r in v})
+            out.append(f"  {e:>7g} | {_fmt(c):>7} | {_fmt(d):>8} | {_fmt(lo):>7} | "
+                       f"{gap1:>10} | {gap2:>14} | {','.join(used)}")
+        spent = [r for r in mine if r.get("epsilon_spent") is not None]
+        if spent:
+            why = sorted({w for r in spent for w in r.get("not_private_reasons", [])})
+            out.append("  every DP cell private: " + (
+                "yes" if all(r.get("private") for r in spent) else
+                f"NO ({len(why)} reason(s)), e.g. {why[0] if why else 'see the rows'}"))
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the sweep and print the table."""
+    """Run the sweep, print the table and the cache's measured speed-up."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default="fashion-mnist")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--clients", type=int, default=20)
-    p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--local-epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-4,
-                   help="FedLog's local Adam learning rate (default %(default)s; the paper's "
-                        "MNIST value 1e-3 makes the non-private run oscillate from round to "
-                        "round on Fashion-MNIST at alpha 0.1, which hides the privacy cost)")
-    p.add_argument("--train-limit", type=int, default=None,
-                   help="use only the first N training records (CPU time)")
-    p.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
-    p.add_argument("--delta", type=float, default=1e-5)
-    p.add_argument("--layers", nargs="+", default=["central", "distributed", "local"])
-    p.add_argument("--threshold", type=float, default=0.7)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=1,
-                   help="DP runs per cell (fresh noise each time); the cell shows the mean")
+    p.add_argument("config", nargs="?", default=str(ROOT / "examples" /
+                                                    "privacy_utility_reduced.toml"))
+    p.add_argument("--out", default=None)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--no-speedup", action="store_true",
+                   help="skip re-running one cached cell per algorithm with the cache off")
     a = p.parse_args(argv)
-
-    ds = load_dataset(a.dataset, a.data_dir)
-    if a.train_limit:
-        ds = dataclasses.replace(ds, x_train=ds.x_train[:a.train_limit],
-                                 y_train=ds.y_train[:a.train_limit])
-    part = dirichlet_split(ds, a.clients, a.alpha, seed=a.seed, local_test_fraction=0.2)
-
-    def run(layer) -> tuple[float, float | None, float]:
-        t0 = time.perf_counter()
-        algo = FedLog(local_epochs=a.local_epochs, lr=a.lr)
-        res = Federation(algo, layer, part, rounds=a.rounds, seed=a.seed, progress=False).run()
-        spent = None if res.privacy is None else res.privacy.epsilon(a.delta)
-        return res.accuracy, spent, time.perf_counter() - t0
-
-    print(f"FedLog on {a.dataset}: {a.clients} clients, Dirichlet alpha {a.alpha}, "
-          f"{a.rounds} rounds, {a.local_epochs} local epoch(s), lr {a.lr:g}, delta {a.delta:g}"
-          + (f", first {a.train_limit} training records" if a.train_limit else ""))
-    base, _, t = run(Plaintext())
-    print(f"non-private (Plaintext): accuracy {base:.4f}  ({t:.0f} s)\n")
-    head = f"{'epsilon':>8} | " + " | ".join(f"{k:>31}" for k in a.layers)
-    print(head)
-    print("-" * len(head))
-    table: dict[tuple[float, str], float] = {}
-    for eps in a.epsilons:
-        cells = []
-        for kind in a.layers:
-            accs, spents, t = [], [], 0.0
-            for _ in range(a.repeats):
-                acc, spent, dt = run(_layer(kind, eps, a.delta, a.rounds, a.threshold))
-                accs.append(acc)
-                spents.append(spent)
-                t += dt
-            acc = float(np.mean(accs))
-            table[(eps, kind)] = acc
-            sd = f"+-{np.std(accs):.3f} " if a.repeats > 1 else ""
-            cells.append(f"{acc:.4f} {sd}(eps {max(spents):.3g}, {t:.0f}s)")
-        print(f"{eps:>8g} | " + " | ".join(f"{c:>31}" for c in cells), flush=True)
-    print(f"\nnon-private accuracy: {base:.4f}")
-    if "central" in a.layers and "distributed" in a.layers:
-        gaps = [100 * (table[(e, 'central')] - table[(e, 'distributed')]) for e in a.epsilons]
-        print("central - distributed (points): "
-              + ", ".join(f"eps {e:g}: {g:+.2f}" for e, g in zip(a.epsilons, gaps, strict=True))
-              + f"; max |gap| {max(abs(g) for g in gaps):.2f}")
-    if "central" in a.layers and "local" in a.layers:
-        gaps = [100 * (table[(e, 'central')] - table[(e, 'local')]) for e in a.epsilons]
-        print("central - local (points): "
-              + ", ".join(f"eps {e:g}: {g:+.2f}" for e, g in zip(a.epsilons, gaps, strict=True))
-              + f"; mean {float(np.mean(gaps)):.2f}")
+    cfg = load_config(a.config, a.out)
+    t0 = time.perf_counter()
+    res = sweep(cfg, workers=a.workers, progress=None)
+    print(f"# python benchmarks/privacy_utility.py {a.config}"
+          + (f" --out {a.out}" if a.out else ""))
+    print(f"sweep: {len(res.rows)} cells ({len(res.ran)} run now, {len(res.skipped)} "
+          f"resumed) in {time.perf_counter() - t0:.0f} s; results in {res.jsonl}")
+    d = cfg.data
+    print(f"data: {d['dataset']}, {d['clients']} clients, alpha {d['alpha']}"
+          + (f", first {d['train_limit']} records" if d.get("train_limit") else "")
+          + f"; {cfg.rounds} rounds; DP on phases {list(cfg.dp_phases or ['all'])}, "
+          f"rounds {cfg.dp_rounds}; adjacency {cfg.adjacency or 'layer default (record)'}")
+    print(table(res.rows))
+    hits = [r for r in res.rows if r["cache"] == "hit"]
+    by_cache: dict[str, int] = defaultdict(int)
+    for r in res.rows:
+        by_cache[r["cache"]] += 1
+    print("\ncache use: " + ", ".join(f"{k} {v}" for k, v in sorted(by_cache.items())))
+    if hits and not a.no_speedup:
+        for algo in sorted({r["algorithm"] for r in hits}):
+            r = next(h for h in hits if h["algorithm"] == algo)
+            cell = Cell(**{k: r[k] for k in ("algorithm", "layer", "epsilon", "delta", "clip",
+                                              "dropout", "seed")})
+            off = run_cell(cfg, cell, "off")
+            print(f"cache speed-up, {algo} {cell.layer} eps {cell.epsilon:g}: uncached "
+                  f"{off['wall_s']:.1f} s, cached {r['wall_s']:.1f} s -> "
+                  f"{off['wall_s'] / max(r['wall_s'], 1e-9):.1f}x (accuracy "
+                  f"{off['accuracy']:.4f} uncached vs {r['accuracy']:.4f} cached: fresh "
+                  "noise each run)")
     return 0
 
 

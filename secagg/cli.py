@@ -3,6 +3,7 @@
 ``secagg run``   run an algorithm under a privacy layer and print the closing table.
 ``secagg audit`` read a transcript and print what the server saw, per phase and field.
 ``secagg check`` verify that an algorithm's additive fields are sums over records.
+``secagg sweep`` run or resume a privacy-utility sweep; ``secagg plot`` redraws its plots.
 
 Algorithms are found through the ``secagg.algorithms`` entry-point group (the ``algorithms``
 package registers its own; a third-party package can add more), or given as
@@ -254,6 +255,26 @@ def _make_parser() -> argparse.ArgumentParser:
     c.add_argument("--data-dir", default=None, help="directory of the IDX .gz files")
     c.add_argument("--clients", type=int, default=5, help="clients to split into (%(default)s)")
     c.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
+
+    sw = sub.add_parser(
+        "sweep",
+        help="run (or resume) a privacy-utility sweep from a TOML config",
+        description="Run a grid of runs (algorithms x layers x epsilon x delta x clip x "
+        "dropout x seeds) in parallel; each finished cell is appended to results.jsonl/.csv "
+        "and skipped when the sweep is run again. Keys: see examples/sweep.toml.",
+    )
+    sw.add_argument("config", type=Path, help="sweep config (TOML)")
+    sw.add_argument("--out", type=Path, default=None, help="output directory (sweep.out)")
+    sw.add_argument("--workers", type=int, default=None,
+                    help="worker processes (default: sweep.workers, else all cores)")
+    sw.add_argument("--no-cache", action="store_true", help="recompute every cell")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    pl = sub.add_parser("plot", help="redraw the plots of a sweep",
+                        description="Redraw privacy_utility.{png,svg} and cost_utility.{png,svg} "
+                        "from a sweep's results.jsonl or results.csv.")
+    pl.add_argument("results", type=Path, help="results.jsonl/.csv or the sweep's directory")
+    pl.add_argument("--out", type=Path, default=None, help="where to draw (default: beside)")
     return p
 
 
@@ -356,12 +377,35 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from secagg.sweep import sweep
+
+    res = sweep(args.config, out=args.out, workers=args.workers,
+                cache=False if args.no_cache else None, progress=False if args.quiet else None)
+    print(f"{len(res.ran)} cell(s) run, {len(res.skipped)} already done; results in "
+          f"{res.jsonl} and {res.csv}")
+    for name, path in res.plots.items():
+        print(f"plot: {path}" if name.endswith(".png") else f"      {path}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from secagg.plots import load_results, plot_results
+
+    out = args.out or (args.results if args.results.is_dir() else args.results.parent)
+    for path in plot_results(load_results(args.results), out).values():
+        print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``secagg`` command; returns the exit status."""
     parser = _make_parser()
     args = parser.parse_args(argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit,
                                                                  "check": _check}
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit}
+    commands.update(sweep=_sweep, plot=_plot)
     if args.command is None:
         parser.print_help()
         return 2

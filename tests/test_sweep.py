@@ -1,0 +1,224 @@
+"""Sweeps: config validation, resume, the statistics cache, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from secagg.cli import main
+from secagg.errors import ConfigurationError
+from secagg.sweep import load_config, run_cell, sweep
+
+
+def _cfg(**over):
+    """A tiny grid on digits: FedLog, 4 clients, seeded (not private) noise, in-process."""
+    cfg = {
+        "sweep": {"rounds": 1, "workers": 0, "noise_seed": 3, "plot": False},
+        "data": {"dataset": "digits", "clients": 4, "alpha": 0.5},
+        "grid": {"algorithms": ["fedlog"], "layers": ["plaintext", "central-dp"],
+                 "epsilon": [1.0, 4.0]},
+        "algorithm": {"fedlog": {"local_epochs": 1}},
+    }
+    for table, values in over.items():
+        cfg[table] = {**cfg.get(table, {}), **values}
+        cfg[table] = {k: v for k, v in cfg[table].items() if v is not None}  # None: drop
+    return cfg
+
+
+# -- config validation -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table, values, key", [
+    ("sweep", {"roundz": 2}, "sweep.roundz"),                       # unknown key
+    ("sweep", {"rounds": "2"}, "sweep.rounds"),                     # wrong type
+    ("sweep", {"cache": 1}, "sweep.cache"),                         # int is not a bool
+    ("grid", {"epsilon": []}, "grid.epsilon"),                      # empty grid axis
+    ("grid", {"epsilon": [1.0, -2.0]}, "grid.epsilon[1]"),          # bad epsilon
+    ("grid", {"epsilon": [1.0, "two"]}, "grid.epsilon[1]"),
+    ("grid", {"delta": [1.5]}, "grid.delta[0]"),
+    ("grid", {"layers": ["plaintext", "dp"]}, "grid.layers[1]"),
+    ("grid", {"dropout": [1.0]}, "grid.dropout[0]"),
+    ("grid", {"algorithms": ["no-such-algorithm"]}, "grid.algorithms[0]"),
+    ("grid", {"clip": [2.0], "algorithms": ["spherefed"]}, "grid.clip"),
+    ("sweep", {"dp_rounds": "first"}, "sweep.dp_rounds"),
+    ("data", {"clients": 0}, "data.clients"),
+    ("algorithm", {"fedlog": {"no_such_arg": 1}}, "algorithm.fedlog.no_such_arg"),
+])
+def test_config_errors_are_typed_and_name_the_key(table, values, key):
+    with pytest.raises(ConfigurationError) as exc:
+        load_config(_cfg(**{table: values}))
+    assert f"{key}:" in str(exc.value)
+
+
+def test_config_unknown_table_and_missing_epsilon():
+    with pytest.raises(ConfigurationError, match="griid"):
+        load_config({**_cfg(), "griid": {}})
+    cfg = _cfg()
+    del cfg["grid"]["epsilon"]
+    with pytest.raises(ConfigurationError, match="grid.epsilon"):
+        load_config(cfg)
+
+
+def test_config_from_toml_and_bad_toml(tmp_path):
+    good = tmp_path / "s.toml"
+    good.write_text('[grid]\nalgorithms = ["fedlog"]\nlayers = ["plaintext", "local-dp"]\n'
+                    'epsilon = [0.5, 2]\nseeds = [0, 1]\n')
+    cfg = load_config(good)
+    # plaintext once per seed, local-dp per (epsilon, seed)
+    assert len(cfg.cells()) == 2 + 4
+    assert cfg.out.name == "sweep-s"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[grid\nalgorithms = 1\n")
+    with pytest.raises(ConfigurationError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_cell_ids_are_stable_and_distinct():
+    a, b = load_config(_cfg()), load_config(_cfg())
+    ids = [a.cell_id(c) for c in a.cells()]
+    assert ids == [b.cell_id(c) for c in b.cells()]
+    assert len(set(ids)) == len(ids) == 3
+    other = load_config(_cfg(data={"clients": 5}))
+    assert not set(ids) & {other.cell_id(c) for c in other.cells()}
+
+
+# -- resume ----------------------------------------------------------------------------
+
+
+def test_resume_skips_finished_cells_and_results_equal(tmp_path):
+    cfg = load_config(_cfg())
+    cells = cfg.cells()
+    part = sweep(cfg, out=tmp_path / "a", limit=cells[:2], progress=False)
+    assert sorted(part.ran) == sorted(cfg.cell_id(c) for c in cells[:2])
+    before = {r["id"]: r for r in part.rows}
+    full = sweep(cfg, out=tmp_path / "a", progress=False)
+    assert full.ran == [cfg.cell_id(cells[2])]          # only the missing cell ran
+    assert sorted(full.skipped) == sorted(before)
+    lines = (tmp_path / "a" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 3                               # nothing appended twice
+    again = sweep(cfg, out=tmp_path / "a", progress=False)
+    assert again.ran == [] and len(again.rows) == 3
+    # the same grid in one go gives the same results (seeded noise)
+    fresh = sweep(cfg, out=tmp_path / "b", progress=False)
+    acc = {r["id"]: r["accuracy"] for r in fresh.rows}
+    assert acc == {r["id"]: r["accuracy"] for r in full.rows}
+    csv_lines = (tmp_path / "a" / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("id,algorithm,layer") and len(csv_lines) == 4
+
+
+def test_interrupted_line_is_rerun(tmp_path):
+    cfg = load_config(_cfg(grid={"layers": ["plaintext"], "epsilon": None}))
+    sweep(cfg, out=tmp_path, progress=False)
+    path = tmp_path / "results.jsonl"
+    row = json.loads(path.read_text())
+    path.write_text(path.read_text()[:40])               # the write was cut mid-line
+    res = sweep(cfg, out=tmp_path, progress=False)
+    assert res.ran == [row["id"]]
+    assert res.rows[0]["accuracy"] == row["accuracy"]
+
+
+# -- the statistics cache --------------------------------------------------------------
+
+
+def _same(a, b):
+    for k in ("accuracy", "history", "epsilon_spent", "uplink_bytes", "downlink_bytes",
+              "private", "rounds"):
+        assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize("layer", ["central-dp", "distributed-dp", "local-dp"])
+def test_cached_cell_equals_uncached_cell(tmp_path, layer):
+    """FedLog, 2 rounds, DP on the last round's head: the statistics of the last round do
+    not depend on noise, so the cell replays them; with the same noise seed the result is
+    identical to running the cell for real."""
+    cfg = load_config(_cfg(sweep={"rounds": 2, "dp_rounds": "last"},
+                           grid={"layers": ["plaintext", "secure-sum", layer],
+                                 "epsilon": [1.0]}))
+    cells = {c.layer: c for c in cfg.cells()}
+    recorder = cells["secure-sum" if layer == "distributed-dp" else "plaintext"]
+    tape = tmp_path / "tape.pkl"
+    rec = run_cell(cfg, recorder, "record", tape)
+    assert rec["cache"] == "record" and tape.exists()
+    _same(rec, run_cell(cfg, recorder, "off"))  # recording changes nothing
+    cached = run_cell(cfg, cells[layer], "replay", tape)
+    plain = run_cell(cfg, cells[layer], "off")
+    assert cached["cache"] == "hit" and plain["cache"] == "off"
+    _same(cached, plain)
+    assert cached["private"] is False  # seeded noise and an un-noised first round
+
+
+def test_cache_misses_when_uploads_depend_on_noise(tmp_path):
+    """DP in every round: round 1's statistics follow the noised head of round 0, so the
+    replay must notice the different broadcast and run the cell for real."""
+    cfg = load_config(_cfg(sweep={"rounds": 2}, grid={"epsilon": [1.0]}))
+    plain_cell, dp_cell = cfg.cells()
+    run_cell(cfg, plain_cell, "record", tmp_path / "t.pkl")
+    cached = run_cell(cfg, dp_cell, "replay", tmp_path / "t.pkl")
+    assert cached["cache"] == "miss"
+    _same(cached, run_cell(cfg, dp_cell, "off"))
+
+
+def test_sweep_reports_cache_use_and_unnoised_rounds(tmp_path):
+    cfg = load_config(_cfg(sweep={"rounds": 2, "dp_rounds": "last", "noise_seed": None},
+                           grid={"epsilon": [1.0, 4.0]}))
+    assert cfg.noise_seed is None
+    res = sweep(cfg, out=tmp_path, progress=False)
+    by = sorted((r["layer"], r["cache"]) for r in res.rows)
+    assert by == [("central-dp", "hit"), ("central-dp", "hit"), ("plaintext", "record")]
+    for r in res.rows:
+        if r["layer"] == "central-dp":
+            assert r["private"] is False
+            assert any("without DP noise" in why for why in r["not_private_reasons"])
+
+
+def test_spherefed_ffc_is_cached(tmp_path):
+    cfg = load_config(_cfg(
+        sweep={"dp_phases": ["ffc"]},
+        grid={"algorithms": ["spherefed"], "layers": ["plaintext", "central-dp"],
+              "epsilon": [2.0]},
+        algorithm={"spherefed": {"local_epochs": 1, "feature_dim": 16}, "fedlog": None}))
+    plain_cell, dp_cell = cfg.cells()
+    run_cell(cfg, plain_cell, "record", tmp_path / "t.pkl")
+    cached = run_cell(cfg, dp_cell, "replay", tmp_path / "t.pkl")
+    assert cached["cache"] == "hit"
+    _same(cached, run_cell(cfg, dp_cell, "off"))
+
+
+# -- worker processes and the CLI -------------------------------------------------------
+
+
+def test_sweep_in_worker_processes(tmp_path):
+    cfg = load_config(_cfg(grid={"epsilon": [1.0]}))
+    res = sweep(cfg, out=tmp_path, workers=1, progress=False)
+    inproc = sweep(cfg, out=tmp_path / "in", workers=0, progress=False)
+    assert {r["id"]: r["accuracy"] for r in res.rows} == {
+        r["id"]: r["accuracy"] for r in inproc.rows}
+
+
+def test_cli_sweep_and_plot(tmp_path, capsys):
+    toml = tmp_path / "s.toml"
+    toml.write_text('[sweep]\nrounds = 1\nworkers = 0\n[data]\nclients = 4\n'
+                    '[grid]\nalgorithms = ["fedlog"]\nlayers = ["plaintext", "local-dp"]\n'
+                    'epsilon = [2.0]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(toml), "--out", str(out), "--quiet"]) == 0
+    assert "2 cell(s) run" in capsys.readouterr().out
+    assert (out / "privacy_utility.svg").exists()
+    (out / "privacy_utility.svg").unlink()
+    assert main(["plot", str(out)]) == 0
+    assert (out / "privacy_utility.svg").exists()
+    toml.write_text('[grid]\nalgorithms = ["fedlog"]\nlayers = ["local-dp"]\nepsilon = [0]\n')
+    assert main(["sweep", str(toml), "--out", str(out)]) == 1
+    assert "grid.epsilon[0]" in capsys.readouterr().err
+
+
+def test_clip_axis_sets_the_algorithms_bound():
+    from secagg.sweep import _algorithm
+
+    cfg = load_config(_cfg(grid={"clip": [0.5, 2.0], "layers": ["plaintext"],
+                                 "epsilon": None}))
+    cells = cfg.cells()
+    assert [c.clip for c in cells] == [0.5, 2.0]
+    assert [_algorithm(cfg, c).feature_bound for c in cells] == [0.5, 2.0]
+    assert cfg.cell_id(cells[0]) != cfg.cell_id(cells[1])
