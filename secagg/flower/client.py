@@ -1,0 +1,232 @@
+"""The client side on Flower: one secagg client per SuperNode, with its own data and keys.
+
+:func:`client_app` returns a ``flwr.clientapp.ClientApp`` that answers the ServerApp of
+:mod:`secagg.flower.server`. On each message it rebuilds the node's algorithm copy and its
+:class:`~secagg.federation.ClientState` (the persistent private state -- e.g. FedLog's
+body -- and any in-flight secure-sum party live in the node's ``Context.state``, which
+Flower keeps on the node and never sends anywhere), runs the requested step, and replies
+with secagg's wire bytes.
+
+Steps (record field ``step``):
+
+* ``hello``: the client id (its partition id) and its number of training records (public,
+  as the embedded engine's ``max_records`` bound).
+* ``upload`` (Plaintext): the phase's client step, ``Upload.validate``, and the upload
+  packed with :func:`secagg.wire.pack_arrays`.
+* ``advertise`` / ``share`` / ``masked-input`` / ``unmask`` (SecureSum): the stages of
+  :class:`secagg.secure_sum.client.Client`; ``advertise`` first runs the client step and
+  encodes the upload with the layer's fixed-point plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from secagg.data import ClientData, Dataset, Partition
+from secagg.errors import ConfigurationError, ProtocolError
+from secagg.federation import AlgorithmLike, ClientState
+from secagg.flower.records import RECORD, content, field, read
+from secagg.messages import Upload, UploadSpec
+from secagg.secure_sum.client import Client
+from secagg.secure_sum.keys import KeyPairs, private_bytes
+from secagg.wire import pack_arrays, unpack_arrays
+
+PartitionLoader = Callable[[Context], tuple[Dataset, ClientData]]
+"""Given the node's Flower ``Context``, its data set description and its own partition."""
+
+_STATE = "secagg-node"  # ConfigRecord in Context.state (stays on the node)
+
+
+def node_partition_loader(make_partition: Callable[[], Partition]) -> PartitionLoader:
+    """A loader that picks the node's partition by ``node_config["partition-id"]`` (as
+    ``flwr run``'s simulation and ``flower-supernode --node-config`` set it).
+
+    Args:
+        make_partition: builds the (deterministic) split of the data; called once per
+            process and cached.
+    """
+    cache: dict[str, Partition] = {}
+
+    def load(context: Context) -> tuple[Dataset, ClientData]:
+        if "p" not in cache:
+            cache["p"] = make_partition()
+        part = cache["p"]
+        pid = context.node_config.get("partition-id")
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < len(part):
+            raise ConfigurationError(
+                f"node_config partition-id must be an int in 0..{len(part) - 1}, got {pid!r} "
+                "(start the SuperNode with --node-config 'partition-id=K')"
+            )
+        return part.dataset, part[pid]
+
+    return load
+
+
+def _freeze(c: Client) -> bytes:
+    """A secure-sum party as bytes for the node's own Context.state (private keys as raw
+    bytes; the AES-GCM channels are rebuilt from them)."""
+    d = {k: v for k, v in vars(c).items() if k not in ("_rand", "_channels", "_keys")}
+    if c._keys is not None:
+        d["_keys"] = (private_bytes(c._keys.enc), private_bytes(c._keys.mask))
+    return pickle.dumps(d)
+
+
+def _thaw(raw: bytes) -> Client:
+    d = pickle.loads(raw)  # noqa: S301 - this node's own state, written by _freeze
+    c = Client.__new__(Client)
+    keys = d.pop("_keys", None)
+    vars(c).update(d)
+    c._rand = os.urandom
+    c._keys = None if keys is None else KeyPairs(
+        X25519PrivateKey.from_private_bytes(keys[0]), X25519PrivateKey.from_private_bytes(keys[1])
+    )
+    c._channels = {}
+    if c._keys is not None and c._roster is not None:
+        c._channels = {v: c._channel(v) for v in c._roster.keys}
+    return c
+
+
+class _Node:
+    """The ClientApp's logic (kept apart from Flower's decorators for clarity)."""
+
+    def __init__(self, algorithm: AlgorithmLike, loader: PartitionLoader) -> None:
+        self.algorithm = algorithm
+        self.loader = loader
+        self._data: dict[int, tuple[Dataset, ClientData]] = {}
+
+    def _load(self, context: Context) -> tuple[Dataset, ClientData]:
+        key = int(context.node_id)
+        if key not in self._data:
+            self._data[key] = self.loader(context)
+        return self._data[key]
+
+    def _store(self, context: Context) -> ConfigRecord:
+        if _STATE not in context.state.config_records:
+            context.state.config_records[_STATE] = ConfigRecord()
+        return context.state.config_records[_STATE]
+
+    def handle(self, msg: Message, context: Context) -> Message:
+        rec = read(msg)
+        step = field(rec, "step", str)
+        dataset, data = self._load(context)
+        if step == "hello":
+            return Message(content(cid=int(data.id), n_records=len(data.y)), reply_to=msg)
+        store = self._store(context)
+        if step in ("upload", "advertise"):
+            out = self._client_step(rec, dataset, data, store)
+        else:
+            out = self._secure_sum(step, rec, store)
+        return Message(content(**out), reply_to=msg)
+
+    def _client_step(
+        self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord
+    ) -> dict[str, Any]:
+        rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
+        seed = field(rec, "seed", int)
+        algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
+        st = ClientState(data)
+        algo.setup(dataset, [st], seed)
+        tag = field(rec, "run", str)
+        if store.get("run") != tag:  # a new run: forget the previous run's private state
+            for k in list(store.keys()):
+                del store[k]
+            store["run"] = tag
+        if "client_state" in store:
+            st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
+        name = field(rec, "phase", str)
+        phases = [p for p in algo.phases(rnd, rounds) if p.name == name]
+        if not phases:
+            raise ProtocolError(f"round {rnd} has no phase {name!r} on this client")
+        phase = phases[0]
+        spec: UploadSpec = phase.spec()
+        if spec.max_records is None:
+            spec = replace(spec, max_records=field(rec, "max_records", int))
+        raw = rec.get("broadcast", b"")
+        bcast = unpack_arrays(raw) if raw else {}
+        t0 = time.process_time()
+        values = phase.client_step(st, bcast)
+        cpu = time.process_time() - t0
+        up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
+        store["client_state"] = pickle.dumps(st.state)
+        out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
+                               "clipped": json.dumps(up.clipped)}
+        if field(rec, "step", str) == "upload":
+            t0 = time.process_time()
+            out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
+            out["cpu_s"] = cpu + time.process_time() - t0
+            return out
+        from secagg.secure_sum import SecureSum
+
+        layer = SecureSum(**json.loads(field(rec, "layer", str)))
+        plans = layer.plan(spec, field(rec, "n", int))
+        t0 = time.process_time()
+        parts = [p.encode(np.asarray(up[name])) for name, p in plans.items()]
+        vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        party = Client(st.id, field(rec, "session", bytes), rnd)
+        out["msg"] = party.advertise()
+        out["cpu_s"] = cpu + time.process_time() - t0
+        store["vector"] = pack_arrays({"v": vector})
+        store["party"] = _freeze(party)
+        return out
+
+    def _secure_sum(self, step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, Any]:
+        if "party" not in store:
+            raise ProtocolError(f"secure-sum step {step!r} before 'advertise' on this node")
+        party = _thaw(store["party"])
+        inbox = field(rec, "msg", bytes)
+        t0 = time.process_time()
+        out: dict[str, Any] = {}
+        if step == "share":
+            out["msg"] = party.share_keys(inbox)
+        elif step == "masked-input":
+            out["ack"] = party.receive_forward(inbox)
+            t1 = time.process_time()
+            out["ack_cpu_s"] = t1 - t0
+            out["msg"] = party.masked_input(unpack_arrays(store["vector"])["v"])
+            t0 = t1
+        elif step == "unmask":
+            out["msg"] = party.unmask(inbox)
+        else:
+            raise ProtocolError(f"unknown secagg step {step!r}")
+        out["cpu_s"] = time.process_time() - t0
+        if step == "unmask":  # the session is over: forget its secrets
+            for k in ("party", "vector"):
+                del store[k]
+        else:
+            store["party"] = _freeze(party)
+        return out
+
+
+def client_app(algorithm: AlgorithmLike, partition_loader: PartitionLoader) -> ClientApp:
+    """A Flower ClientApp that plays one secagg client of ``algorithm`` on each SuperNode.
+
+    Args:
+        algorithm: the same algorithm object (and hyper-parameters) the ServerApp runs; each
+            node works on its own copy.
+        partition_loader: ``(context) -> (dataset, client_data)``; the node's own data
+            (e.g. :func:`node_partition_loader`). ``client_data.id`` is the client id the
+            server sees (ids must be unique across nodes).
+    """
+    node = _Node(algorithm, partition_loader)
+    app = ClientApp()
+
+    @app.train("secagg")
+    def _secagg(msg: Message, context: Context) -> Message:
+        return node.handle(msg, context)
+
+    return app
+
+
+__all__ = ["PartitionLoader", "client_app", "node_partition_loader", "RECORD"]
