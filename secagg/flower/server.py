@@ -193,8 +193,10 @@ class FlowerFederation:
         self.nodes = {}
         msgs = [Message(content(step="hello"), dst_node_id=n, message_type=MESSAGE_TYPE,
                         group_id="hello") for n in ids]
+        errors = []
         for rep in grid.send_and_receive(msgs, timeout=self.connect_timeout):
             if rep.has_error():
+                errors.append(rep.error.reason)
                 continue
             rec = read(rep)
             cid = rfield(rec, "cid", int)
@@ -206,7 +208,9 @@ class FlowerFederation:
             self.n_records[cid] = rfield(rec, "n_records", int)
         if len(self.nodes) < self.min_nodes:
             raise ConfigurationError(
-                f"only {len(self.nodes)} of min_nodes={self.min_nodes} SuperNodes answered"
+                f"only {len(self.nodes)} of min_nodes={self.min_nodes} SuperNodes answered "
+                f"within {self.connect_timeout:g} s"
+                + (f" (first error reply: {errors[0]})" if errors else "")
             )
 
     # ---------------------------------------------------------------- the run
