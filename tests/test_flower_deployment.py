@@ -157,9 +157,12 @@ def _read(out: Path):
 def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
     out = tmp_path / "out"
     t0 = time.monotonic()
-    proc = subprocess.run(deployment.run_args(**{"rounds": 2, "result-dir": str(out),
-                                                  "stage-timeout": 60.0}),
-                          env=deployment.env, capture_output=True, text=True, timeout=110)
+    try:
+        proc = subprocess.run(deployment.run_args(**{"rounds": 2, "result-dir": str(out),
+                                                      "stage-timeout": 60.0}),
+                              env=deployment.env, capture_output=True, text=True, timeout=110)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"flwr run did not finish in 110 s\n{exc.stdout}\n{deployment.logs()}")
     wall = time.monotonic() - t0
     print(proc.stdout[-4000:])
     assert (out / "result.json").exists(), proc.stdout[-3000:] + deployment.logs()
@@ -195,7 +198,10 @@ def test_loopback_supernode_killed_mid_round(deployment, tmp_path):
             time.sleep(0.2)
         deployment.kill(deployment.nodes[2])  # client 2 has shared its keys: now it dies
         (hold / "go").write_text("")
-        stdout, _ = run.communicate(timeout=100)
+        try:
+            stdout, _ = run.communicate(timeout=100)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"flwr run did not finish 100 s after the kill\n{deployment.logs()}")
     finally:
         Deployment.kill(run)
     print(stdout[-4000:])

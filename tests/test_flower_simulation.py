@@ -2,8 +2,9 @@
 
 One ``flwr.simulation.run_simulation`` (one Ray start) runs FedLog for 2 rounds under
 Plaintext and then under SecureSum; every (round, phase) aggregate must equal the one
-``Federation`` computes for the same seed bit for bit (both layers are exact), and so must
-the server's FedLog head. BFV (Homomorphic) is not carried over Flower yet: it is refused.
+``Federation`` computes for the same seed bit for bit (all three are exact), and so must
+the server's FedLog head. Then BFV (Homomorphic, a designated decryptor node) likewise.
+Layers without a Flower port are refused before any node is contacted.
 """
 
 import importlib.util
@@ -17,7 +18,7 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
                 allow_module_level=True)
 
 from algorithms import FedLog  # noqa: E402
-from secagg import Federation, Homomorphic, Plaintext, SecureSum  # noqa: E402
+from secagg import Federation, Homomorphic, LocalDP, Plaintext, SecureSum  # noqa: E402
 from secagg.data import dirichlet_split, load_dataset  # noqa: E402
 from secagg.errors import ConfigurationError  # noqa: E402
 
@@ -34,7 +35,8 @@ def _algo():
 
 
 def _layers():
-    return {"plaintext": Plaintext(), "secure-sum": SecureSum(threshold=0.5)}
+    return {"plaintext": Plaintext(), "secure-sum": SecureSum(threshold=0.5),
+            "bfv": Homomorphic(scheme="bfv")}
 
 
 def _embedded(layer):
@@ -83,7 +85,7 @@ def flower_runs():
     return out
 
 
-@pytest.mark.parametrize("name", ["plaintext", "secure-sum"])
+@pytest.mark.parametrize("name", ["plaintext", "secure-sum", "bfv"])
 def test_simulation_20_nodes_equals_federation(flower_runs, name):
     assert name in flower_runs, "the ServerApp did not finish this layer's run"
     aggs, eta, result, fed = flower_runs[name]
@@ -97,23 +99,39 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
                                     (1, "stats", N_NODES, N_NODES)]
     # the ledger books real messages: every client sends in each stage of each round
     stages = {r.stage for r in result.costs.rows if r.direction == "up"}
-    assert stages == ({"upload"} if name == "plaintext"
-                      else {"advertise", "share", "masked-input", "unmask"})
-    ups = [r for r in result.costs.rows if r.direction == "up"]
+    assert stages == {"plaintext": {"upload"},
+                      "secure-sum": {"advertise", "share", "masked-input", "unmask"},
+                      "bfv": {"upload", "keys", "result"}}[name]  # keys, result: decryptor
+    ups = [r for r in result.costs.rows if r.direction == "up" and r.sender != "decryptor"]
     assert {r.sender for r in ups} == set(range(N_NODES))
     # and Flower's envelopes are measured beside our bytes
     t = fed.transport.to_dict()
     assert all(v["flower_message_bytes"] > 0 and v["secagg_wire_bytes"] > 0 for v in t.values())
-    if name == "secure-sum":  # the server saw only masked vectors and the sum
+    if name != "plaintext":  # the server saw only masked/encrypted uploads and the sum
         forms = {o["form"] for o in result.transcript.observations() if o["party"] == "server"}
-        assert forms == {"masked", "clear"}
+        assert forms == {"masked" if name == "secure-sum" else "encrypted", "clear"}
         clear = [o for o in result.transcript.observations()
                  if o["party"] == "server" and o["form"] == "clear"]
         assert all(o["what"] == "sum" for o in clear)
 
 
+def test_bfv_decryptor_is_a_node_and_the_server_holds_no_secret_key(flower_runs):
+    aggs, _, result, fed = flower_runs["bfv"]
+    assert aggs[(0, "stats")].notes["decryptor_client"] == 0
+    _, aggregator, provisioned, sent = next(iter(fed._he_keys.values()))
+    assert not aggregator.context.has_secret_key()
+    assert provisioned == sent == set(range(N_NODES))
+    keys = [r for r in result.costs.rows if r.stage == "keys"]
+    assert len(keys) == 1 + N_NODES  # generated once, then reused in round 1
+    assert {r.receiver for r in result.costs.rows if r.stage == "decrypt"} == {"decryptor"}
+
+
 def test_layers_without_a_flower_port_are_refused():
     from secagg.flower import server_app
 
+    with pytest.raises(ConfigurationError, match="does not run on Flower"):
+        server_app(_algo(), Homomorphic(scheme="bfv", key_holder="clients"),
+                   load_dataset("digits"))
     with pytest.raises(ConfigurationError, match="does not run on Flower yet"):
-        server_app(_algo(), Homomorphic(scheme="bfv"), load_dataset("digits"))
+        server_app(_algo(), LocalDP(Plaintext(), noise_multiplier=1.0),
+                   load_dataset("digits"))

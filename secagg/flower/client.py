@@ -124,8 +124,15 @@ class _Node:
         if step == "hello":
             return Message(content(cid=int(data.id), n_records=len(data.y)), reply_to=msg)
         store = self._store(context)
-        if step in ("upload", "advertise"):
+        tag = field(rec, "run", str)
+        if store.get("run") != tag:  # a new run: forget the previous run's private state
+            for k in list(store.keys()):
+                del store[k]
+            store["run"] = tag
+        if step in ("upload", "advertise", "he-upload"):
             out = self._client_step(rec, dataset, data, store)
+        elif step.startswith("he-"):
+            out = _decryptor(step, rec, store)
         else:
             out = self._secure_sum(step, rec, store)
         return Message(content(**out), reply_to=msg)
@@ -138,11 +145,6 @@ class _Node:
         algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
         st = ClientState(data)
         algo.setup(dataset, [st], seed)
-        tag = field(rec, "run", str)
-        if store.get("run") != tag:  # a new run: forget the previous run's private state
-            for k in list(store.keys()):
-                del store[k]
-            store["run"] = tag
         if "client_state" in store:
             st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
         name = field(rec, "phase", str)
@@ -167,6 +169,8 @@ class _Node:
             out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
             out["cpu_s"] = cpu + time.process_time() - t0
             return out
+        if field(rec, "step", str) == "he-upload":
+            return {**out, **_encrypt(rec, spec, up, store)}
         from secagg.secure_sum import SecureSum
 
         layer = SecureSum(**json.loads(field(rec, "layer", str)))
@@ -207,6 +211,81 @@ class _Node:
         else:
             store["party"] = _freeze(party)
         return out
+
+
+def _he_layer(rec: ConfigRecord) -> Any:
+    from secagg.homomorphic import Homomorphic
+
+    cfg = json.loads(field(rec, "layer", str))
+    keys = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients")
+    return Homomorphic(**{k: cfg[k] for k in keys})
+
+
+def _encrypt(
+    rec: ConfigRecord, spec: UploadSpec, up: Upload, store: ConfigRecord
+) -> dict[str, Any]:
+    """Homomorphic: pack, (BFV: fixed-point encode,) encrypt under the decryptor's public
+    context (relayed by the server once per run and parameter set, then kept on the node);
+    the frames go back as a list of bytes."""
+    from secagg.homomorphic.keys import Encryptor
+    from secagg.homomorphic.packing import Packing, fingerprint
+
+    layer = _he_layer(rec)
+    n_plan = field(rec, "n_plan", int)
+    t0 = time.process_time()
+    params = layer.params_for(spec, n_plan)
+    fps = layer.fixed_point(spec, n_plan) if layer.scheme == "bfv" else None
+    key = "he-context/" + field(rec, "params", str)
+    if "context" in rec:
+        store[key] = field(rec, "context", bytes)
+    if key not in store:
+        raise ProtocolError("he-upload without the public context, and none is held")
+    pub = store[key]
+    enc = Encryptor(layer.scheme, pub, fingerprint(pub))
+    packing = Packing.from_spec(spec, params.slots)
+    frames = enc.encrypt(layer._flatten(up, spec, packing, fps), packing)
+    return {"frames": [bytes(f) for f in frames],
+            "enc_cpu_s": time.process_time() - t0}
+
+
+def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, Any]:
+    """The designated decryptor's steps: ``he-keygen`` (keys for the params the server asks
+    for; the secret context stays in this node's Context.state) and ``he-decrypt`` (the
+    aggregate ciphertext to the flat clear sum)."""
+    import tenseal as ts
+
+    from secagg.homomorphic.keys import KeyHolder
+    from secagg.homomorphic.packing import Packing, fingerprint
+    from secagg.homomorphic.params import HEParams
+
+    d = json.loads(field(rec, "params", str))
+    d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
+    params = HEParams(**d)
+    key = "he-secret/" + field(rec, "params", str)
+    t0 = time.process_time()
+    if step == "he-keygen":
+        holder = KeyHolder(params, "decryptor")
+        store[key] = holder._ctx.serialize(save_public_key=True, save_secret_key=True,
+                                           save_galois_keys=False, save_relin_keys=False)
+        store[key + "/public"] = holder.public_context
+        return {"msg": holder.public_context, "cpu_s": time.process_time() - t0}
+    if step != "he-decrypt":
+        raise ProtocolError(f"unknown secagg step {step!r}")
+    if key not in store:
+        raise ProtocolError("he-decrypt for parameters this node holds no keys of")
+    holder = KeyHolder.__new__(KeyHolder)
+    holder.params, holder.mode = params, "decryptor"
+    holder._ctx = ts.context_from(store[key], n_threads=1)
+    holder.public_context = holder.client_context = store[key + "/public"]
+    holder.fingerprint = fingerprint(holder.public_context)
+    p = json.loads(field(rec, "packing", str))
+    packing = Packing(tuple(p["names"]), tuple(tuple(x) for x in p["shapes"]),
+                      tuple(p["offsets"]), int(p["total"]), int(p["slots"]))
+    frames = rec.get("frames")
+    if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+        raise ProtocolError("he-decrypt without the aggregate's frames")
+    flat = holder.decrypt(frames, packing)
+    return {"msg": pack_arrays({"flat": flat}), "cpu_s": time.process_time() - t0}
 
 
 def client_app(algorithm: AlgorithmLike, partition_loader: PartitionLoader) -> ClientApp:

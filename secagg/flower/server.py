@@ -35,6 +35,7 @@ from secagg.errors import BudgetExceeded, ConfigurationError, ProtocolError, Sec
 from secagg.federation import AlgorithmLike, Result, derive_seed, sample_cohort
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
+from secagg.homomorphic import Homomorphic
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.layers.plaintext import Plaintext
 from secagg.messages import ClipReport, Upload, UploadSpec
@@ -45,7 +46,7 @@ from secagg.secure_sum.server import Server
 from secagg.transcript import Transcript
 from secagg.wire import pack_arrays, unpack_arrays
 
-SUPPORTED_LAYERS = (Plaintext, SecureSum)
+SUPPORTED_LAYERS = (Plaintext, SecureSum, Homomorphic)
 
 
 def check_layer(layer: Layer) -> None:
@@ -54,8 +55,14 @@ def check_layer(layer: Layer) -> None:
         raise ConfigurationError(
             f"layer {getattr(layer, 'name', type(layer).__name__)!r} "
             f"({type(layer).__name__}) does not run on Flower yet: its client side would "
-            "have to run on the nodes; use Plaintext or SecureSum there, or the embedded "
-            "Federation"
+            "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there, or the "
+            "embedded Federation"
+        )
+    if isinstance(layer, Homomorphic) and layer.key_holder != "decryptor":
+        raise ConfigurationError(
+            "Homomorphic(key_holder='clients') does not run on Flower: the shared secret "
+            "context would have to reach the clients without passing through the server, "
+            "and Flower routes every message through it; use key_holder='decryptor'"
         )
 
 
@@ -83,8 +90,9 @@ class FlowerFederation:
 
     Args:
         algorithm: the algorithm (server side; the nodes run their own copies).
-        layer: :class:`~secagg.layers.plaintext.Plaintext` or
-            :class:`~secagg.secure_sum.SecureSum` (others raise ConfigurationError).
+        layer: :class:`~secagg.layers.plaintext.Plaintext`,
+            :class:`~secagg.secure_sum.SecureSum` or :class:`~secagg.homomorphic.Homomorphic`
+            with ``key_holder="decryptor"`` (others raise ConfigurationError).
         dataset: the data set description the server's ``algorithm.setup`` needs (classes,
             input shape; its global test set for non-personalized evaluation).
         rounds, fraction, seed, on_violation, on_abort, include_values: as
@@ -92,6 +100,9 @@ class FlowerFederation:
         min_nodes: wait until this many nodes are connected (default: 1).
         connect_timeout: seconds to wait for them.
         stage_timeout: seconds a stage waits for replies; nodes silent past it are dropped.
+        decryptor: Homomorphic: the client id of the node that generates the keys, keeps
+            the secret context and decrypts the sum (default: the smallest id). It must
+            not collude with the server (as the embedded layer's decryptor).
         hold: test hook: (stage, directory): after closing that secure-sum stage in round 0
             write ``reached`` into the directory and wait (up to 60 s) for a ``go`` file.
 
@@ -114,6 +125,7 @@ class FlowerFederation:
         connect_timeout: float = 60.0,
         stage_timeout: float = 60.0,
         hold: tuple[str, str] | None = None,
+        decryptor: int | None = None,
     ) -> None:
         check_layer(layer)
         if rounds < 1:
@@ -137,6 +149,9 @@ class FlowerFederation:
         self.n_records: dict[int, int] = {}
         self._held = False
         self._run_tag = ""
+        self._last_drops: dict[str, dict[int, str]] = {}
+        self.decryptor = decryptor
+        self._he_keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
 
     # ---------------------------------------------------------------- transport
 
@@ -178,6 +193,7 @@ class FlowerFederation:
         for c, why in sorted(failed.items()):
             ctx.message(c, SERVER, f"dropped:{stage}", 0)
             dropped.setdefault(stage, {})[c] = why
+        self._last_drops = dropped
 
     def _connect(self, grid: Grid) -> None:
         deadline = time.monotonic() + self.connect_timeout
@@ -261,6 +277,9 @@ class FlowerFederation:
                         on_aggregate(r, phase.name, agg)
                 except SecureSumAborted as exc:
                     if self.on_abort == "raise":
+                        if hasattr(exc, "add_note") and self._last_drops:
+                            exc.add_note(f"nodes lost (stage -> client -> why): "
+                                         f"{self._last_drops}")
                         raise
                     aborted.append((r, phase.name, str(exc)))
                     participation.append((r, phase.name, 0, len(cohort)))
@@ -290,6 +309,7 @@ class FlowerFederation:
         self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
         ctx: RoundContext, clips: ClipReport,
     ) -> Aggregate:
+        self._last_drops = {}
         payload = phase.broadcast()
         wire = pack_arrays(payload) if payload else b""
         if payload:
@@ -297,11 +317,16 @@ class FlowerFederation:
             for c in cohort:
                 ctx.message(SERVER, c, "broadcast", len(wire), plaintext_bytes=plain,
                             fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()})
+        if payload:  # the broadcast rides in the stage's instruction to each client
+            first = "advertise" if isinstance(self.layer, SecureSum) else "upload"
+            self.transport.add(first, ours=len(wire) * len(cohort))
         common = dict(run=self._run_tag, round=ctx.round, rounds=self.rounds, phase=phase.name,
                       seed=self.seed,
                       max_records=max_records, on_violation=self.on_violation, broadcast=wire)
         if isinstance(self.layer, SecureSum):
             return self._secure_sum(grid, phase, spec, cohort, common, ctx, clips)
+        if isinstance(self.layer, Homomorphic):
+            return self._homomorphic(grid, phase, spec, cohort, common, ctx, clips)
         return self._plaintext(grid, spec, cohort, common, ctx, clips, phase)
 
     def _plaintext(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
@@ -379,7 +404,7 @@ class FlowerFederation:
                 ctx.message(SERVER, v, stage, len(m), server_cpu_s=share)
                 self.transport.add(stage, ours=len(m))
             got, failed = self._exchange(
-                grid, stage, ctx, {v: content(step=stage, msg=m, **extra)
+                grid, stage, ctx, {v: content(step=stage, msg=m, run=self._run_tag, **extra)
                                    for v, m in inbox.items()})
             live = set(ctx.dropouts.survivors(stage, sorted(got)))
             failed.update({c: "injected dropout" for c in got if c not in live})
@@ -453,6 +478,141 @@ class FlowerFederation:
         phase.server_step(agg)
         ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
         return agg
+
+
+    def _homomorphic(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int],
+                     common: dict, ctx: RoundContext, clips: ClipReport) -> Aggregate:
+        """Keys from the decryptor node (once per parameter set), encrypted uploads from
+        the clients, the sum of ciphertexts here (public context only), the clear sum from
+        the decryptor."""
+        import dataclasses
+
+        from secagg.homomorphic.keys import Aggregator
+        from secagg.homomorphic.layer import DECRYPTOR
+        from secagg.homomorphic.packing import Packing
+        from secagg.transcript import digest
+
+        layer: Homomorphic = self.layer  # type: ignore[assignment]
+        layer.check(spec)
+        n_plan = layer.planned_clients(len(cohort))
+        params = layer.params_for(spec, n_plan)
+        fps = layer.fixed_point(spec, n_plan) if layer.scheme == "bfv" else None
+        pjson = json.dumps(dataclasses.asdict(params))
+        dec = self.decryptor if self.decryptor is not None else min(self.nodes)
+        if dec not in self.nodes:
+            raise ConfigurationError(f"decryptor client {dec} is not connected")
+        keys = self._he_keys.get(pjson)
+        if keys is None:
+            got, failed = self._exchange(grid, "keys", ctx, {dec: content(
+                step="he-keygen", params=pjson, run=self._run_tag)})
+            if dec not in got:
+                raise SecureSumAborted("keys", 0, 1)
+            pub = rfield(got[dec], "msg", bytes)
+            agg = Aggregator(params.scheme, pub)  # refuses a context with a secret key
+            ctx.message(DECRYPTOR, SERVER, "keys", len(pub),
+                        client_cpu_s=rfield(got[dec], "cpu_s", float))
+            keys = self._he_keys[pjson] = (pub, agg, set(), set())
+        pub, agg, provisioned, sent = keys
+        agg.assert_public()
+        for c in cohort:
+            if c not in provisioned:
+                ctx.message(DECRYPTOR, c, "keys", wire_bytes=len(pub))
+                provisioned.add(c)
+        packing = Packing.from_spec(spec, params.slots)
+        desc = {k: getattr(layer, k) for k in
+                ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients")}
+        got, failed = self._exchange(grid, "upload", ctx, {c: content(
+            step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
+            context=None if c in sent else pub, **common) for c in cohort})
+        sent.update(got)  # a node keeps the public context for the rest of the run
+        live = set(ctx.dropouts.survivors("upload", sorted(got)))
+        failed.update({c: "injected dropout" for c in got if c not in live})
+        dropped: dict[str, dict[int, str]] = {}
+        self._book_drops(ctx, "upload", failed, dropped)
+        notes: dict[str, Any] = {
+            "he_params": params.as_dict(), "key_holder": layer.key_holder,
+            "decryptor_client": dec, "ciphertexts_per_upload": packing.n_ciphertexts,
+            "slot_utilisation": packing.utilisation, "dropped": dropped,
+        }
+        sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
+                for f in spec.additive}
+        agg.start(packing)
+        share = {f.name: f.size / max(packing.total, 1) for f in spec.additive}
+        contributors = []
+        for c in sorted(live):
+            rec = got[c]
+            frames = rec.get("frames")
+            if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+                self._book_drops(ctx, "upload", {c: "reply without ciphertext frames"},
+                                 dropped)
+                continue
+            t0 = time.process_time()
+            try:
+                agg.add(frames)
+            except ProtocolError as exc:
+                self._book_drops(ctx, "upload", {c: f"refused: {exc}"}, dropped)
+                continue
+            server_s = time.process_time() - t0
+            contributors.append(c)
+            size = sum(len(f) for f in frames)
+            self.transport.add("upload", ours=size)
+            clips.counts.update({k: clips.counts.get(k, 0) + v
+                                 for k, v in json.loads(rfield(rec, "clipped", str)).items()})
+            ctx.message(c, SERVER, "upload", wire_bytes=size, plaintext_bytes=spec.nbytes,
+                        fields={f.name: f.nbytes for f in spec.additive},
+                        client_cpu_s=rfield(rec, "cpu_s", float)
+                        + rfield(rec, "enc_cpu_s", float),
+                        server_cpu_s=server_s, flops=rfield(rec, "flops", float))
+            d = digest(frames)
+            for f in spec.additive:
+                ctx.observe(SERVER, c, "upload", f.name, "encrypted", frames,
+                            nbytes=round(size * share[f.name]), value_digest=d)
+        if contributors and packing.total:
+            t0 = time.process_time()
+            agg_wire = [bytes(f) for f in agg.finish()]
+            finish_s = time.process_time() - t0
+            agg_size = sum(len(f) for f in agg_wire)
+            ctx.message(SERVER, DECRYPTOR, "decrypt", wire_bytes=agg_size,
+                        server_cpu_s=finish_s)
+            self.transport.add("decrypt", ours=agg_size)
+            d = digest(agg_wire)
+            for f in spec.additive:
+                n = round(agg_size * share[f.name])
+                ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum",
+                            nbytes=n, value_digest=d)
+                ctx.observe(DECRYPTOR, SERVER, "decrypt", f.name, "encrypted", agg_wire,
+                            what="sum", nbytes=n, value_digest=d)
+            got, failed = self._exchange(grid, "decrypt", ctx, {dec: content(
+                step="he-decrypt", params=pjson, run=self._run_tag, frames=agg_wire,
+                packing=json.dumps(dataclasses.asdict(packing)))})
+            if dec not in got:
+                raise SecureSumAborted("decrypt", 0, 1)
+            raw = rfield(got[dec], "msg", bytes)
+            flat = unpack_arrays(raw)["flat"]
+            parts = packing.unflatten(flat)
+            for f in spec.additive:
+                if fps is not None:
+                    ring = parts[f.name].ravel().view(np.uint64)
+                    sums[f.name] = fps[f.name].decode_sum(ring).reshape(f.shape)
+                elif f.is_integer:
+                    sums[f.name] = np.rint(parts[f.name]).astype(np.int64)
+                else:
+                    sums[f.name] = parts[f.name]
+            ctx.message(DECRYPTOR, SERVER, "result", wire_bytes=len(raw),
+                        plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
+                        fields={k: int(v.nbytes) for k, v in sums.items()},
+                        client_cpu_s=rfield(got[dec], "cpu_s", float))
+            self.transport.add("decrypt", ours=len(raw))
+            for f in spec.additive:
+                ctx.observe(DECRYPTOR, SERVER, "decrypt", f.name, "clear", sums[f.name],
+                            what="sum")
+                ctx.observe(SERVER, DECRYPTOR, "result", f.name, "clear", sums[f.name],
+                            what="sum")
+        out = Aggregate(ctx.phase, ctx.round, sums, {}, tuple(contributors), notes)
+        t0 = time.process_time()
+        phase.server_step(out)
+        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        return out
 
 
 def server_app(
