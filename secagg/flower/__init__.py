@@ -28,7 +28,14 @@ except ImportError:  # pragma: no cover - exercised only without the extra
         "secagg.flower needs Flower: pip install 'secagg[flower]' (flwr==1.41.0)"
     ) from None
 
-from secagg.flower.client import client_app, node_partition_loader  # noqa: E402
-from secagg.flower.server import FlowerFederation, server_app  # noqa: E402
+from secagg.lazy import lazy_exports  # noqa: E402
 
-__all__ = ["FlowerFederation", "client_app", "node_partition_loader", "server_app"]
+# lazy, so that a ClientApp process (one per message on a SuperNode) imports only its side
+_EXPORTS = {
+    "client_app": "secagg.flower.client", "node_partition_loader": "secagg.flower.client",
+    "FlowerFederation": "secagg.flower.server", "server_app": "secagg.flower.server",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports("secagg.flower", _EXPORTS, globals())

@@ -101,8 +101,10 @@ def _thaw(raw: bytes) -> Client:
 class _Node:
     """The ClientApp's logic (kept apart from Flower's decorators for clarity)."""
 
-    def __init__(self, algorithm: AlgorithmLike, loader: PartitionLoader) -> None:
-        self.algorithm = algorithm
+    def __init__(
+        self, algorithm: AlgorithmLike | Callable[[], AlgorithmLike], loader: PartitionLoader
+    ) -> None:
+        self._algorithm = algorithm
         self.loader = loader
         self._data: dict[int, tuple[Dataset, ClientData]] = {}
 
@@ -112,6 +114,13 @@ class _Node:
             self._data[key] = self.loader(context)
         return self._data[key]
 
+    @property
+    def algorithm(self) -> AlgorithmLike:
+        """The algorithm (built on first use when a factory was given)."""
+        if not hasattr(self._algorithm, "phases"):
+            self._algorithm = self._algorithm()  # type: ignore[operator]
+        return self._algorithm  # type: ignore[return-value]
+
     def _store(self, context: Context) -> ConfigRecord:
         if _STATE not in context.state.config_records:
             context.state.config_records[_STATE] = ConfigRecord()
@@ -120,8 +129,8 @@ class _Node:
     def handle(self, msg: Message, context: Context) -> Message:
         rec = read(msg)
         step = field(rec, "step", str)
-        dataset, data = self._load(context)
         if step == "hello":
+            _, data = self._load(context)
             return Message(content(cid=int(data.id), n_records=len(data.y)), reply_to=msg)
         store = self._store(context)
         tag = field(rec, "run", str)
@@ -130,7 +139,7 @@ class _Node:
                 del store[k]
             store["run"] = tag
         if step in ("upload", "advertise", "he-upload"):
-            out = self._client_step(rec, dataset, data, store)
+            out = self._client_step(rec, *self._load(context), store)
         elif step.startswith("he-"):
             out = _decryptor(step, rec, store)
         else:
@@ -288,12 +297,16 @@ def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, A
     return {"msg": pack_arrays({"flat": flat}), "cpu_s": time.process_time() - t0}
 
 
-def client_app(algorithm: AlgorithmLike, partition_loader: PartitionLoader) -> ClientApp:
+def client_app(
+    algorithm: AlgorithmLike | Callable[[], AlgorithmLike], partition_loader: PartitionLoader
+) -> ClientApp:
     """A Flower ClientApp that plays one secagg client of ``algorithm`` on each SuperNode.
 
     Args:
-        algorithm: the same algorithm object (and hyper-parameters) the ServerApp runs; each
-            node works on its own copy.
+        algorithm: the same algorithm (and hyper-parameters) the ServerApp runs, or a
+            zero-argument factory of it (then heavy imports such as torch happen only in
+            the messages that run a client step, not in every secure-sum stage); each node
+            works on its own copy.
         partition_loader: ``(context) -> (dataset, client_data)``; the node's own data
             (e.g. :func:`node_partition_loader`). ``client_data.id`` is the client id the
             server sees (ids must be unique across nodes).

@@ -16,4 +16,4 @@ def load(context: Context) -> tuple[Dataset, ClientData]:
     return part.dataset, part[int(context.node_config["partition-id"])]
 
 
-app = client_app(make_algorithm(), load)
+app = client_app(make_algorithm, load)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from algorithms import FedLog
+from typing import Any
+
 from secagg import Plaintext, SecureSum
 from secagg.data import Partition, dirichlet_split, load_dataset
 from secagg.layers.base import Layer
 
 
-def make_algorithm() -> FedLog:
-    """FedLog with a small body (the ServerApp and every ClientApp use the same one)."""
+def make_algorithm() -> Any:
+    """FedLog with a small body (the ServerApp and every ClientApp use the same one);
+    imported here so that processes which never run a client step skip torch."""
+    from algorithms import FedLog
+
     return FedLog(feature_dim=8, local_epochs=1)
 
 
