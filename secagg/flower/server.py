@@ -511,6 +511,7 @@ class FlowerFederation:
             agg = Aggregator(params.scheme, pub)  # refuses a context with a secret key
             ctx.message(DECRYPTOR, SERVER, "keys", len(pub),
                         client_cpu_s=rfield(got[dec], "cpu_s", float))
+            self.transport.add("keys", ours=len(pub))
             keys = self._he_keys[pjson] = (pub, agg, set(), set())
         pub, agg, provisioned, sent = keys
         agg.assert_public()
@@ -524,6 +525,7 @@ class FlowerFederation:
         got, failed = self._exchange(grid, "upload", ctx, {c: content(
             step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
             context=None if c in sent else pub, **common) for c in cohort})
+        self.transport.add("upload", ours=len(pub) * len(set(cohort) - sent))
         sent.update(got)  # a node keeps the public context for the rest of the run
         live = set(ctx.dropouts.survivors("upload", sorted(got)))
         failed.update({c: "injected dropout" for c in got if c not in live})
