@@ -31,7 +31,13 @@ from flwr.serverapp import Grid, ServerApp
 from secagg.costs import SERVER, Ledger
 from secagg.data import Dataset
 from secagg.dropouts import DropoutModel
-from secagg.errors import BudgetExceeded, ConfigurationError, ProtocolError, SecureSumAborted
+from secagg.errors import (
+    BudgetExceeded,
+    ConfigurationError,
+    ProtocolError,
+    SecureSumAborted,
+    UploadError,
+)
 from secagg.federation import AlgorithmLike, Result, derive_seed, sample_cohort
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
@@ -47,6 +53,9 @@ from secagg.transcript import Transcript
 from secagg.wire import pack_arrays, unpack_arrays
 
 SUPPORTED_LAYERS = (Plaintext, SecureSum, Homomorphic)
+
+# what a reply to a client-step instruction must carry
+_STEP_REPLY = (("msg", bytes), ("cpu_s", float), ("flops", float), ("clipped", str))
 
 
 def check_layer(layer: Layer) -> None:
@@ -158,9 +167,12 @@ class FlowerFederation:
     def _exchange(
         self, grid: Grid, stage: str, ctx: RoundContext | None,
         payloads: Mapping[int, RecordDict], timeout: float | None = None,
+        needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
     ) -> tuple[dict[int, Any], dict[int, str]]:
         """Send one message per client, wait for the replies; returns (client -> reply
-        record, client -> why it failed) for every addressed client that did not answer."""
+        record, client -> why it failed) for every addressed client that did not answer,
+        answered with an error, or answered without the fields ``needs`` names (a
+        malformed reply counts as that client dropping, never as a crash)."""
         tag = "hello" if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
         msgs = []
         for c, rd in payloads.items():
@@ -178,10 +190,18 @@ class FlowerFederation:
                 failed[c] = f"error reply: {rep.error.reason}"
                 continue
             try:
-                got[c] = read(rep)
-            except ProtocolError as exc:
-                failed[c] = str(exc)
+                rec = read(rep)
+                for name, kind in needs:
+                    rfield(rec, name, kind)
+                if "clipped" in rec:
+                    clipped = json.loads(rfield(rec, "clipped", str))
+                    if not isinstance(clipped, dict) or not all(
+                            isinstance(v, int) for v in clipped.values()):
+                        raise ProtocolError("'clipped' is not a JSON object of counts")
+            except (ProtocolError, ValueError) as exc:
+                failed[c] = f"malformed reply: {exc}"
                 continue
+            got[c] = rec
             self.transport.add(stage, flower=flower_bytes(rep))
         for c in payloads:
             if c not in got and c not in failed:
@@ -332,15 +352,21 @@ class FlowerFederation:
     def _plaintext(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
                    ctx: RoundContext, clips: ClipReport, phase: Any) -> Aggregate:
         got, failed = self._exchange(
-            grid, "upload", ctx, {c: content(step="upload", **common) for c in cohort})
+            grid, "upload", ctx, {c: content(step="upload", **common) for c in cohort},
+            needs=_STEP_REPLY)
         dropped: dict[str, dict[int, str]] = {}
         self._book_drops(ctx, "upload", failed, dropped)
         uploads: dict[int, Upload] = {}
         for c, rec in sorted(got.items()):
             raw = rfield(rec, "msg", bytes)
             self.transport.add("upload", ours=len(raw))
-            # the server re-checks what arrived against the spec (a node may be hostile)
-            up = Upload.validate(spec, unpack_arrays(raw), c, self.n_records[c], "raise")
+            # the server re-checks what arrived against the spec (a node may be hostile);
+            # an upload that breaks it is refused and its client counted as dropped
+            try:
+                up = Upload.validate(spec, unpack_arrays(raw), c, self.n_records[c], "raise")
+            except (ProtocolError, UploadError) as exc:
+                self._book_drops(ctx, "upload", {c: f"refused: {exc}"}, dropped)
+                continue
             up.cpu_s, up.flops = rfield(rec, "cpu_s", float), rfield(rec, "flops", float)
             up.clipped = json.loads(rfield(rec, "clipped", str))
             clips.add(up)
@@ -398,6 +424,7 @@ class FlowerFederation:
             return fn(), time.process_time() - t0
 
         def round_trip(stage: str, inbox: Mapping[int, bytes], close_s: float,
+                       needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
                        **extra: Any) -> dict[int, Any]:
             share = close_s / max(len(inbox), 1)
             for v, m in inbox.items():
@@ -405,7 +432,7 @@ class FlowerFederation:
                 self.transport.add(stage, ours=len(m))
             got, failed = self._exchange(
                 grid, stage, ctx, {v: content(step=stage, msg=m, run=self._run_tag, **extra)
-                                   for v, m in inbox.items()})
+                                   for v, m in inbox.items()}, needs=needs)
             live = set(ctx.dropouts.survivors(stage, sorted(got)))
             failed.update({c: "injected dropout" for c in got if c not in live})
             self._book_drops(ctx, stage, failed, dropped)
@@ -414,7 +441,8 @@ class FlowerFederation:
         # stage 1: the client step, encoding and ADVERTISE in one message
         got, failed = self._exchange(grid, "advertise", ctx, {
             c: content(step="advertise", session=session, n=len(cohort),
-                       layer=json.dumps(params), **common) for c in cohort})
+                       layer=json.dumps(params), **common) for c in cohort},
+            needs=_STEP_REPLY)
         live = set(ctx.dropouts.survivors("advertise", sorted(got)))
         failed.update({c: "injected dropout" for c in got if c not in live})
         self._book_drops(ctx, "advertise", failed, dropped)
@@ -437,7 +465,9 @@ class FlowerFederation:
         self._maybe_hold(ctx, "share")
 
         # stage 3: ACK, then the masked vector (one Flower message carries both)
-        got = round_trip("masked-input", forwards, dt)
+        got = round_trip("masked-input", forwards, dt,
+                         needs=(("msg", bytes), ("cpu_s", float), ("ack", bytes),
+                                ("ack_cpu_s", float)))
         acked = [u for u, rec in got.items()
                  if to_server(u, "masked-input", rfield(rec, "ack", bytes), server.receive_ack,
                               rfield(rec, "ack_cpu_s", float)) is not None]
@@ -524,7 +554,8 @@ class FlowerFederation:
                 ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients")}
         got, failed = self._exchange(grid, "upload", ctx, {c: content(
             step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
-            context=None if c in sent else pub, **common) for c in cohort})
+            context=None if c in sent else pub, **common) for c in cohort},
+            needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)))
         self.transport.add("upload", ours=len(pub) * len(set(cohort) - sent))
         sent.update(got)  # a node keeps the public context for the rest of the run
         live = set(ctx.dropouts.survivors("upload", sorted(got)))
