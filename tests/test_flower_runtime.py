@@ -23,8 +23,15 @@ from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from algorithms import FedLog  # noqa: E402
-from secagg import Federation, Plaintext, ScheduledDropouts, SecureSum  # noqa: E402
+from secagg import (  # noqa: E402
+    Federation,
+    Homomorphic,
+    Plaintext,
+    ScheduledDropouts,
+    SecureSum,
+)
 from secagg.data import dirichlet_split, load_dataset  # noqa: E402
+from secagg.errors import ConfigurationError  # noqa: E402
 from secagg.flower.client import _Node, node_partition_loader  # noqa: E402
 from secagg.flower.records import RECORD, content, read  # noqa: E402
 from secagg.flower.server import FlowerFederation  # noqa: E402
@@ -157,3 +164,20 @@ def test_node_silent_after_sharing_keys_is_recovered_by_secure_sum():
     want = _embedded(SecureSum(threshold=2), {"masked-input": [2]})
     assert agg.contributors == want.contributors == (0, 1, 3)
     np.testing.assert_array_equal(agg["stats"], want["stats"])
+
+
+def test_ckks_over_flower_is_within_its_precision_of_the_embedded_sum():
+    result, agg = _run(Homomorphic(scheme="ckks", precision=1e-6), lambda s, c, r: r)
+    want = _embedded(Homomorphic(scheme="ckks", precision=1e-6), {})
+    assert agg.contributors == want.contributors == tuple(range(N))
+    np.testing.assert_allclose(agg["stats"], want["stats"], rtol=0, atol=2e-6)
+    assert {o["form"] for o in result.transcript.observations()
+            if o["party"] == "server"} == {"encrypted", "clear"}
+
+
+def test_dpsgd_training_is_refused_over_flower():
+    from secagg.privacy.dpsgd import DPSGD
+
+    algo = FedLog(dpsgd=DPSGD(noise_multiplier=1.0, max_grad_norm=1.0))
+    with pytest.raises(ConfigurationError, match="DP-SGD"):
+        FlowerFederation(algo, Plaintext(), load_dataset("digits"))

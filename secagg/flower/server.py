@@ -137,6 +137,11 @@ class FlowerFederation:
         decryptor: int | None = None,
     ) -> None:
         check_layer(layer)
+        if getattr(algorithm, "dpsgd", None) is not None:
+            raise ConfigurationError(
+                "DP-SGD in the clients' local training is not accounted over Flower yet (its "
+                "events stay on the nodes); run it with the embedded Federation"
+            )
         if rounds < 1:
             raise ConfigurationError(f"rounds must be >= 1, got {rounds}")
         if not 0.0 < fraction <= 1.0:
