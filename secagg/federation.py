@@ -37,6 +37,16 @@ def derive_seed(*parts: int | str) -> int:
     return int(np.random.SeedSequence(words).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
 
 
+def sample_cohort(rng: np.random.Generator, n: int, fraction: float) -> list[int]:
+    """The indices (sorted) of one round's cohort: max(1, round(fraction * n)) of n clients
+    drawn without replacement from ``rng`` (all of them when that is n). Shared by the
+    embedded engine and :mod:`secagg.flower`, so both sample the same cohorts."""
+    k = max(1, int(round(fraction * n)))
+    if k == n:
+        return list(range(n))
+    return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
+
+
 @dataclass
 class ClientState:
     """One client during a run: its data and its persistent private state."""
@@ -321,11 +331,7 @@ class Federation:
         return [str(v) for v in leaks]
 
     def _cohort(self, rng: np.random.Generator) -> list[int]:
-        n = len(self.partition)
-        k = max(1, int(round(self.fraction * n)))
-        if k == n:
-            return list(range(n))
-        return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
+        return sample_cohort(rng, len(self.partition), self.fraction)
 
     def run(self) -> Result:
         """Run all rounds and return the :class:`Result`.

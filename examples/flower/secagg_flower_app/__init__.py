@@ -1,0 +1,1 @@
+"""A Flower app running secagg's FedLog under SecureSum (or Plaintext) on digits."""

@@ -1,0 +1,324 @@
+"""The client side on Flower: one secagg client per SuperNode, with its own data and keys.
+
+:func:`client_app` returns a ``flwr.clientapp.ClientApp`` that answers the ServerApp of
+:mod:`secagg.flower.server`. On each message it rebuilds the node's algorithm copy and its
+:class:`~secagg.federation.ClientState` (the persistent private state -- e.g. FedLog's
+body -- and any in-flight secure-sum party live in the node's ``Context.state``, which
+Flower keeps on the node and never sends anywhere), runs the requested step, and replies
+with secagg's wire bytes.
+
+Steps (record field ``step``):
+
+* ``hello``: the client id (its partition id) and its number of training records (public,
+  as the embedded engine's ``max_records`` bound).
+* ``upload`` (Plaintext): the phase's client step, ``Upload.validate``, and the upload
+  packed with :func:`secagg.wire.pack_arrays`.
+* ``advertise`` / ``share`` / ``masked-input`` / ``unmask`` (SecureSum): the stages of
+  :class:`secagg.secure_sum.client.Client`; ``advertise`` first runs the client step and
+  encodes the upload with the layer's fixed-point plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from secagg.data import ClientData, Dataset, Partition
+from secagg.errors import ConfigurationError, ProtocolError
+from secagg.federation import AlgorithmLike, ClientState
+from secagg.flower.records import RECORD, content, field, read
+from secagg.messages import Upload, UploadSpec
+from secagg.secure_sum.client import Client
+from secagg.secure_sum.keys import KeyPairs, private_bytes
+from secagg.wire import pack_arrays, unpack_arrays
+
+PartitionLoader = Callable[[Context], tuple[Dataset, ClientData]]
+"""Given the node's Flower ``Context``, its data set description and its own partition."""
+
+_STATE = "secagg-node"  # ConfigRecord in Context.state (stays on the node)
+
+
+def node_partition_loader(make_partition: Callable[[], Partition]) -> PartitionLoader:
+    """A loader that picks the node's partition by ``node_config["partition-id"]`` (as
+    ``flwr run``'s simulation and ``flower-supernode --node-config`` set it).
+
+    Args:
+        make_partition: builds the (deterministic) split of the data; called once per
+            process and cached.
+    """
+    cache: dict[str, Partition] = {}
+
+    def load(context: Context) -> tuple[Dataset, ClientData]:
+        if "p" not in cache:
+            cache["p"] = make_partition()
+        part = cache["p"]
+        pid = context.node_config.get("partition-id")
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < len(part):
+            raise ConfigurationError(
+                f"node_config partition-id must be an int in 0..{len(part) - 1}, got {pid!r} "
+                "(start the SuperNode with --node-config 'partition-id=K')"
+            )
+        return part.dataset, part[pid]
+
+    return load
+
+
+def _freeze(c: Client) -> bytes:
+    """A secure-sum party as bytes for the node's own Context.state (private keys as raw
+    bytes; the AES-GCM channels are rebuilt from them)."""
+    d = {k: v for k, v in vars(c).items() if k not in ("_rand", "_channels", "_keys")}
+    if c._keys is not None:
+        d["_keys"] = (private_bytes(c._keys.enc), private_bytes(c._keys.mask))
+    return pickle.dumps(d)
+
+
+def _thaw(raw: bytes) -> Client:
+    d = pickle.loads(raw)  # noqa: S301 - this node's own state, written by _freeze
+    c = Client.__new__(Client)
+    keys = d.pop("_keys", None)
+    vars(c).update(d)
+    c._rand = os.urandom
+    c._keys = None if keys is None else KeyPairs(
+        X25519PrivateKey.from_private_bytes(keys[0]), X25519PrivateKey.from_private_bytes(keys[1])
+    )
+    c._channels = {}
+    if c._keys is not None and c._roster is not None:
+        c._channels = {v: c._channel(v) for v in c._roster.keys}
+    return c
+
+
+class _Node:
+    """The ClientApp's logic (kept apart from Flower's decorators for clarity)."""
+
+    def __init__(
+        self, algorithm: AlgorithmLike | Callable[[], AlgorithmLike], loader: PartitionLoader
+    ) -> None:
+        self._algorithm = algorithm
+        self.loader = loader
+        self._data: dict[int, tuple[Dataset, ClientData]] = {}
+
+    def _load(self, context: Context) -> tuple[Dataset, ClientData]:
+        key = int(context.node_id)
+        if key not in self._data:
+            self._data[key] = self.loader(context)
+        return self._data[key]
+
+    @property
+    def algorithm(self) -> AlgorithmLike:
+        """The algorithm (built on first use when a factory was given)."""
+        if not hasattr(self._algorithm, "phases"):
+            self._algorithm = self._algorithm()  # type: ignore[operator]
+        return self._algorithm  # type: ignore[return-value]
+
+    def _store(self, context: Context) -> ConfigRecord:
+        if _STATE not in context.state.config_records:
+            context.state.config_records[_STATE] = ConfigRecord()
+        return context.state.config_records[_STATE]
+
+    def handle(self, msg: Message, context: Context) -> Message:
+        rec = read(msg)
+        step = field(rec, "step", str)
+        if step == "hello":
+            _, data = self._load(context)
+            return Message(content(cid=int(data.id), n_records=len(data.y)), reply_to=msg)
+        store = self._store(context)
+        tag = field(rec, "run", str)
+        if store.get("run") != tag:  # a new run: forget the previous run's private state
+            for k in list(store.keys()):
+                del store[k]
+            store["run"] = tag
+        if step in ("upload", "advertise", "he-upload"):
+            out = self._client_step(rec, *self._load(context), store)
+        elif step.startswith("he-"):
+            out = _decryptor(step, rec, store)
+        else:
+            out = self._secure_sum(step, rec, store)
+        return Message(content(**out), reply_to=msg)
+
+    def _client_step(
+        self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord
+    ) -> dict[str, Any]:
+        rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
+        seed = field(rec, "seed", int)
+        algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
+        st = ClientState(data)
+        algo.setup(dataset, [st], seed)
+        if "client_state" in store:
+            st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
+        name = field(rec, "phase", str)
+        phases = [p for p in algo.phases(rnd, rounds) if p.name == name]
+        if not phases:
+            raise ProtocolError(f"round {rnd} has no phase {name!r} on this client")
+        phase = phases[0]
+        spec: UploadSpec = phase.spec()
+        if spec.max_records is None:
+            spec = replace(spec, max_records=field(rec, "max_records", int))
+        raw = rec.get("broadcast", b"")
+        bcast = unpack_arrays(raw) if raw else {}
+        t0 = time.process_time()
+        values = phase.client_step(st, bcast)
+        cpu = time.process_time() - t0
+        up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
+        store["client_state"] = pickle.dumps(st.state)
+        out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
+                               "clipped": json.dumps(up.clipped)}
+        if field(rec, "step", str) == "upload":
+            t0 = time.process_time()
+            out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
+            out["cpu_s"] = cpu + time.process_time() - t0
+            return out
+        if field(rec, "step", str) == "he-upload":
+            return {**out, **_encrypt(rec, spec, up, store)}
+        from secagg.secure_sum import SecureSum
+
+        layer = SecureSum(**json.loads(field(rec, "layer", str)))
+        plans = layer.plan(spec, field(rec, "n", int))
+        t0 = time.process_time()
+        parts = [p.encode(np.asarray(up[name])) for name, p in plans.items()]
+        vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        party = Client(st.id, field(rec, "session", bytes), rnd)
+        out["msg"] = party.advertise()
+        out["cpu_s"] = cpu + time.process_time() - t0
+        store["vector"] = pack_arrays({"v": vector})
+        store["party"] = _freeze(party)
+        return out
+
+    def _secure_sum(self, step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, Any]:
+        if "party" not in store:
+            raise ProtocolError(f"secure-sum step {step!r} before 'advertise' on this node")
+        party = _thaw(store["party"])
+        inbox = field(rec, "msg", bytes)
+        t0 = time.process_time()
+        out: dict[str, Any] = {}
+        if step == "share":
+            out["msg"] = party.share_keys(inbox)
+        elif step == "masked-input":
+            out["ack"] = party.receive_forward(inbox)
+            t1 = time.process_time()
+            out["ack_cpu_s"] = t1 - t0
+            out["msg"] = party.masked_input(unpack_arrays(store["vector"])["v"])
+            t0 = t1
+        elif step == "unmask":
+            out["msg"] = party.unmask(inbox)
+        else:
+            raise ProtocolError(f"unknown secagg step {step!r}")
+        out["cpu_s"] = time.process_time() - t0
+        if step == "unmask":  # the session is over: forget its secrets
+            for k in ("party", "vector"):
+                del store[k]
+        else:
+            store["party"] = _freeze(party)
+        return out
+
+
+def _he_layer(rec: ConfigRecord) -> Any:
+    from secagg.homomorphic import Homomorphic
+
+    cfg = json.loads(field(rec, "layer", str))
+    keys = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients")
+    return Homomorphic(**{k: cfg[k] for k in keys})
+
+
+def _encrypt(
+    rec: ConfigRecord, spec: UploadSpec, up: Upload, store: ConfigRecord
+) -> dict[str, Any]:
+    """Homomorphic: pack, (BFV: fixed-point encode,) encrypt under the decryptor's public
+    context (relayed by the server once per run and parameter set, then kept on the node);
+    the frames go back as a list of bytes."""
+    from secagg.homomorphic.keys import Encryptor
+    from secagg.homomorphic.packing import Packing, fingerprint
+
+    layer = _he_layer(rec)
+    n_plan = field(rec, "n_plan", int)
+    t0 = time.process_time()
+    params = layer.params_for(spec, n_plan)
+    fps = layer.fixed_point(spec, n_plan) if layer.scheme == "bfv" else None
+    key = "he-context/" + field(rec, "params", str)
+    if "context" in rec:
+        store[key] = field(rec, "context", bytes)
+    if key not in store:
+        raise ProtocolError("he-upload without the public context, and none is held")
+    pub = store[key]
+    enc = Encryptor(layer.scheme, pub, fingerprint(pub))
+    packing = Packing.from_spec(spec, params.slots)
+    frames = enc.encrypt(layer._flatten(up, spec, packing, fps), packing)
+    return {"frames": [bytes(f) for f in frames],
+            "enc_cpu_s": time.process_time() - t0}
+
+
+def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, Any]:
+    """The designated decryptor's steps: ``he-keygen`` (keys for the params the server asks
+    for; the secret context stays in this node's Context.state) and ``he-decrypt`` (the
+    aggregate ciphertext to the flat clear sum)."""
+    import tenseal as ts
+
+    from secagg.homomorphic.keys import KeyHolder
+    from secagg.homomorphic.packing import Packing, fingerprint
+    from secagg.homomorphic.params import HEParams
+
+    d = json.loads(field(rec, "params", str))
+    d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
+    params = HEParams(**d)
+    key = "he-secret/" + field(rec, "params", str)
+    t0 = time.process_time()
+    if step == "he-keygen":
+        holder = KeyHolder(params, "decryptor")
+        store[key] = holder._ctx.serialize(save_public_key=True, save_secret_key=True,
+                                           save_galois_keys=False, save_relin_keys=False)
+        store[key + "/public"] = holder.public_context
+        return {"msg": holder.public_context, "cpu_s": time.process_time() - t0}
+    if step != "he-decrypt":
+        raise ProtocolError(f"unknown secagg step {step!r}")
+    if key not in store:
+        raise ProtocolError("he-decrypt for parameters this node holds no keys of")
+    holder = KeyHolder.__new__(KeyHolder)
+    holder.params, holder.mode = params, "decryptor"
+    holder._ctx = ts.context_from(store[key], n_threads=1)
+    holder.public_context = holder.client_context = store[key + "/public"]
+    holder.fingerprint = fingerprint(holder.public_context)
+    p = json.loads(field(rec, "packing", str))
+    packing = Packing(tuple(p["names"]), tuple(tuple(x) for x in p["shapes"]),
+                      tuple(p["offsets"]), int(p["total"]), int(p["slots"]))
+    frames = rec.get("frames")
+    if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+        raise ProtocolError("he-decrypt without the aggregate's frames")
+    flat = holder.decrypt(frames, packing)
+    return {"msg": pack_arrays({"flat": flat}), "cpu_s": time.process_time() - t0}
+
+
+def client_app(
+    algorithm: AlgorithmLike | Callable[[], AlgorithmLike], partition_loader: PartitionLoader
+) -> ClientApp:
+    """A Flower ClientApp that plays one secagg client of ``algorithm`` on each SuperNode.
+
+    Args:
+        algorithm: the same algorithm (and hyper-parameters) the ServerApp runs, or a
+            zero-argument factory of it (then heavy imports such as torch happen only in
+            the messages that run a client step, not in every secure-sum stage); each node
+            works on its own copy.
+        partition_loader: ``(context) -> (dataset, client_data)``; the node's own data
+            (e.g. :func:`node_partition_loader`). ``client_data.id`` is the client id the
+            server sees (ids must be unique across nodes).
+    """
+    node = _Node(algorithm, partition_loader)
+    app = ClientApp()
+
+    @app.train("secagg")
+    def _secagg(msg: Message, context: Context) -> Message:
+        return node.handle(msg, context)
+
+    return app
+
+
+__all__ = ["PartitionLoader", "client_app", "node_partition_loader", "RECORD"]

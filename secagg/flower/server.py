@@ -1,0 +1,710 @@
+"""The server side on Flower: the embedded engine's rounds, with the clients on SuperNodes.
+
+:class:`FlowerFederation` runs what :class:`secagg.federation.Federation` runs -- cohort
+sampling (the same :func:`~secagg.federation.sample_cohort` draws), per phase the broadcast,
+the clients' steps, the layer and the server step, then evaluation -- but every client step
+runs on the client's own node and every message crosses Flower's Grid. The ledger books the
+same rows as the embedded engine (our wire bytes); what Flower's envelopes add is kept apart
+in :attr:`FlowerFederation.transport`.
+
+Dropouts are real: a node that does not answer a stage within ``stage_timeout`` seconds (or
+answers with an error) is dropped at that stage. SecureSum then recovers through its dropout
+path (the server rebuilds a dropped client's mask key from the others' shares); every such
+loss is booked as a zero-byte ledger row of stage ``"dropped:<stage>"`` from that client and
+listed in the aggregate's ``notes["dropped"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from secagg.costs import SERVER, Ledger
+from secagg.data import Dataset
+from secagg.dropouts import DropoutModel
+from secagg.errors import (
+    BudgetExceeded,
+    ConfigurationError,
+    ProtocolError,
+    SecureSumAborted,
+    UploadError,
+)
+from secagg.federation import AlgorithmLike, Result, derive_seed, sample_cohort
+from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
+from secagg.flower.records import field as rfield
+from secagg.homomorphic import Homomorphic
+from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.layers.plaintext import Plaintext
+from secagg.messages import ClipReport, Upload, UploadSpec
+from secagg.secure_sum import SecureSum
+from secagg.secure_sum import wire as ss_wire
+from secagg.secure_sum.graph import build
+from secagg.secure_sum.server import Server
+from secagg.transcript import Transcript
+from secagg.wire import pack_arrays, unpack_arrays
+
+SUPPORTED_LAYERS = (Plaintext, SecureSum, Homomorphic)
+
+# what a reply to a client-step instruction must carry
+_STEP_REPLY = (("msg", bytes), ("cpu_s", float), ("flops", float), ("clipped", str))
+
+
+def check_layer(layer: Layer) -> None:
+    """Refuse a layer the Flower runtime cannot carry yet (with what can be used)."""
+    if type(layer) not in SUPPORTED_LAYERS:
+        raise ConfigurationError(
+            f"layer {getattr(layer, 'name', type(layer).__name__)!r} "
+            f"({type(layer).__name__}) does not run on Flower yet: its client side would "
+            "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there, or the "
+            "embedded Federation"
+        )
+    if isinstance(layer, Homomorphic) and layer.key_holder != "decryptor":
+        raise ConfigurationError(
+            "Homomorphic(key_holder='clients') does not run on Flower: the shared secret "
+            "context would have to reach the clients without passing through the server, "
+            "and Flower routes every message through it; use key_holder='decryptor'"
+        )
+
+
+@dataclass
+class _Transport:
+    """Bytes per stage: ours (secagg wire bytes) and Flower's serialized messages."""
+
+    ours: dict[str, int] = field(default_factory=dict)
+    flower: dict[str, int] = field(default_factory=dict)
+    messages: dict[str, int] = field(default_factory=dict)
+
+    def add(self, stage: str, ours: int = 0, flower: int = 0) -> None:
+        """Add our wire bytes, or one Flower message (``flower`` > 0), to ``stage``."""
+        self.ours[stage] = self.ours.get(stage, 0) + ours
+        self.flower[stage] = self.flower.get(stage, 0) + flower
+        self.messages[stage] = self.messages.get(stage, 0) + (1 if flower else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {s: {"messages": self.messages[s], "secagg_wire_bytes": self.ours[s],
+                    "flower_message_bytes": self.flower[s]} for s in self.ours}
+
+
+class FlowerFederation:
+    """Run ``algorithm`` with ``layer`` over the SuperNodes a Flower Grid reaches.
+
+    Args:
+        algorithm: the algorithm (server side; the nodes run their own copies).
+        layer: :class:`~secagg.layers.plaintext.Plaintext`,
+            :class:`~secagg.secure_sum.SecureSum` or :class:`~secagg.homomorphic.Homomorphic`
+            with ``key_holder="decryptor"`` (others raise ConfigurationError).
+        dataset: the data set description the server's ``algorithm.setup`` needs (classes,
+            input shape; its global test set for non-personalized evaluation).
+        rounds, fraction, seed, on_violation, on_abort, include_values: as
+            :class:`~secagg.federation.Federation`.
+        min_nodes: wait until this many nodes are connected (default: 1).
+        connect_timeout: seconds to wait for them.
+        stage_timeout: seconds a stage waits for replies; nodes silent past it are dropped.
+        decryptor: Homomorphic: the client id of the node that generates the keys, keeps
+            the secret context and decrypts the sum (default: the smallest id). It must
+            not collude with the server (as the embedded layer's decryptor).
+        hold: test hook: (stage, directory): after closing that secure-sum stage in round 0
+            write ``reached`` into the directory and wait (up to 60 s) for a ``go`` file.
+
+    Personalized algorithms are evaluated on the clients in the embedded engine; over
+    Flower their accuracy is reported as NaN (not computed).
+    """
+
+    def __init__(
+        self,
+        algorithm: AlgorithmLike,
+        layer: Layer,
+        dataset: Dataset,
+        rounds: int = 10,
+        fraction: float = 1.0,
+        seed: int = 0,
+        on_violation: Literal["raise", "clip"] = "raise",
+        on_abort: Literal["raise", "skip"] = "raise",
+        include_values: bool = False,
+        min_nodes: int = 1,
+        connect_timeout: float = 60.0,
+        stage_timeout: float = 60.0,
+        hold: tuple[str, str] | None = None,
+        decryptor: int | None = None,
+    ) -> None:
+        check_layer(layer)
+        if getattr(algorithm, "dpsgd", None) is not None:
+            raise ConfigurationError(
+                "DP-SGD in the clients' local training is not accounted over Flower yet (its "
+                "events stay on the nodes); run it with the embedded Federation"
+            )
+        if rounds < 1:
+            raise ConfigurationError(f"rounds must be >= 1, got {rounds}")
+        if not 0.0 < fraction <= 1.0:
+            raise ConfigurationError(f"fraction must be in (0, 1], got {fraction}")
+        if on_violation not in ("raise", "clip") or on_abort not in ("raise", "skip"):
+            raise ConfigurationError("on_violation must be raise|clip, on_abort raise|skip")
+        if min_nodes < 1 or connect_timeout <= 0 or stage_timeout <= 0:
+            raise ConfigurationError("min_nodes >= 1 and positive timeouts are required")
+        self.algorithm, self.layer, self.dataset = algorithm, layer, dataset
+        self.rounds, self.fraction, self.seed = rounds, fraction, seed
+        self.on_violation, self.on_abort = on_violation, on_abort
+        self.include_values = include_values
+        self.min_nodes, self.connect_timeout = min_nodes, connect_timeout
+        self.stage_timeout = stage_timeout
+        self.hold = hold
+        self.dropouts = DropoutModel(0.0, seed).for_stages(layer.dropout_stages())
+        self.transport = _Transport()
+        self.nodes: dict[int, int] = {}  # client id -> Flower node id
+        self.n_records: dict[int, int] = {}
+        self._held = False
+        self._run_tag = ""
+        self._last_drops: dict[str, dict[int, str]] = {}
+        self.decryptor = decryptor
+        self._he_keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
+
+    # ---------------------------------------------------------------- transport
+
+    def _exchange(
+        self, grid: Grid, stage: str, ctx: RoundContext | None,
+        payloads: Mapping[int, RecordDict], timeout: float | None = None,
+        needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
+    ) -> tuple[dict[int, Any], dict[int, str]]:
+        """Send one message per client, wait for the replies; returns (client -> reply
+        record, client -> why it failed) for every addressed client that did not answer,
+        answered with an error, or answered without the fields ``needs`` names (a
+        malformed reply counts as that client dropping, never as a crash)."""
+        tag = "hello" if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
+        msgs = []
+        for c, rd in payloads.items():
+            m = Message(rd, dst_node_id=self.nodes[c], message_type=MESSAGE_TYPE, group_id=tag)
+            self.transport.add(stage, flower=flower_bytes(m))
+            msgs.append(m)
+        by_node = {n: c for c, n in self.nodes.items()}
+        got: dict[int, Any] = {}
+        failed: dict[int, str] = {}
+        for rep in grid.send_and_receive(msgs, timeout=timeout or self.stage_timeout):
+            c = by_node.get(rep.metadata.src_node_id)
+            if c is None or c not in payloads:
+                continue
+            if rep.has_error():
+                failed[c] = f"error reply: {rep.error.reason}"
+                continue
+            try:
+                rec = read(rep)
+                for name, kind in needs:
+                    rfield(rec, name, kind)
+                if "clipped" in rec:
+                    clipped = json.loads(rfield(rec, "clipped", str))
+                    if not isinstance(clipped, dict) or not all(
+                            isinstance(v, int) for v in clipped.values()):
+                        raise ProtocolError("'clipped' is not a JSON object of counts")
+            except (ProtocolError, ValueError) as exc:
+                failed[c] = f"malformed reply: {exc}"
+                continue
+            got[c] = rec
+            self.transport.add(stage, flower=flower_bytes(rep))
+        for c in payloads:
+            if c not in got and c not in failed:
+                failed[c] = f"no reply within {timeout or self.stage_timeout:g} s"
+        return got, failed
+
+    def _book_drops(self, ctx: RoundContext, stage: str, failed: Mapping[int, str],
+                    dropped: dict[str, dict[int, str]]) -> None:
+        for c, why in sorted(failed.items()):
+            ctx.message(c, SERVER, f"dropped:{stage}", 0)
+            dropped.setdefault(stage, {})[c] = why
+        self._last_drops = dropped
+
+    def _connect(self, grid: Grid) -> None:
+        deadline = time.monotonic() + self.connect_timeout
+        ids = list(grid.get_node_ids())
+        while len(ids) < self.min_nodes:
+            if time.monotonic() > deadline:
+                raise ConfigurationError(
+                    f"only {len(ids)} of min_nodes={self.min_nodes} SuperNodes connected "
+                    f"within {self.connect_timeout:g} s"
+                )
+            time.sleep(0.5)
+            ids = list(grid.get_node_ids())
+        self.nodes = {}
+        msgs = [Message(content(step="hello"), dst_node_id=n, message_type=MESSAGE_TYPE,
+                        group_id="hello") for n in ids]
+        errors = []
+        for rep in grid.send_and_receive(msgs, timeout=self.connect_timeout):
+            if rep.has_error():
+                errors.append(rep.error.reason)
+                continue
+            rec = read(rep)
+            cid = rfield(rec, "cid", int)
+            if cid in self.nodes:
+                raise ConfigurationError(
+                    f"two SuperNodes report client id {cid}; give each node its own partition"
+                )
+            self.nodes[cid] = int(rep.metadata.src_node_id)
+            self.n_records[cid] = rfield(rec, "n_records", int)
+        if len(self.nodes) < self.min_nodes:
+            raise ConfigurationError(
+                f"only {len(self.nodes)} of min_nodes={self.min_nodes} SuperNodes answered "
+                f"within {self.connect_timeout:g} s"
+                + (f" (first error reply: {errors[0]})" if errors else "")
+            )
+
+    # ---------------------------------------------------------------- the run
+
+    def run(
+        self, grid: Grid,
+        on_aggregate: Callable[[int, str, Aggregate], None] | None = None,
+    ) -> Result:
+        """Run all rounds on ``grid`` and return the :class:`~secagg.federation.Result`.
+
+        Raises:
+            SecureSumAborted: too few nodes stayed live (unless on_abort="skip").
+            ConfigurationError: too few nodes connected, or duplicate client ids.
+        """
+        t_start = time.perf_counter()
+        self._connect(grid)
+        self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
+        ledger, transcript = Ledger(), Transcript(self.include_values)
+        cids = sorted(self.nodes)
+        max_records = max(self.n_records.values())
+        transcript.meta(
+            algorithm=self.algorithm.describe(), layer=self.layer.describe(), seed=self.seed,
+            rounds=self.rounds, clients=len(cids), fraction=self.fraction, runtime="flower",
+        )
+        self.algorithm.setup(self.dataset, [], self.seed)
+        rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
+        history: list[float] = []
+        clips = ClipReport()
+        aborted: list[tuple[int, str, str]] = []
+        participation: list[tuple[int, str, int, int]] = []
+        checked: set[str] = set()
+        for r in range(self.rounds):
+            cohort = [cids[i] for i in sample_cohort(rng, len(cids), self.fraction)]
+            stopped = False
+            for phase in self.algorithm.phases(r, self.rounds):
+                spec = phase.spec()
+                if spec.max_records is None:
+                    spec = replace(spec, max_records=max_records)
+                if phase.name not in checked:
+                    self.layer.check(spec)
+                    checked.add(phase.name)
+                ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
+                                   ledger, transcript, self.dropouts, None)
+                try:
+                    agg = self._run_phase(grid, phase, spec, cohort, max_records, ctx, clips)
+                    participation.append((r, phase.name, len(agg.contributors), len(cohort)))
+                    if on_aggregate is not None:
+                        on_aggregate(r, phase.name, agg)
+                except SecureSumAborted as exc:
+                    if self.on_abort == "raise":
+                        if hasattr(exc, "add_note") and self._last_drops:
+                            exc.add_note(f"nodes lost (stage -> client -> why): "
+                                         f"{self._last_drops}")
+                        raise
+                    aborted.append((r, phase.name, str(exc)))
+                    participation.append((r, phase.name, 0, len(cohort)))
+                except BudgetExceeded as exc:
+                    aborted.append((r, phase.name, str(exc)))
+                    stopped = True
+                    break
+            history.append(self._evaluate())
+            if stopped:
+                break
+        kind = ("mean local test" if getattr(self.algorithm, "personalized", False)
+                else "global test")
+        return Result(
+            algorithm=self.algorithm.describe(), layer=self.layer.describe(),
+            rounds=len(history), seed=self.seed, accuracy=history[-1], accuracy_kind=kind,
+            history=history, costs=ledger, transcript=transcript, privacy=None,
+            clips=dict(clips.counts), aborted=aborted, participation=participation,
+            n_clients=len(cids), wall_s=time.perf_counter() - t_start,
+        )
+
+    def _evaluate(self) -> float:
+        if getattr(self.algorithm, "personalized", False):
+            return float("nan")  # needs each client's own model: not computed over Flower
+        return float(self.algorithm.evaluate(self.dataset, []))
+
+    def _run_phase(
+        self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
+        ctx: RoundContext, clips: ClipReport,
+    ) -> Aggregate:
+        self._last_drops = {}
+        payload = phase.broadcast()
+        wire = pack_arrays(payload) if payload else b""
+        if payload:
+            plain = int(sum(np.asarray(v).nbytes for v in payload.values()))
+            for c in cohort:
+                ctx.message(SERVER, c, "broadcast", len(wire), plaintext_bytes=plain,
+                            fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()})
+        if payload:  # the broadcast rides in the stage's instruction to each client
+            first = "advertise" if isinstance(self.layer, SecureSum) else "upload"
+            self.transport.add(first, ours=len(wire) * len(cohort))
+        common = dict(run=self._run_tag, round=ctx.round, rounds=self.rounds, phase=phase.name,
+                      seed=self.seed,
+                      max_records=max_records, on_violation=self.on_violation, broadcast=wire)
+        if isinstance(self.layer, SecureSum):
+            return self._secure_sum(grid, phase, spec, cohort, common, ctx, clips)
+        if isinstance(self.layer, Homomorphic):
+            return self._homomorphic(grid, phase, spec, cohort, common, ctx, clips)
+        return self._plaintext(grid, spec, cohort, common, ctx, clips, phase)
+
+    def _plaintext(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
+                   ctx: RoundContext, clips: ClipReport, phase: Any) -> Aggregate:
+        got, failed = self._exchange(
+            grid, "upload", ctx, {c: content(step="upload", **common) for c in cohort},
+            needs=_STEP_REPLY)
+        dropped: dict[str, dict[int, str]] = {}
+        self._book_drops(ctx, "upload", failed, dropped)
+        uploads: dict[int, Upload] = {}
+        for c, rec in sorted(got.items()):
+            raw = rfield(rec, "msg", bytes)
+            self.transport.add("upload", ours=len(raw))
+            # the server re-checks what arrived against the spec (a node may be hostile);
+            # an upload that breaks it is refused and its client counted as dropped
+            try:
+                up = Upload.validate(spec, unpack_arrays(raw), c, self.n_records[c], "raise")
+            except (ProtocolError, UploadError) as exc:
+                self._book_drops(ctx, "upload", {c: f"refused: {exc}"}, dropped)
+                continue
+            up.cpu_s, up.flops = rfield(rec, "cpu_s", float), rfield(rec, "flops", float)
+            up.clipped = json.loads(rfield(rec, "clipped", str))
+            clips.add(up)
+            uploads[c] = up
+        agg = self.layer.aggregate(uploads, spec, ctx)
+        agg.notes["dropped"] = dropped
+        t0 = time.process_time()
+        phase.server_step(agg)
+        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        return agg
+
+    def _maybe_hold(self, ctx: RoundContext, stage: str) -> None:
+        if self.hold is None or self._held or self.hold[0] != stage or ctx.round != 0:
+            return
+        self._held = True
+        d = Path(self.hold[1])
+        (d / "reached").write_text(stage)
+        deadline = time.monotonic() + 60.0
+        while not (d / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def _secure_sum(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], common: dict,
+                    ctx: RoundContext, clips: ClipReport) -> Aggregate:
+        layer: SecureSum = self.layer  # type: ignore[assignment]
+        layer.check(spec)
+        plans = layer.plan(spec, len(cohort))
+        bits = next(iter(plans.values())).ring_bits if plans else 8
+        segments, off = {}, 0
+        for f in spec.additive:
+            segments[f.name] = slice(off, off + f.size)
+            off += f.size
+        fields = {f.name: f.nbytes for f in spec.additive}
+        g = build(cohort, layer.threshold, layer.graph, layer.k, None)
+        session = secrets.token_bytes(ss_wire.SESSION_BYTES)
+        server = Server(session, ctx.round, g, bits, off)
+        params = {k: v for k, v in layer.describe().items() if k != "name"}
+        dropped: dict[str, dict[int, str]] = {}
+        word = (bits + 7) // 8
+
+        def to_server(u: int, stage: str, msg: bytes, handler: Callable[[bytes], Any],
+                      cpu: float, **row: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                out = handler(msg)
+            except ProtocolError as exc:
+                dropped.setdefault(stage, {})[u] = f"refused: {exc}"
+                out = None
+            ctx.message(u, SERVER, stage, len(msg), client_cpu_s=cpu,
+                        server_cpu_s=time.process_time() - t0, **row)
+            self.transport.add(stage, ours=len(msg))
+            return out
+
+        def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+            t0 = time.process_time()
+            return fn(), time.process_time() - t0
+
+        def round_trip(stage: str, inbox: Mapping[int, bytes], close_s: float,
+                       needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
+                       **extra: Any) -> dict[int, Any]:
+            share = close_s / max(len(inbox), 1)
+            for v, m in inbox.items():
+                ctx.message(SERVER, v, stage, len(m), server_cpu_s=share)
+                self.transport.add(stage, ours=len(m))
+            got, failed = self._exchange(
+                grid, stage, ctx, {v: content(step=stage, msg=m, run=self._run_tag, **extra)
+                                   for v, m in inbox.items()}, needs=needs)
+            live = set(ctx.dropouts.survivors(stage, sorted(got)))
+            failed.update({c: "injected dropout" for c in got if c not in live})
+            self._book_drops(ctx, stage, failed, dropped)
+            return {c: got[c] for c in sorted(live)}
+
+        # stage 1: the client step, encoding and ADVERTISE in one message
+        got, failed = self._exchange(grid, "advertise", ctx, {
+            c: content(step="advertise", session=session, n=len(cohort),
+                       layer=json.dumps(params), **common) for c in cohort},
+            needs=_STEP_REPLY)
+        live = set(ctx.dropouts.survivors("advertise", sorted(got)))
+        failed.update({c: "injected dropout" for c in got if c not in live})
+        self._book_drops(ctx, "advertise", failed, dropped)
+        costs: dict[int, tuple[float, float]] = {}
+        for u in sorted(live):
+            rec = got[u]
+            costs[u] = (rfield(rec, "cpu_s", float), rfield(rec, "flops", float))
+            clips.counts.update({k: clips.counts.get(k, 0) + v
+                                 for k, v in json.loads(rfield(rec, "clipped", str)).items()})
+            to_server(u, "advertise", rfield(rec, "msg", bytes), server.receive_advertise, 0.0)
+        rosters, dt = timed(server.close_advertise)
+        self._maybe_hold(ctx, "advertise")
+
+        # stage 2: share keys
+        got = round_trip("share", rosters, dt)
+        for u, rec in got.items():
+            to_server(u, "share", rfield(rec, "msg", bytes), server.receive_shares,
+                      rfield(rec, "cpu_s", float))
+        forwards, dt = timed(server.close_shares)
+        self._maybe_hold(ctx, "share")
+
+        # stage 3: ACK, then the masked vector (one Flower message carries both)
+        got = round_trip("masked-input", forwards, dt,
+                         needs=(("msg", bytes), ("cpu_s", float), ("ack", bytes),
+                                ("ack_cpu_s", float)))
+        acked = [u for u, rec in got.items()
+                 if to_server(u, "masked-input", rfield(rec, "ack", bytes), server.receive_ack,
+                              rfield(rec, "ack_cpu_s", float)) is not None]
+        for u in acked:
+            rec = got[u]
+            extra_cpu, flops = costs.get(u, (0.0, 0.0))
+            res = to_server(u, "masked-input", rfield(rec, "msg", bytes), server.receive_masked,
+                            rfield(rec, "cpu_s", float) + extra_cpu,
+                            plaintext_bytes=sum(fields.values()), fields=dict(fields),
+                            flops=flops)
+            if res is not None:
+                for name, sl in segments.items():
+                    part = res[1][sl]
+                    ctx.observe(SERVER, u, "masked-input", name, "masked", part,
+                                nbytes=int(part.size) * word)
+        requests, dt = timed(server.close_masked)
+        self._maybe_hold(ctx, "masked-input")
+
+        # stage 4: unmasking
+        got = round_trip("unmask", requests, dt)
+        for u, rec in got.items():
+            to_server(u, "unmask", rfield(rec, "msg", bytes), server.receive_unmask,
+                      rfield(rec, "cpu_s", float))
+        (total, contributors), _ = timed(server.finish)
+        for name, sl in segments.items():
+            part = total[sl]
+            ctx.observe(SERVER, SERVER, "unmask", name, "clear", part, what="sum",
+                        nbytes=int(part.size) * word)
+        sums = {f.name: plans[f.name].decode_sum(total[segments[f.name]]).reshape(f.shape)
+                for f in spec.additive}
+        notes = {"secure_sum": {
+            "ring_bits": bits, "graph": g.kind, "k": g.k, "threshold": g.threshold,
+            "share_threshold": g.share_threshold, "live": dict(server.live),
+            "excluded": sorted(server.excluded), "recovered": sorted(server.dropped),
+        }, "dropped": dropped}
+        agg = Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
+        t0 = time.process_time()
+        phase.server_step(agg)
+        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        return agg
+
+
+    def _homomorphic(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int],
+                     common: dict, ctx: RoundContext, clips: ClipReport) -> Aggregate:
+        """Keys from the decryptor node (once per parameter set), encrypted uploads from
+        the clients, the sum of ciphertexts here (public context only), the clear sum from
+        the decryptor."""
+        import dataclasses
+
+        from secagg.homomorphic.keys import Aggregator
+        from secagg.homomorphic.layer import DECRYPTOR
+        from secagg.homomorphic.packing import Packing
+        from secagg.transcript import digest
+
+        layer: Homomorphic = self.layer  # type: ignore[assignment]
+        layer.check(spec)
+        n_plan = layer.planned_clients(len(cohort))
+        params = layer.params_for(spec, n_plan)
+        fps = layer.fixed_point(spec, n_plan) if layer.scheme == "bfv" else None
+        pjson = json.dumps(dataclasses.asdict(params))
+        dec = self.decryptor if self.decryptor is not None else min(self.nodes)
+        if dec not in self.nodes:
+            raise ConfigurationError(f"decryptor client {dec} is not connected")
+        keys = self._he_keys.get(pjson)
+        if keys is None:
+            got, failed = self._exchange(grid, "keys", ctx, {dec: content(
+                step="he-keygen", params=pjson, run=self._run_tag)})
+            if dec not in got:
+                raise SecureSumAborted("keys", 0, 1)
+            pub = rfield(got[dec], "msg", bytes)
+            agg = Aggregator(params.scheme, pub)  # refuses a context with a secret key
+            ctx.message(DECRYPTOR, SERVER, "keys", len(pub),
+                        client_cpu_s=rfield(got[dec], "cpu_s", float))
+            self.transport.add("keys", ours=len(pub))
+            keys = self._he_keys[pjson] = (pub, agg, set(), set())
+        pub, agg, provisioned, sent = keys
+        agg.assert_public()
+        for c in cohort:
+            if c not in provisioned:
+                ctx.message(DECRYPTOR, c, "keys", wire_bytes=len(pub))
+                provisioned.add(c)
+        packing = Packing.from_spec(spec, params.slots)
+        desc = {k: getattr(layer, k) for k in
+                ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients")}
+        got, failed = self._exchange(grid, "upload", ctx, {c: content(
+            step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
+            context=None if c in sent else pub, **common) for c in cohort},
+            needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)))
+        self.transport.add("upload", ours=len(pub) * len(set(cohort) - sent))
+        sent.update(got)  # a node keeps the public context for the rest of the run
+        live = set(ctx.dropouts.survivors("upload", sorted(got)))
+        failed.update({c: "injected dropout" for c in got if c not in live})
+        dropped: dict[str, dict[int, str]] = {}
+        self._book_drops(ctx, "upload", failed, dropped)
+        notes: dict[str, Any] = {
+            "he_params": params.as_dict(), "key_holder": layer.key_holder,
+            "decryptor_client": dec, "ciphertexts_per_upload": packing.n_ciphertexts,
+            "slot_utilisation": packing.utilisation, "dropped": dropped,
+        }
+        sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
+                for f in spec.additive}
+        agg.start(packing)
+        share = {f.name: f.size / max(packing.total, 1) for f in spec.additive}
+        contributors = []
+        for c in sorted(live):
+            rec = got[c]
+            frames = rec.get("frames")
+            if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+                self._book_drops(ctx, "upload", {c: "reply without ciphertext frames"},
+                                 dropped)
+                continue
+            t0 = time.process_time()
+            try:
+                agg.add(frames)
+            except ProtocolError as exc:
+                self._book_drops(ctx, "upload", {c: f"refused: {exc}"}, dropped)
+                continue
+            server_s = time.process_time() - t0
+            contributors.append(c)
+            size = sum(len(f) for f in frames)
+            self.transport.add("upload", ours=size)
+            clips.counts.update({k: clips.counts.get(k, 0) + v
+                                 for k, v in json.loads(rfield(rec, "clipped", str)).items()})
+            ctx.message(c, SERVER, "upload", wire_bytes=size, plaintext_bytes=spec.nbytes,
+                        fields={f.name: f.nbytes for f in spec.additive},
+                        client_cpu_s=rfield(rec, "cpu_s", float)
+                        + rfield(rec, "enc_cpu_s", float),
+                        server_cpu_s=server_s, flops=rfield(rec, "flops", float))
+            d = digest(frames)
+            for f in spec.additive:
+                ctx.observe(SERVER, c, "upload", f.name, "encrypted", frames,
+                            nbytes=round(size * share[f.name]), value_digest=d)
+        if contributors and packing.total:
+            t0 = time.process_time()
+            agg_wire = [bytes(f) for f in agg.finish()]
+            finish_s = time.process_time() - t0
+            agg_size = sum(len(f) for f in agg_wire)
+            ctx.message(SERVER, DECRYPTOR, "decrypt", wire_bytes=agg_size,
+                        server_cpu_s=finish_s)
+            self.transport.add("decrypt", ours=agg_size)
+            d = digest(agg_wire)
+            for f in spec.additive:
+                n = round(agg_size * share[f.name])
+                ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum",
+                            nbytes=n, value_digest=d)
+                ctx.observe(DECRYPTOR, SERVER, "decrypt", f.name, "encrypted", agg_wire,
+                            what="sum", nbytes=n, value_digest=d)
+            got, failed = self._exchange(grid, "decrypt", ctx, {dec: content(
+                step="he-decrypt", params=pjson, run=self._run_tag, frames=agg_wire,
+                packing=json.dumps(dataclasses.asdict(packing)))})
+            if dec not in got:
+                raise SecureSumAborted("decrypt", 0, 1)
+            raw = rfield(got[dec], "msg", bytes)
+            flat = unpack_arrays(raw)["flat"]
+            parts = packing.unflatten(flat)
+            for f in spec.additive:
+                if fps is not None:
+                    ring = parts[f.name].ravel().view(np.uint64)
+                    sums[f.name] = fps[f.name].decode_sum(ring).reshape(f.shape)
+                elif f.is_integer:
+                    sums[f.name] = np.rint(parts[f.name]).astype(np.int64)
+                else:
+                    sums[f.name] = parts[f.name]
+            ctx.message(DECRYPTOR, SERVER, "result", wire_bytes=len(raw),
+                        plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
+                        fields={k: int(v.nbytes) for k, v in sums.items()},
+                        client_cpu_s=rfield(got[dec], "cpu_s", float))
+            self.transport.add("decrypt", ours=len(raw))
+            for f in spec.additive:
+                ctx.observe(DECRYPTOR, SERVER, "decrypt", f.name, "clear", sums[f.name],
+                            what="sum")
+                ctx.observe(SERVER, DECRYPTOR, "result", f.name, "clear", sums[f.name],
+                            what="sum")
+        out = Aggregate(ctx.phase, ctx.round, sums, {}, tuple(contributors), notes)
+        t0 = time.process_time()
+        phase.server_step(out)
+        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        return out
+
+
+def server_app(
+    algorithm: AlgorithmLike,
+    layer: Layer,
+    dataset: Dataset,
+    *,
+    rounds: int = 10,
+    fraction: float = 1.0,
+    seed: int = 0,
+    min_nodes: int = 1,
+    stage_timeout: float = 60.0,
+    result_dir: str | Path | None = None,
+    on_result: Callable[[Result, FlowerFederation], None] | None = None,
+    on_aggregate: Callable[[int, str, Aggregate], None] | None = None,
+    **options: Any,
+) -> ServerApp:
+    """A Flower ServerApp that runs ``algorithm`` with ``layer`` over the connected nodes.
+
+    Args:
+        algorithm, layer, dataset, rounds, fraction, seed, min_nodes, stage_timeout: see
+            :class:`FlowerFederation` (``options`` are passed on to it).
+        result_dir: when given, the Result is saved there (result.json, costs.csv,
+            transcript.jsonl) with ``flower_transport.json`` (Flower's bytes beside ours).
+        on_result: called with the Result and the runtime when the run ends.
+        on_aggregate: called with (round, phase, Aggregate) after each phase.
+
+    Raises:
+        ConfigurationError: the layer does not run on Flower (checked here, before any
+            node is contacted).
+    """
+    check_layer(layer)
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        fed = FlowerFederation(algorithm, layer, dataset, rounds=rounds, fraction=fraction,
+                               seed=seed, min_nodes=min_nodes, stage_timeout=stage_timeout,
+                               **options)
+        result = fed.run(grid, on_aggregate=on_aggregate)
+        save_result(result, fed, result_dir)
+        if on_result is not None:
+            on_result(result, fed)
+
+    return app
+
+
+def save_result(result: Result, fed: FlowerFederation, out: str | Path | None) -> None:
+    """Save ``result`` and the transport table into ``out`` (nothing when None)."""
+    if out is None:
+        return
+    result.save(out)
+    Path(out, "flower_transport.json").write_text(
+        json.dumps(fed.transport.to_dict(), indent=2) + "\n")
+
+
+__all__: Sequence[str] = ("FlowerFederation", "check_layer", "save_result", "server_app")

@@ -1,0 +1,137 @@
+"""secagg on Flower's simulation runtime: 20 SuperNodes give the embedded engine's aggregates.
+
+One ``flwr.simulation.run_simulation`` (one Ray start) runs FedLog for 2 rounds under
+Plaintext and then under SecureSum; every (round, phase) aggregate must equal the one
+``Federation`` computes for the same seed bit for bit (all three are exact), and so must
+the server's FedLog head. Then BFV (Homomorphic, a designated decryptor node) likewise.
+Layers without a Flower port are refused before any node is contacted.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
+    pytest.skip("needs flwr: pip install 'secagg[flower]' (always runs under CI=true)",
+                allow_module_level=True)
+
+from algorithms import FedLog  # noqa: E402
+from secagg import Federation, Homomorphic, LocalDP, Plaintext, SecureSum  # noqa: E402
+from secagg.data import dirichlet_split, load_dataset  # noqa: E402
+from secagg.errors import ConfigurationError  # noqa: E402
+
+N_NODES = 20
+ROUNDS = 2
+
+
+def _partition():
+    return dirichlet_split(load_dataset("digits"), N_NODES, 0.5, seed=3, local_test_fraction=0.2)
+
+
+def _algo():
+    return FedLog(feature_dim=8, local_epochs=1)
+
+
+def _layers():
+    return {"plaintext": Plaintext(), "secure-sum": SecureSum(threshold=0.5),
+            "bfv": Homomorphic(scheme="bfv")}
+
+
+def _embedded(layer):
+    """Federation's aggregates per (round, phase) and the final head."""
+    seen = {}
+
+    class Recording(type(layer)):
+        def aggregate(self, uploads, spec, ctx):
+            agg = super().aggregate(uploads, spec, ctx)
+            seen[(ctx.round, ctx.phase)] = agg
+            return agg
+
+    rec = Recording.__new__(Recording)
+    rec.__dict__.update(vars(layer))
+    algo = _algo()
+    Federation(algo, rec, _partition(), rounds=ROUNDS, seed=0, progress=False).run()
+    return seen, algo.eta
+
+
+@pytest.fixture(scope="module")
+def flower_runs():
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from secagg.flower import FlowerFederation, client_app, node_partition_loader
+
+    out = {}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        for name, layer in _layers().items():
+            algo = _algo()
+            aggs = {}
+            fed = FlowerFederation(algo, layer, load_dataset("digits"), rounds=ROUNDS, seed=0,
+                                   min_nodes=N_NODES, stage_timeout=300,
+                                   connect_timeout=300)
+            result = fed.run(grid, on_aggregate=lambda r, p, a, aggs=aggs: aggs.__setitem__(
+                (r, p), a))
+            out[name] = (aggs, algo.eta, result, fed)
+
+    run_simulation(app, client_app(_algo(), node_partition_loader(_partition)),
+                   num_supernodes=N_NODES,
+                   backend_config={"client_resources": {"num_cpus": 1}})
+    return out
+
+
+@pytest.mark.parametrize("name", ["plaintext", "secure-sum", "bfv"])
+def test_simulation_20_nodes_equals_federation(flower_runs, name):
+    assert name in flower_runs, "the ServerApp did not finish this layer's run"
+    aggs, eta, result, fed = flower_runs[name]
+    want, want_eta = _embedded(_layers()[name])
+    assert sorted(aggs) == sorted(want) == [(0, "stats"), (1, "stats")]
+    for key in want:
+        assert aggs[key].contributors == want[key].contributors == tuple(range(N_NODES))
+        np.testing.assert_array_equal(aggs[key]["stats"], want[key]["stats"])
+    np.testing.assert_array_equal(eta, want_eta)
+    assert result.participation == [(0, "stats", N_NODES, N_NODES),
+                                    (1, "stats", N_NODES, N_NODES)]
+    # the ledger books real messages: every client sends in each stage of each round
+    stages = {r.stage for r in result.costs.rows if r.direction == "up"}
+    assert stages == {"plaintext": {"upload"},
+                      "secure-sum": {"advertise", "share", "masked-input", "unmask"},
+                      "bfv": {"upload", "keys", "result"}}[name]  # keys, result: decryptor
+    ups = [r for r in result.costs.rows if r.direction == "up" and r.sender != "decryptor"]
+    assert {r.sender for r in ups} == set(range(N_NODES))
+    # and Flower's envelopes are measured beside our bytes
+    t = fed.transport.to_dict()
+    assert all(v["flower_message_bytes"] > 0 and v["secagg_wire_bytes"] > 0 for v in t.values())
+    if name != "plaintext":  # the server saw only masked/encrypted uploads and the sum
+        forms = {o["form"] for o in result.transcript.observations() if o["party"] == "server"}
+        assert forms == {"masked" if name == "secure-sum" else "encrypted", "clear"}
+        clear = [o for o in result.transcript.observations()
+                 if o["party"] == "server" and o["form"] == "clear"]
+        assert all(o["what"] == "sum" for o in clear)
+
+
+def test_bfv_decryptor_is_a_node_and_the_server_holds_no_secret_key(flower_runs):
+    aggs, _, result, fed = flower_runs["bfv"]
+    assert aggs[(0, "stats")].notes["decryptor_client"] == 0
+    _, aggregator, provisioned, sent = next(iter(fed._he_keys.values()))
+    assert not aggregator.context.has_secret_key()
+    assert provisioned == sent == set(range(N_NODES))
+    keys = [r for r in result.costs.rows if r.stage == "keys"]
+    assert len(keys) == 1 + N_NODES  # generated once, then reused in round 1
+    assert {r.receiver for r in result.costs.rows if r.stage == "decrypt"} == {"decryptor"}
+
+
+def test_layers_without_a_flower_port_are_refused():
+    from secagg.flower import server_app
+
+    with pytest.raises(ConfigurationError, match="does not run on Flower"):
+        server_app(_algo(), Homomorphic(scheme="bfv", key_holder="clients"),
+                   load_dataset("digits"))
+    with pytest.raises(ConfigurationError, match="does not run on Flower yet"):
+        server_app(_algo(), LocalDP(Plaintext(), noise_multiplier=1.0),
+                   load_dataset("digits"))
