@@ -404,7 +404,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit,
                                                                  "check": _check}
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit}
     commands.update(sweep=_sweep, plot=_plot)
     if args.command is None:
         parser.print_help()
