@@ -266,7 +266,7 @@ def format_audit(report: dict[str, Any]) -> str:
     for d in DIRECTIONS:
         if d in t:
             what = {"up": "clients -> server/decryptor", "down": "to clients",
-                    "internal": "between server and decryptor (no client)"}[d]
+                    "internal": "between non-client parties (server, decryptor)"}[d]
             lines.append(f"  {d:<9}{t[d]['messages']:>8,} messages {t[d]['bytes']:>14,} B"
                          f"   {what}")
     rec = report.get("reconcile")
