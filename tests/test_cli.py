@@ -154,3 +154,29 @@ def test_help_documents_exit_codes(capsys):
         assert rc == 0 and "exit status" in out and "incomplete" in out
     for opt in ("--lr", "--local-epochs", "--force"):
         assert opt in _main(["run", "--help"], capsys)[1]
+
+
+def test_budget_guard_stop_is_reported_as_no_usable_model(digits):
+    from algorithms.fedlog import FedLog
+    from secagg.data import dirichlet_split
+    from secagg.errors import BudgetExceeded
+    from secagg.federation import Federation
+    from secagg.layers.plaintext import Plaintext
+
+    class GuardAfterFirstRound(Plaintext):
+        """Plaintext whose (stand-in) budget guard refuses every release after round 0."""
+
+        def aggregate(self, uploads, spec, ctx):
+            if ctx.round >= 1:
+                raise BudgetExceeded("the next release would spend eps 5.1 > budget 4")
+            return super().aggregate(uploads, spec, ctx)
+
+    part = dirichlet_split(digits, 4, 0.5, seed=0, local_test_fraction=0.2)
+    res = Federation(FedLog(feature_dim=16, local_epochs=1), GuardAfterFirstRound(), part,
+                     rounds=3, seed=0, progress=False).run()
+    why = res.failure()
+    assert why is not None and "privacy budget guard" in why and "2 of 3" in why
+    assert "budget 4" in why and res.to_dict()["failure"] == why
+    assert res.transcript.check() is None or not res.transcript.closed
+    res.transcript.close(res.rounds, why)
+    assert res.transcript.records[-1]["stopped"] == why and res.transcript.check() is None
