@@ -1,19 +1,34 @@
-"""Audit a transcript: per phase and field, who sent what, and in what form each party saw it.
+"""Audit a transcript: per phase and field, who sent what, what each party saw, under which
+DP guarantee, and what the traffic cost.
 
-:func:`audit` condenses a :class:`~secagg.transcript.Transcript` into one entry per
-(phase, field): the clients that sent it, how many rounds, the forms in which the server
-saw it (e.g. ``masked`` uploads then one ``clear`` sum), bytes, what other parties (a
-decryptor) saw, whether anyone saw an individual upload in the clear, and the DP guarantee
-recorded for that field. :func:`format_audit` prints it as a table.
+:func:`audit` condenses a :class:`~secagg.transcript.Transcript` into
+
+* ``complete``: whether the transcript's closing record matches its body (a truncated or
+  altered transcript is reported as incomplete, with the reason);
+* ``traffic``: messages and framed wire bytes per direction (``up``, ``down``,
+  ``internal``) and per (phase, direction), from the transcript's ``message`` records --
+  the same figures, by construction, as the run's ``costs.csv``;
+* ``fields``: one entry per (phase, field): the clients that sent it, the form in which
+  each party saw it (``server: masked upload x20, noised sum x2``), the bytes of the field
+  as uploaded, the DP guarantee (mechanism, noise, adjacency, epsilon at delta, or why there
+  is none) and notes;
+* ``privacy``: the transcript's privacy records.
+
+:func:`format_audit` prints it as text.
 """
 
 from __future__ import annotations
 
+import csv
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
-from secagg.costs import SERVER
+from secagg.costs import DIRECTIONS, SERVER
 from secagg.transcript import Transcript
+
+#: Suffix DistributedDP gives the secure-sum label of its noised ring vector.
+_NOISED_SUFFIX = " (dp-noised)"
 
 
 def _ranges(ids: list[int]) -> str:
@@ -31,81 +46,262 @@ def _ranges(ids: list[int]) -> str:
     return ",".join(out)
 
 
+def _components(label: str) -> tuple[str, list[str]]:
+    """The audit row name of an observed label and the upload fields it carries
+    (``"a+b (dp-noised)"`` -> ``("a+b", ["a", "b"])``)."""
+    name = label.removesuffix(_NOISED_SUFFIX)
+    return name, name.split("+") if label.endswith(_NOISED_SUFFIX) else [name]
+
+
+def _dp_layers(desc: Any) -> list[dict[str, Any]]:
+    """The DP layer descriptions inside a (possibly nested) layer description."""
+    out: list[dict[str, Any]] = []
+    if isinstance(desc, dict):
+        if "noise_multiplier" in desc or str(desc.get("name", "")).endswith("-dp"):
+            out.append(desc)
+        for v in desc.values():
+            out.extend(_dp_layers(v))
+    elif isinstance(desc, list | tuple):
+        for v in desc:
+            out.extend(_dp_layers(v))
+    return out
+
+
+def traffic(transcript: Transcript) -> dict[str, Any]:
+    """Messages and framed wire bytes per direction and per (phase, direction), from the
+    transcript's ``message`` records."""
+    total = {d: {"messages": 0, "bytes": 0} for d in DIRECTIONS}
+    by_phase: dict[tuple[str, str], dict[str, int]] = {}
+    for r in transcript.records:
+        if r.get("type") != "message":
+            continue
+        d = r["direction"]
+        total.setdefault(d, {"messages": 0, "bytes": 0})
+        total[d]["messages"] += 1
+        total[d]["bytes"] += int(r["bytes"])
+        e = by_phase.setdefault((r["phase"], d), {"messages": 0, "bytes": 0})
+        e["messages"] += 1
+        e["bytes"] += int(r["bytes"])
+    return {"total": total,
+            "by_phase": [{"phase": p, "direction": d, **v} for (p, d), v in by_phase.items()]}
+
+
+def reconcile(report: dict[str, Any], costs_csv: str | Path) -> dict[str, Any]:
+    """Compare the audit's per-direction bytes with a ``costs.csv``: returns
+    ``{direction: {"audit": bytes, "costs": bytes}}`` and ``"match": bool``."""
+    costs: dict[str, int] = defaultdict(int)
+    with Path(costs_csv).open() as fh:
+        for row in csv.DictReader(fh):
+            costs[row["direction"]] += int(row["wire_bytes"])
+    out: dict[str, Any] = {}
+    match = True
+    for d in sorted(set(costs) | set(report["traffic"]["total"])):
+        a = report["traffic"]["total"].get(d, {}).get("bytes", 0)
+        out[d] = {"audit": a, "costs": costs.get(d, 0)}
+        match = match and a == costs.get(d, 0)
+    out["match"] = match
+    return out
+
+
+def _guarantee(names: list[str], saw: Counter, privacy: dict[str, list[dict[str, Any]]],
+               totals: list[dict[str, Any]], dp_desc: list[dict[str, Any]]) -> dict[str, Any]:
+    """The DP guarantee of a row: ``private`` (bool), ``text`` and the parameters."""
+    recs = [p for n in names for p in privacy.get(n, [])]
+    public = [p for p in recs if p.get("public")]
+    if public:
+        return {"private": False,
+                "text": "no: declared public, released without DP noise"}
+    acct = [p for p in recs if "epsilon" in p]
+    noised = any(k.startswith("noised") for k in saw)
+    if not acct:
+        reasons = [r for t in totals for r in t.get("not_private_reasons", [])]
+        mine = [r for r in reasons if any(repr(n) in r for n in names)]
+        if mine:
+            return {"private": False, "text": f"no: {mine[0]}"}
+        if noised:
+            return {"private": False, "text": "no: noised, but no guarantee was recorded"}
+        return {"private": False, "text": "none (no DP layer noised this field)"}
+    p = acct[-1]
+    if p.get("private") is False:
+        why = p.get("reason") or next(
+            (r for t in totals for r in t.get("not_private_reasons", [])), "guarantee broken")
+        return {"private": False, "text": f"no: {why}", "epsilon": p.get("epsilon"),
+                "delta": p.get("delta")}
+    if not noised and not any("masked" in k or "encrypted" in k for k in saw):
+        return {"private": False, "text": "no: released un-noised (the server saw it in "
+                "the clear)"}
+    d = dp_desc[0] if dp_desc else {}
+    mech = p.get("mechanism") or d.get("mechanism") or "gaussian"
+    adjacency = p.get("adjacency") or d.get("adjacency") or "?"
+    if p.get("sigma") is not None:
+        noise = f"sigma={p['sigma']:.4g}"
+    elif d.get("noise_multiplier") is not None:
+        noise = f"noise multiplier z={d['noise_multiplier']:.4g} (sigma = z x sensitivity)"
+    else:
+        noise = "noise ?"
+    eps, delta = float(p["epsilon"]), float(p.get("delta") or 0.0)
+    layer = f"{d['name']}, " if d.get("name") else ""
+    return {"private": True, "mechanism": mech, "adjacency": adjacency, "epsilon": eps,
+            "delta": delta, "accountant": p.get("accountant"),
+            "text": f"{layer}{mech}, {noise}, {adjacency}-level, "
+                    f"eps={eps:.4g} at delta={delta:.2g}"
+                    + (f" ({p['accountant']})" if p.get("accountant") else "")}
+
+
 def audit(transcript: Transcript) -> dict[str, Any]:
-    """Summarise a transcript per (phase, field). Returns a JSON-able dict with ``run``
-    (the header), ``fields`` (one entry per phase/field) and ``privacy`` (guarantees)."""
+    """Summarise a transcript. Returns a JSON-able dict: ``run`` (the header),
+    ``complete`` and ``incomplete_reason``, ``end`` (the closing record), ``traffic``,
+    ``fields`` (one entry per (phase, field)) and ``privacy`` (the records)."""
     header = next((r for r in transcript.records if r.get("type") == "run"), {})
+    end = next((r for r in transcript.records if r.get("type") == "end"), None)
+    reason = transcript.check()
     entries: dict[tuple[str, str], dict[str, Any]] = {}
     senders: dict[tuple[str, str], set[int]] = defaultdict(set)
     rounds: dict[tuple[str, str], set[int]] = defaultdict(set)
+    comps: dict[tuple[str, str], list[str]] = {}
     for r in transcript.observations():
-        key = (r["phase"], r["field"])
+        name, names = _components(r["field"])
+        key = (r["phase"], name)
+        comps.setdefault(key, names)
         e = entries.setdefault(key, {
-            "phase": r["phase"], "field": r["field"], "server_saw": Counter(),
-            "others_saw": Counter(), "bytes_to_server": 0, "clear_individual_uploads": 0,
+            "phase": r["phase"], "field": name, "server_saw": Counter(),
+            "others_saw": defaultdict(Counter), "bytes_uploaded": 0, "bytes_to_server": 0,
+            "clear_individual_uploads": 0, "noise_share_in_uploads": False,
         })
         rounds[key].add(r["round"])
+        label = f"{r['form']} {r['what']}"
         if isinstance(r["sender"], int) and r["what"] == "upload":
             senders[key].add(r["sender"])
-        label = f"{r['form']} {r['what']}"
+            e["bytes_uploaded"] += int(r["bytes"])
+            if r["field"].endswith(_NOISED_SUFFIX):
+                e["noise_share_in_uploads"] = True
         if r["party"] == SERVER:
             e["server_saw"][label] += 1
             e["bytes_to_server"] += int(r["bytes"])
             if r["form"] == "clear" and r["what"] == "upload":
                 e["clear_individual_uploads"] += 1
         else:
-            e["others_saw"][f"{r['party']}: {label}"] += 1
+            e["others_saw"][str(r["party"])][label] += 1
     privacy = [r for r in transcript.records if r.get("type") == "privacy"]
-    per_field_dp: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    per_field: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in privacy:
         if p.get("field"):
-            per_field_dp[p["field"]].append(p)
+            per_field[p["field"]].append(p)
+    totals = [p for p in privacy if not p.get("field")]
+    dp_desc = _dp_layers(header.get("layer", {}))
     out = []
     for key, e in entries.items():
+        names = comps[key]
+        e["components"] = names
         e["senders"] = sorted(senders[key])
         e["rounds"] = len(rounds[key])
         e["server_saw"] = dict(e["server_saw"])
-        e["others_saw"] = dict(e["others_saw"])
-        e["dp"] = per_field_dp.get(e["field"], [])
+        e["others_saw"] = {k: dict(v) for k, v in e["others_saw"].items()}
+        e["dp"] = _guarantee(names, Counter(e["server_saw"]), per_field, totals, dp_desc)
+        notes = []
+        if e["clear_individual_uploads"] and e["dp"].get("private"):
+            notes.append("the DP guarantee covers only what is released after the noise; "
+                         "the aggregator read the uploads in the clear")
+        if e["noise_share_in_uploads"]:
+            notes.append("each upload carries the client's share of the DP noise, then is "
+                         "masked; the server sees only the noised sum")
+        if not e["senders"]:
+            src = [k[1] for k in entries if k[0] == key[0] and key[1] in comps[k]
+                   and k != key and senders[k]]
+            notes.append("no client sent this directly: it is the server's result"
+                         + (f" of {', '.join(repr(s) for s in src)}" if src else ""))
+        e["notes"] = notes
         out.append(e)
-    return {"run": header, "fields": out, "privacy": privacy}
+    return {"run": header, "complete": reason is None, "incomplete_reason": reason,
+            "end": end, "traffic": traffic(transcript), "fields": out, "privacy": privacy}
 
 
-def _dp_text(dp: list[dict[str, Any]]) -> str:
-    if not dp:
-        return "none"
-    p = dp[-1]
-    if "epsilon" in p:
-        return f"eps={p['epsilon']:.3g}, delta={p.get('delta', 0):.2g}"
-    return str({k: v for k, v in p.items() if k != "type"})
+def _layer_text(desc: dict[str, Any]) -> str:
+    """``name(k=v, ...)`` of a layer description, nested layers inline."""
+    if not isinstance(desc, dict):
+        return str(desc)
+    params = []
+    for k, v in desc.items():
+        if k == "name" or v is None or v == [] or v == {}:
+            continue
+        if isinstance(v, dict) and "name" in v:
+            params.append(f"{k}={_layer_text(v)}")
+        elif isinstance(v, dict):
+            params.append(f"{k}={{" + ", ".join(f"{a}: {_layer_text(b)}"
+                                              for a, b in v.items()) + "}")
+        elif isinstance(v, float):
+            params.append(f"{k}={v:.4g}")
+        elif isinstance(v, list):
+            params.append(f"{k}=[{', '.join(str(x) for x in v)}]")
+        else:
+            params.append(f"{k}={v}")
+    return f"{desc.get('name', '?')}({', '.join(params)})"
+
+
+def _saw_text(saw: dict[str, int]) -> str:
+    return ", ".join(f"{form} x{n}" for form, n in sorted(saw.items())) or "nothing"
 
 
 def format_audit(report: dict[str, Any]) -> str:
-    """The audit as text: a header line, then one block per (phase, field)."""
+    """The audit as text: completeness, the run, traffic per direction, then one block
+    per (phase, field)."""
     run = report.get("run", {})
     lines = []
+    if report.get("complete"):
+        end = report.get("end") or {}
+        stopped = f"; stopped early: {end['stopped']}" if end.get("stopped") else ""
+        lines.append(f"transcript: complete ({end.get('records', '?')} records, "
+                     f"{end.get('rounds_completed', '?')} rounds, digest verified{stopped})")
+    else:
+        lines.append(f"transcript: INCOMPLETE - {report.get('incomplete_reason')}; the "
+                     "figures below cover only what the file holds")
     if run:
-        alg = run.get("algorithm", {}).get("name", "?")
-        layer = run.get("layer", {}).get("name", "?")
-        lines.append(f"run: algorithm={alg} layer={layer} seed={run.get('seed')} "
-                     f"rounds={run.get('rounds')} clients={run.get('clients')}")
+        alg = run.get("algorithm", {})
+        lines.append(f"algorithm : {_layer_text(alg)}")
+        lines.append(f"layer     : {_layer_text(run.get('layer', {}))}")
+        lines.append(f"run       : seed={run.get('seed')} rounds={run.get('rounds')} "
+                     f"clients={run.get('clients')} fraction={run.get('fraction')}")
+    t = report["traffic"]["total"]
+    lines.append("\ntraffic (framed wire bytes; the same definition as costs.csv):")
+    for d in DIRECTIONS:
+        if d in t:
+            what = {"up": "clients -> server/decryptor", "down": "to clients",
+                    "internal": "between non-client parties (server, decryptor)"}[d]
+            lines.append(f"  {d:<9}{t[d]['messages']:>8,} messages {t[d]['bytes']:>14,} B"
+                         f"   {what}")
+    rec = report.get("reconcile")
+    if rec is not None:
+        lines.append("  costs.csv: " + ("matches, per direction" if rec["match"] else
+                     "DOES NOT MATCH: " + ", ".join(
+                         f"{d} audit {v['audit']:,} vs costs {v['costs']:,}"
+                         for d, v in rec.items() if d != "match")))
     for e in report["fields"]:
-        seen = ", ".join(f"{form} x{n}" for form, n in sorted(e["server_saw"].items())) or "nothing"
         lines.append(f"\nphase {e['phase']!r}  field {e['field']!r}")
-        lines.append(f"  sent by      : {len(e['senders'])} clients ({_ranges(e['senders'])}) "
-                     f"over {e['rounds']} rounds")
-        lines.append(f"  server saw   : {seen}")
-        if e["others_saw"]:
-            others = ", ".join(f"{k} x{n}" for k, n in sorted(e["others_saw"].items()))
-            lines.append(f"  others saw   : {others}")
+        if e["senders"]:
+            lines.append(f"  senders      : {len(e['senders'])} clients "
+                         f"({_ranges(e['senders'])}) over {e['rounds']} rounds")
+        else:
+            lines.append(f"  senders      : none (over {e['rounds']} rounds)")
+        lines.append(f"  server saw   : {_saw_text(e['server_saw'])}")
+        for party, saw in sorted(e["others_saw"].items()):
+            lines.append(f"  {party + ' saw':<13}: {_saw_text(saw)}")
         verdict = ("YES - the server read individual uploads in the clear"
                    if e["clear_individual_uploads"] else "no")
         lines.append(f"  clear uploads: {verdict}")
-        lines.append(f"  bytes        : {e['bytes_to_server']:,} to the server")
-        lines.append(f"  DP guarantee : {_dp_text(e['dp'])}")
+        lines.append(f"  bytes        : {e['bytes_uploaded']:,} uploaded by clients, "
+                     f"{e['bytes_to_server']:,} seen by the server in all")
+        lines.append(f"  DP guarantee : {e['dp']['text']}")
+        for n in e["notes"]:
+            lines.append(f"  note         : {n}")
     totals = [p for p in report.get("privacy", []) if not p.get("field")]
     if totals:
-        lines.append(f"\ntotal DP guarantee: {_dp_text(totals[-1:])}")
+        p = totals[-1]
+        if p.get("private") is False:
+            reasons = "; ".join(p.get("not_private_reasons", [])) or "guarantee broken"
+            lines.append(f"\ntotal DP guarantee: no: {reasons}")
+        elif "epsilon" in p:
+            lines.append(f"\ntotal DP guarantee: eps={p['epsilon']:.4g} at "
+                         f"delta={p.get('delta', 0):.2g} over {p.get('n_events', '?')} releases")
     if not report["fields"]:
         lines.append("no observations in this transcript")
     return "\n".join(lines)

@@ -23,9 +23,22 @@ from typing import Any, NoReturn
 
 from secagg import __version__
 from secagg.costs import PROFILES
-from secagg.errors import SecaggError, SecureSumAborted
+from secagg.errors import ConfigurationError, SecaggError, SecureSumAborted
 
 LAYERS = ("plaintext", "secure-sum", "homomorphic", "central-dp", "local-dp", "distributed-dp")
+DP_LAYERS = ("central-dp", "local-dp", "distributed-dp")
+
+#: Exit statuses of the ``secagg`` command.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_MODEL, EXIT_INCOMPLETE, EXIT_LEAK = 0, 1, 2, 3, 4, 5
+EXIT_CODES = """exit status:
+  0    success
+  1    error: bad input or a refused configuration (the reason is printed on stderr)
+  2    usage error (unknown option, bad value)
+  3    run: finished without a usable model (every phase aborted, or the privacy budget
+       guard stopped it early); its outputs are still written, the reason is on stderr
+  4    audit: the transcript is incomplete (truncated or altered)
+  5    audit --threat: the named coalition can read some field beyond what the layer promises
+  130  interrupted"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,15 +60,16 @@ def load_algorithm(name: str) -> type:
         try:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            raise SecaggError(f"cannot load algorithm {name!r}: {exc}") from None
+            raise ConfigurationError(f"cannot load algorithm {name!r}: {exc}") from None
     eps = available_algorithms()
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none (is the package installed? pip install -e .)"
-        raise SecaggError(f"unknown algorithm {name!r}; available: {known}")
+        raise ConfigurationError(f"unknown algorithm {name!r}; available: {known}")
     try:
         return eps[name].load()
     except (ImportError, AttributeError) as exc:
-        raise SecaggError(f"algorithm {name!r} is registered but cannot be loaded: {exc}") from None
+        raise ConfigurationError(
+            f"algorithm {name!r} is registered but cannot be loaded: {exc}") from None
 
 
 def build_layer(args: argparse.Namespace) -> Any:
@@ -70,7 +84,7 @@ def build_layer(args: argparse.Namespace) -> Any:
     for item in args.group_layer:
         group, sep, name = item.partition("=")
         if not sep or not group or name not in LAYERS:
-            raise SecaggError(
+            raise ConfigurationError(
                 f"--group-layer expects GROUP=LAYER with LAYER one of {', '.join(LAYERS)}, "
                 f"got {item!r}"
             )
@@ -92,7 +106,7 @@ def _one_layer(args: argparse.Namespace, name: str) -> Any:
 
         return Homomorphic(scheme=args.he_scheme)
     if args.epsilon is None:
-        raise SecaggError(f"--layer {name} needs --epsilon (and optionally --delta)")
+        raise ConfigurationError(f"--layer {name} needs --epsilon (and optionally --delta)")
     from secagg import privacy
 
     common = {"epsilon": args.epsilon, "delta": args.delta, "rounds": args.rounds}
@@ -107,7 +121,8 @@ def _one_layer(args: argparse.Namespace, name: str) -> Any:
 
 def _make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="secagg", description="Privacy-preserving federated learning: run an "
-                "algorithm under a privacy layer, and audit what each party saw.")
+                "algorithm under a privacy layer, and audit what each party saw.",
+                epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"secagg {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -116,6 +131,8 @@ def _make_parser() -> argparse.ArgumentParser:
         help="run an algorithm under a privacy layer",
         description="Run a federated algorithm under a privacy layer, write the "
         "result, cost ledger and transcript, and print a summary table.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument(
         "--algorithm",
@@ -175,7 +192,11 @@ def _make_parser() -> argparse.ArgumentParser:
         "--out",
         default=None,
         type=Path,
-        help="output directory (default: runs/ALGORITHM-LAYER-seedSEED)",
+        help="output directory (default: runs/ALGORITHM-LAYER[+GROUP=LAYER...]-seedSEED); "
+        "a directory holding a previous run is refused unless --force",
+    )
+    r.add_argument(
+        "--force", action="store_true", help="overwrite the outputs of a previous run in --out"
     )
     r.add_argument(
         "--group-layer",
@@ -189,7 +210,8 @@ def _make_parser() -> argparse.ArgumentParser:
         "--threshold",
         type=float,
         default=0.7,
-        help="secure-sum threshold: fraction (<1) or count of clients (%(default)s)",
+        help="secure-sum threshold: a fraction of the cohort in (0, 1), or a whole count "
+        "of clients >= 1 (%(default)s)",
     )
     r.add_argument(
         "--graph",
@@ -216,22 +238,40 @@ def _make_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="DP-SGD per-sample gradient clipping norm (%(default)s)",
     )
-    r.add_argument("--epsilon", type=float, default=None, help="DP layers: total epsilon")
-    r.add_argument("--delta", type=float, default=1e-5, help="DP layers: delta (%(default)s)")
+    r.add_argument(
+        "--lr", type=float, default=None, help="local learning rate (default: the algorithm's)"
+    )
+    r.add_argument(
+        "--local-epochs",
+        type=int,
+        default=None,
+        help="local epochs per round (default: the algorithm's)",
+    )
+    r.add_argument(
+        "--epsilon", type=float, default=None, help="DP layers only: total epsilon of the run"
+    )
+    r.add_argument(
+        "--delta", type=float, default=None, help="DP layers only: delta (default 1e-05)"
+    )
     r.add_argument(
         "--include-values",
         action="store_true",
         help="store observed values in the transcript (sensitive)",
     )
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.add_argument("--list", action="store_true", help="list the available algorithms and exit")
+    r.add_argument(
+        "--list", action="store_true", help="list the available algorithms (one line each) and exit"
+    )
 
     a = sub.add_parser(
         "audit",
         help="print what each party saw, from a transcript",
-        description="Read a transcript (JSON Lines) and print, per phase and "
-        "field: which clients sent it, in what form the server saw it, bytes, "
-        "and the DP guarantee.",
+        description="Read a transcript (JSON Lines) and print whether it is complete, "
+        "the traffic per direction (checked against costs.csv beside it), and per phase and "
+        "field: which clients sent it, in what form each party saw it, bytes, the DP "
+        "guarantee and notes.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     a.add_argument("file", type=Path, help="transcript.jsonl (or a run directory holding one)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
@@ -240,7 +280,7 @@ def _make_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="COALITION",
         help="also judge every field against a coalition, e.g. server, server+3, "
-        "server+decryptor, active-server (threat_models); exits 3 when the coalition can "
+        "server+decryptor, active-server (threat_models); exits 5 when the coalition can "
         "read a field beyond what the layer promises",
     )
 
@@ -297,19 +337,112 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _describe(ep: Any) -> str:
+    """The first line of an algorithm's docstring (or why it cannot be loaded)."""
+    try:
+        cls = ep.load()
+    except (ImportError, AttributeError) as exc:
+        return f"(cannot be loaded: {exc})"
+    doc = (cls.__doc__ or "").strip()
+    return doc.splitlines()[0].strip() if doc else "(no description)"
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    """Validate and normalise the options before anything is built (raises SecaggError)."""
+    if args.clients < 1:
+        raise ConfigurationError("--clients must be >= 1")
+    if args.alpha < 0:
+        raise ConfigurationError("--alpha must be >= 0 (0 means IID)")
+    if args.rounds < 1:
+        raise ConfigurationError("--rounds must be >= 1")
+    t = args.threshold
+    if t >= 1:
+        if not float(t).is_integer():
+            raise ConfigurationError(
+                f"--threshold {t:g}: give a fraction in (0, 1) or a whole count of clients")
+        args.threshold = int(t)
+    elif t <= 0:
+        raise ConfigurationError(f"--threshold {t:g}: must be a fraction in (0, 1) or a count")
+    names = [args.layer] + [g.partition("=")[2] for g in args.group_layer]
+    if not any(n in DP_LAYERS for n in names):
+        given = [o for o, v in (("--epsilon", args.epsilon), ("--delta", args.delta))
+                 if v is not None]
+        if given:
+            raise ConfigurationError(
+                f"{' and '.join(given)} only apply to a DP layer ({', '.join(DP_LAYERS)}); "
+                f"--layer {args.layer} adds no DP noise, so they would be ignored")
+    if args.delta is None:
+        args.delta = 1e-5
+    if args.lr is not None and not args.lr > 0:
+        raise ConfigurationError("--lr must be > 0")
+    if args.local_epochs is not None and args.local_epochs < 1:
+        raise ConfigurationError("--local-epochs must be >= 1")
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    """The output directory; refuses one holding a previous run unless --force."""
+    if args.out is not None:
+        out = args.out
+    else:
+        layer = "+".join([args.layer, *args.group_layer])
+        name = f"{args.algorithm.replace(':', '.')}-{layer}-{args.dataset}-seed{args.seed}"
+        out = Path("runs") / name.replace("/", "_")
+    previous = [n for n in ("result.json", "costs.csv", "transcript.jsonl") if (out / n).exists()]
+    if previous and not args.force:
+        raise ConfigurationError(
+            f"{out} already holds a run ({', '.join(previous)}); pass --force to overwrite "
+            "it, or --out DIR for another folder")
+    return out
+
+
+def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any]:
+    """Constructor options from --lr, --local-epochs and --dpsgd-noise (refused, with the
+    reason, when the algorithm has no such option)."""
+    import inspect
+
+    params = inspect.signature(algo_cls).parameters
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs: dict[str, Any] = {}
+    for opt, key, value in (("--lr", "lr", args.lr),
+                            ("--local-epochs", "local_epochs", args.local_epochs)):
+        if value is None:
+            continue
+        if key not in params and not var_kw:
+            raise ConfigurationError(f"algorithm {args.algorithm!r} has no {opt} option "
+                                     "(it does no local training with that setting)")
+        kwargs[key] = value
+    if args.dpsgd_noise is not None:
+        from secagg.privacy.dpsgd import DPSGD
+
+        if "dpsgd" not in params and not var_kw:
+            raise ConfigurationError(f"algorithm {args.algorithm!r} has no DP-SGD option")
+        kwargs["dpsgd"] = DPSGD(args.dpsgd_noise, args.dpsgd_clip)
+    return kwargs
+
+
+def _quiet_library_warnings() -> None:
+    """Stop library warning floods: torch's backward-hook notice (raised on every DP-SGD
+    batch, nothing a user can act on) is silenced; Opacus's warnings (e.g. that its noise
+    RNG is not the secure one) are shown once per run instead of once per client."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"Full backward hook is firing")
+    warnings.filterwarnings("ignore", message=r"Using a non-full backward hook")
+    warnings.filterwarnings("once", module=r"opacus(\.|$)")
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.list:
-        for name in sorted(available_algorithms()):
-            print(name)
-        return 0
+        for name, ep in sorted(available_algorithms().items()):
+            print(f"{name:<12} {_describe(ep)}")
+        return EXIT_OK
     from secagg.data import dirichlet_split, iid_split, load_dataset
     from secagg.federation import Federation
 
-    if args.clients < 1:
-        raise SecaggError("--clients must be >= 1")
-    if args.alpha < 0:
-        raise SecaggError("--alpha must be >= 0 (0 means IID)")
+    _check_run_args(args)
+    out = _out_dir(args)
     algo_cls = load_algorithm(args.algorithm)
+    algo_kwargs = _algorithm_kwargs(args, algo_cls)
     layer = build_layer(args)
     ds = load_dataset(args.dataset, args.data_dir)
     if args.alpha == 0:
@@ -318,20 +451,7 @@ def _run(args: argparse.Namespace) -> int:
         part = dirichlet_split(
             ds, args.clients, args.alpha, seed=args.seed, local_test_fraction=0.2
         )
-    threshold = args.threshold
-    if threshold >= 1 and float(threshold).is_integer():
-        args.threshold = int(threshold)
-    algo_kwargs: dict[str, Any] = {}
-    if args.dpsgd_noise is not None:
-        import inspect
-
-        from secagg.privacy.dpsgd import DPSGD
-
-        if "dpsgd" not in inspect.signature(algo_cls).parameters and not any(
-            p.kind is p.VAR_KEYWORD for p in inspect.signature(algo_cls).parameters.values()
-        ):
-            raise SecaggError(f"algorithm {args.algorithm!r} has no DP-SGD option")
-        algo_kwargs["dpsgd"] = DPSGD(args.dpsgd_noise, args.dpsgd_clip)
+    _quiet_library_warnings()
     fed = Federation(
         algo_cls(**algo_kwargs),
         layer,
@@ -345,27 +465,34 @@ def _run(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
     )
     result = fed.run()
-    out = (
-        args.out
-        or Path("runs") / f"{args.algorithm.replace(':', '.')}-{args.layer}-seed{args.seed}"
-    )
-    paths = result.save(out)
+    paths = result.save(out, args.device_profile)
     print(result.table(args.device_profile))
     print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}")
     print(f"audit with: secagg audit {paths['transcript']}")
-    return 0
+    failure = result.failure()
+    if failure:
+        print(f"secagg run: no usable model: {failure}", file=sys.stderr)
+        return EXIT_NO_MODEL
+    return EXIT_OK
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from secagg.audit import audit, format_audit
+    from secagg.audit import audit, format_audit, reconcile
     from secagg.transcript import Transcript
 
     path = args.file / "transcript.jsonl" if args.file.is_dir() else args.file
     if not path.exists():
-        raise SecaggError(f"no such transcript: {path}")
+        raise ConfigurationError(f"no such transcript: {path}")
     transcript = Transcript.read(path)
     report = audit(transcript)
-    print(json.dumps(report, indent=2) if args.json else format_audit(report))
+    costs = path.parent / "costs.csv"
+    if costs.exists():
+        report["reconcile"] = reconcile(report, costs)
+    print(json.dumps(report, indent=2, default=str) if args.json else format_audit(report))
+    if not report["complete"]:
+        print(f"secagg audit: transcript incomplete: {report['incomplete_reason']}",
+              file=sys.stderr)
+        return EXIT_INCOMPLETE
     if getattr(args, "threat", None):
         try:
             from threat_models.audit import threat_audit
@@ -373,8 +500,8 @@ def _audit(args: argparse.Namespace) -> int:
             raise SecaggError(f"audit --threat needs the threat_models package: {exc}") from None
         text, leaks = threat_audit(transcript, args.threat)
         print("\n" + text)
-        return 3 if leaks else 0
-    return 0
+        return EXIT_LEAK if leaks else EXIT_OK
+    return EXIT_OK
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -406,8 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                  "check": _check}
     commands.update(sweep=_sweep, plot=_plot)
     if args.command is None:
-        parser.print_help()
-        return 2
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     try:
         return commands[args.command](args)
     except KeyboardInterrupt:
@@ -418,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SecureSumAborted):
             msg += " (--on-abort skip skips such rounds and goes on)"
         print(f"secagg {args.command}: error: {msg}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -79,3 +79,7 @@ class BudgetExceeded(PrivacyError):
 
 class ConfigurationError(SecaggError, ValueError):
     """An invalid combination of algorithm, layer or run parameters."""
+
+
+class TranscriptError(SecaggError, ValueError):
+    """A file is not a transcript, or a transcript is truncated or altered."""

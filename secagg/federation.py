@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from secagg.costs import SERVER, HardwareProfile, Ledger, get_profile
+from secagg.costs import DIRECTIONS, SERVER, HardwareProfile, Ledger, get_profile
 from secagg.data import ClientData, Dataset, Partition
 from secagg.dropouts import DropoutModel
 from secagg.errors import BudgetExceeded, ConfigurationError, InadmissibleField, SecureSumAborted
@@ -131,29 +131,70 @@ class Result:
     n_clients: int = 0
     wall_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary (no ledger rows or transcript records)."""
+    @property
+    def best_accuracy(self) -> float:
+        """The highest accuracy over the rounds (see :attr:`best_round`)."""
+        return max(self.history) if self.history else float("nan")
+
+    @property
+    def best_round(self) -> int:
+        """The 0-based round after which :attr:`best_accuracy` was measured (the first such)."""
+        return int(np.argmax(self.history)) if self.history else -1
+
+    @property
+    def planned_rounds(self) -> int:
+        """The rounds the run was asked for (from the transcript header; :attr:`rounds` is
+        how many ran)."""
+        head = next((r for r in self.transcript.records if r.get("type") == "run"), {})
+        return int(head.get("rounds", self.rounds))
+
+    def failure(self) -> str | None:
+        """Why the run did not produce a usable model, or None: every phase aborted (no
+        upload was ever aggregated), or the privacy budget guard stopped it early."""
+        if self.participation and all(p[2] == 0 for p in self.participation):
+            return (f"every phase aborted ({len(self.aborted)} of {len(self.participation)}); "
+                    "no upload was aggregated, the model is the untrained initial one")
+        if self.rounds < self.planned_rounds:
+            why = self.aborted[-1][2] if self.aborted else "stopped"
+            return (f"stopped after {self.rounds} of {self.planned_rounds} rounds by the "
+                    f"privacy budget guard: {why}")
+        return None
+
+    def to_dict(self, profile: HardwareProfile | str = "phone-wifi") -> dict[str, Any]:
+        """JSON-able summary (no ledger rows or transcript records): final and best-round
+        accuracy, the accuracy curve (``history``), byte totals per direction and the
+        deterministic client device figures on ``profile``."""
+        prof = get_profile(profile) if isinstance(profile, str) else profile
         d = {
             "algorithm": self.algorithm,
             "layer": self.layer,
             "rounds": self.rounds,
+            "planned_rounds": self.planned_rounds,
             "seed": self.seed,
             "n_clients": self.n_clients,
             "accuracy": self.accuracy,
             "accuracy_kind": self.accuracy_kind,
+            "best_accuracy": self.best_accuracy,
+            "best_round": self.best_round,
             "history": self.history,
+            "failure": self.failure(),
             "clips": self.clips,
             "aborted": self.aborted,
             "participation": self.participation,
             "wall_s": self.wall_s,
-            "costs": {d: self.costs.total(direction=d) for d in ("up", "down")},
+            "costs": {d: self.costs.total(direction=d) for d in DIRECTIONS},
+            "client_rounds": self.costs.client_rounds(),
+            "device": {"profile": prof.name, **self.costs.estimate(prof)},
         }
         if self.privacy is not None and hasattr(self.privacy, "to_dict"):
             d["privacy"] = self.privacy.to_dict()
         return d
 
-    def save(self, out_dir: str | Path) -> dict[str, Path]:
-        """Write ``result.json``, ``costs.csv`` and ``transcript.jsonl`` into ``out_dir``."""
+    def save(self, out_dir: str | Path,
+             profile: HardwareProfile | str = "phone-wifi") -> dict[str, Path]:
+        """Write ``result.json``, ``costs.csv`` (with the device columns for ``profile``) and
+        ``transcript.jsonl`` (closed: see :meth:`secagg.transcript.Transcript.close`) into
+        ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -161,39 +202,43 @@ class Result:
             "costs": out / "costs.csv",
             "transcript": out / "transcript.jsonl",
         }
-        paths["result"].write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
-        self.costs.to_csv(paths["costs"])
+        paths["result"].write_text(
+            json.dumps(self.to_dict(profile), indent=2, default=str) + "\n")
+        self.costs.to_csv(paths["costs"], profile)
+        self.transcript.close(self.rounds, self.failure())
         self.transcript.write(paths["transcript"])
         return paths
 
     def table(self, profile: HardwareProfile | str = "phone-wifi") -> str:
-        """The closing table: accuracy, rounds, bytes, estimated latency on ``profile``."""
+        """The closing table: final and best-round accuracy, bytes per client per round,
+        the client's compute (FLOPs) and its deterministic device time and energy on
+        ``profile``, internal traffic, and the measured host CPU seconds apart."""
         prof = get_profile(profile) if isinstance(profile, str) else profile
         up, down = self.costs.total("up"), self.costs.total("down")
-        # client-rounds that actually exchanged messages (sampling and dropouts included)
-        per = max(
-            1,
-            len(
-                {
-                    (r.round, r.sender if r.direction == "up" else r.receiver)
-                    for r in self.costs.rows
-                    if r.direction in ("up", "down")
-                }
-            ),
-        )
+        internal = self.costs.total("internal")
+        per = max(1, self.costs.client_rounds())  # clients only: server/decryptor never count
         est = self.costs.estimate(prof)
         rows = [
-            (f"accuracy ({self.accuracy_kind})", f"{self.accuracy:.4f}"),
-            ("rounds", str(self.rounds)),
-            ("uplink bytes, total", f"{int(up['wire_bytes']):,}"),
-            ("downlink bytes, total", f"{int(down['wire_bytes']):,}"),
+            (f"accuracy ({self.accuracy_kind}), final", f"{self.accuracy:.4f}"),
+            ("accuracy, best round", f"{self.best_accuracy:.4f} after round "
+             f"{self.best_round + 1} of {self.rounds} (curve in result.json: history)"),
+            ("rounds", str(self.rounds) if self.rounds == self.planned_rounds
+             else f"{self.rounds} of {self.planned_rounds}"),
             ("uplink bytes / client / round", f"{up['wire_bytes'] / per:,.0f}"),
             ("downlink bytes / client / round", f"{down['wire_bytes'] / per:,.0f}"),
-            (
-                f"est. latency / client / round ({prof.name})",
-                f"{est['latency_s_per_client_round']:.3f} s",
-            ),
-            (f"est. client energy, total ({prof.name})", f"{est['energy_j']:.2f} J"),
+            ("uplink / downlink bytes, total",
+             f"{int(up['wire_bytes']):,} / {int(down['wire_bytes']):,}"),
+            ("internal bytes (server, decryptor), total", f"{int(internal['wire_bytes']):,}"),
+            ("client compute / client / round", f"{est['flops_per_client_round']:,.3g} FLOP"),
+            (f"est. client latency / client / round ({prof.name})",
+             f"{est['latency_s_per_client_round']:.3f} s "
+             f"(compute {est['compute_s_per_client_round']:.3f} s)"),
+            (f"est. client energy / client / round ({prof.name})",
+             f"{est['energy_j_per_client_round']:.4g} J"),
+            (f"est. client energy, total ({prof.name})", f"{est['energy_j']:.4g} J"),
+            ("host CPU s, measured (client / server)",
+             f"{up['client_cpu_s'] + down['client_cpu_s']:.2f} / "
+             f"{sum(self.costs.total(d)['server_cpu_s'] for d in DIRECTIONS):.2f}"),
         ]
         if self.privacy is not None and hasattr(self.privacy, "summary_rows"):
             rows.extend(self.privacy.summary_rows())
@@ -485,7 +530,7 @@ class Federation:
                 SERVER,
                 c,
                 "broadcast",
-                len(wire),
+                wire,
                 plaintext_bytes=plain,
                 fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()},
                 client_cpu_s=client_s,

@@ -70,10 +70,113 @@ def test_aborted_secure_sums_stop_the_run_or_are_skipped_and_counted(tmp_path, c
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "secure sum aborted" in err and "--on-abort skip" in err
-    assert main([*argv, "--on-abort", "skip"]) == 0
-    out = capsys.readouterr().out
+    rc = main([*argv, "--on-abort", "skip"])
+    cap = capsys.readouterr()
     res = json.loads((tmp_path / "r" / "result.json").read_text())
     assert len(res["aborted"]) >= 1
     got = sum(p[2] for p in res["participation"])
     assert sum(p[3] for p in res["participation"]) == 20 and got < 20
-    assert f"{got} / 20" in out and "aborted phases" in out
+    assert f"{got} / 20" in cap.out and "aborted phases" in cap.out
+    # a run in which every phase aborted has no usable model: non-zero exit, reason on stderr
+    assert (rc == 3) == (got == 0) and (rc == 0) == (got > 0)
+    assert ("every phase aborted" in cap.err) == (got == 0)
+
+
+FAST = ["--clients", "4", "--local-epochs", "1", "--rounds", "2", "--quiet"]
+
+
+def _main(argv, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_threshold_count_as_documented(tmp_path, capsys):
+    rc, out, err = _main(["run", "--layer", "secure-sum", "--threshold", "3", *FAST,
+                          "--out", str(tmp_path / "r")], capsys)
+    assert rc == 0, err
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert res["layer"]["threshold"] == 3
+    rc, _, err = _main(["run", "--layer", "secure-sum", "--threshold", "2.5", *FAST], capsys)
+    assert rc == 1 and "whole count" in err
+
+
+@pytest.mark.parametrize("extra", [["--epsilon", "1"], ["--delta", "1e-6"]])
+def test_dp_options_without_a_dp_layer_are_refused(extra, capsys):
+    rc, _, err = _main(["run", "--layer", "secure-sum", *extra, *FAST], capsys)
+    assert rc == 1 and "only apply to a DP layer" in err and extra[0] in err
+
+
+def test_lr_local_epochs_and_accuracy_curve(tmp_path, capsys):
+    rc, out, _ = _main(["run", *FAST, "--lr", "0.01", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 0
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert res["algorithm"]["lr"] == 0.01 and res["algorithm"]["local_epochs"] == 1
+    assert len(res["history"]) == 2
+    assert res["best_accuracy"] == max(res["history"])
+    assert res["history"][res["best_round"]] == res["best_accuracy"]
+    assert res["accuracy"] == res["history"][-1]
+    assert "final" in out and "best" in out
+
+
+def test_default_output_folder_names_group_layers_and_is_not_overwritten(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--layer", "secure-sum", "--group-layer", "default=plaintext", *FAST]
+    rc, out, _ = _main(argv, capsys)
+    assert rc == 0
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert "secure-sum" in folder.name and "default=plaintext" in folder.name
+    before = (folder / "result.json").read_text()
+    rc, _, err = _main([*argv, "--seed", "0"], capsys)
+    assert rc == 1 and "already holds a run" in err and "--force" in err
+    assert (folder / "result.json").read_text() == before
+    rc, _, _ = _main([*argv, "--force"], capsys)
+    assert rc == 0
+
+
+def test_list_gives_one_line_of_description_per_algorithm(capsys):
+    rc, out, _ = _main(["run", "--list"], capsys)
+    assert rc == 0
+    lines = out.strip().splitlines()
+    assert {ln.split()[0] for ln in lines} >= {"fedavg", "fedlog", "turbosvm"}
+    for ln in lines:
+        name, _, desc = ln.partition(" ")
+        assert len(desc.strip()) > 10 and "no description" not in desc, ln
+
+
+def test_help_documents_exit_codes(capsys):
+    for argv in (["--help"], ["run", "--help"], ["audit", "--help"]):
+        rc, out, _ = _main(argv, capsys)
+        assert rc == 0 and "exit status" in out and "incomplete" in out
+    for opt in ("--lr", "--local-epochs", "--force"):
+        assert opt in _main(["run", "--help"], capsys)[1]
+
+
+def test_budget_guard_stop_is_reported_as_no_usable_model(digits):
+    from algorithms.fedlog import FedLog
+    from secagg.data import dirichlet_split
+    from secagg.errors import BudgetExceeded
+    from secagg.federation import Federation
+    from secagg.layers.plaintext import Plaintext
+
+    class GuardAfterFirstRound(Plaintext):
+        """Plaintext whose (stand-in) budget guard refuses every release after round 0."""
+
+        def aggregate(self, uploads, spec, ctx):
+            if ctx.round >= 1:
+                raise BudgetExceeded("the next release would spend eps 5.1 > budget 4")
+            return super().aggregate(uploads, spec, ctx)
+
+    part = dirichlet_split(digits, 4, 0.5, seed=0, local_test_fraction=0.2)
+    res = Federation(FedLog(feature_dim=16, local_epochs=1), GuardAfterFirstRound(), part,
+                     rounds=3, seed=0, progress=False).run()
+    why = res.failure()
+    assert why is not None and "privacy budget guard" in why and "2 of 3" in why
+    assert "budget 4" in why and res.to_dict()["failure"] == why
+    assert res.transcript.check() is None or not res.transcript.closed
+    res.transcript.close(res.rounds, why)
+    assert res.transcript.records[-1]["stopped"] == why and res.transcript.check() is None

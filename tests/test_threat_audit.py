@@ -35,12 +35,12 @@ def test_view_per_coalition(runs):
 
 
 def test_audit_threat_exit_status(runs, capsys):
-    assert main(["audit", str(runs["plain"]), "--threat", "server"]) == 3
+    assert main(["audit", str(runs["plain"]), "--threat", "server"]) == 5
     out = capsys.readouterr().out
     assert "READABLE" in out and "label histogram: recovered for 5/5 clients" in out
     assert main(["audit", str(runs["secure"]), "--threat", "server+2"]) == 0
     out = capsys.readouterr().out
     assert "read in the clear by: active-server, server+3" in out
     assert "label histogram: recovered for 0/5" in out
-    assert main(["audit", str(runs["secure"]), "--threat", "server+3"]) == 3
+    assert main(["audit", str(runs["secure"]), "--threat", "server+3"]) == 5
     assert main(["audit", str(runs["secure"]), "--threat", "server+bogus"]) == 1

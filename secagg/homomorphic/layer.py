@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from secagg.costs import SERVER
+from secagg.costs import SERVER, he_flops
 from secagg.encoding import FixedPoint, plan, plan_ring_bits
 from secagg.errors import (
     ConfigurationError,
@@ -314,9 +314,12 @@ class Homomorphic(Layer):
             agg.add(wire)
             server_s = time.process_time() - t0
             size = message_size(wire)
-            ctx.message(c, SERVER, "upload", wire_bytes=size, plaintext_bytes=spec.nbytes,
+            ctx.message(c, SERVER, "upload", wire_bytes=wire, plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.additive},
-                        client_cpu_s=client_s + up.cpu_s, server_cpu_s=server_s, flops=up.flops)
+                        client_cpu_s=client_s + up.cpu_s, server_cpu_s=server_s,
+                        flops=up.flops + he_flops("encrypt", params.poly_modulus_degree,
+                                                  len(params.coeff_mod_bit_sizes),
+                                                  packing.n_ciphertexts))
             wire_digest = digest(wire)  # one message, recorded once per field it carries
             for f in spec.additive:
                 ctx.observe(SERVER, c, "upload", f.name, "encrypted", wire,
@@ -332,7 +335,7 @@ class Homomorphic(Layer):
                 raise SecureSumAborted("decrypt", 0, 1)
             party = able[0]
         agg_size = message_size(agg_wire)
-        ctx.message(SERVER, party, "decrypt", wire_bytes=agg_size, server_cpu_s=finish_s)
+        ctx.message(SERVER, party, "decrypt", wire_bytes=agg_wire, server_cpu_s=finish_s)
         agg_digest = digest(agg_wire)
         for f in spec.additive:
             n = round(agg_size * share[f.name])
@@ -356,7 +359,9 @@ class Homomorphic(Layer):
         result = pack_arrays(sums)
         ctx.message(party, SERVER, "result", wire_bytes=len(result),
                     plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
-                    fields={k: int(v.nbytes) for k, v in sums.items()}, client_cpu_s=decrypt_s)
+                    fields={k: int(v.nbytes) for k, v in sums.items()}, client_cpu_s=decrypt_s,
+                    flops=he_flops("decrypt", params.poly_modulus_degree,
+                                   len(params.coeff_mod_bit_sizes) - 1, packing.n_ciphertexts))
         for f in spec.additive:
             ctx.observe(party, SERVER, "decrypt", f.name, "clear", sums[f.name], what="sum")
             ctx.observe(SERVER, party, "result", f.name, "clear", sums[f.name], what="sum")

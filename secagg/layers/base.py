@@ -23,7 +23,7 @@ from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
 from secagg.messages import Upload, UploadSpec
 from secagg.transcript import Transcript
-from secagg.wire import Message
+from secagg.wire import Message, is_message, message_size
 
 
 @dataclass
@@ -81,20 +81,29 @@ class RoundContext:
         sender: Any,
         receiver: Any,
         stage: str,
-        wire_bytes: int,
+        wire_bytes: int | Message,
         plaintext_bytes: int = 0,
         fields: dict[str, int] | None = None,
         client_cpu_s: float = 0.0,
         server_cpu_s: float = 0.0,
         flops: float = 0.0,
     ) -> None:
-        """Book one message in the ledger."""
-        self.ledger.record(CostRow(
+        """Book one message: a ledger row and a transcript ``message`` record, both with the
+        same framed wire size. ``wire_bytes`` is the message itself (bytes, or a sequence of
+        frames: sized by :func:`secagg.wire.message_size`, the one definition) or its size.
+        ``flops`` is the deterministic client-side work the message took (see
+        :mod:`secagg.costs`); the ``*_cpu_s`` are measured host seconds (informative)."""
+        size = message_size(wire_bytes) if is_message(wire_bytes) else int(wire_bytes)
+        row = CostRow(
             round=self.round, phase=self.phase, stage=stage, sender=sender, receiver=receiver,
             fields=dict(fields or {}), plaintext_bytes=int(plaintext_bytes),
-            wire_bytes=int(wire_bytes), client_cpu_s=float(client_cpu_s),
+            wire_bytes=size, client_cpu_s=float(client_cpu_s),
             server_cpu_s=float(server_cpu_s), flops=float(flops),
-        ))
+        )
+        self.ledger.record(row)
+        self.transcript.message(round=self.round, phase=self.phase, stage=stage,
+                                sender=sender, receiver=receiver, direction=row.direction,
+                                nbytes=size)
 
     def observe(
         self,

@@ -50,7 +50,7 @@ class Plaintext(Layer):
             t0 = time.process_time()
             received[c] = unpack_arrays(wire)
             server_s = time.process_time() - t0
-            ctx.message(c, SERVER, "upload", wire_bytes=len(wire),
+            ctx.message(c, SERVER, "upload", wire_bytes=wire,
                         plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.fields},
                         client_cpu_s=client_s, server_cpu_s=server_s, flops=up.flops)

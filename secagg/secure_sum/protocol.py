@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from secagg.costs import secure_sum_client_flops
 from secagg.errors import ConfigurationError, ProtocolError
 from secagg.secure_sum import wire
 from secagg.secure_sum.client import Client
@@ -183,7 +184,7 @@ def run_secure_sum(
         dt = time.thread_time() - t0
         server_cpu[0] += dt
         up[u] = up.get(u, 0) + len(msg)
-        ctx.message(u, "server", stage, len(msg), client_cpu_s=dt_client, server_cpu_s=dt, **row)
+        ctx.message(u, "server", stage, msg, client_cpu_s=dt_client, server_cpu_s=dt, **row)
         return result
 
     def to_clients(msgs: dict[int, bytes], close_dt: float) -> dict[int, bytes | None]:
@@ -191,7 +192,7 @@ def run_secure_sum(
         out = {}
         for v, m in msgs.items():
             down[v] = down.get(v, 0) + len(m)
-            ctx.message("server", v, stage, len(m), server_cpu_s=share)
+            ctx.message("server", v, stage, m, server_cpu_s=share)
             out[v] = deliver(stage, "server", v, m)
         return out
 
@@ -212,7 +213,8 @@ def run_secure_sum(
     for u in ctx.dropouts.survivors(stage, cohort):
         msg, dt = client_step(u, clients[u].advertise)
         if msg is not None:
-            to_server(u, msg, server.receive_advertise, dt)
+            to_server(u, msg, server.receive_advertise, dt,
+                      flops=secure_sum_client_flops(stage, len(g.neighbours[u])))
     rosters, dt_close = timed(server.close_advertise)
 
     # ---- stage 2: share keys
@@ -223,7 +225,8 @@ def run_secure_sum(
             continue
         msg, dt = client_step(u, clients[u].share_keys, inbox[u])
         if msg is not None:
-            to_server(u, msg, server.receive_shares, dt)
+            to_server(u, msg, server.receive_shares, dt, flops=secure_sum_client_flops(
+                stage, len(g.neighbours[u]), g.share_threshold))
     forwards, dt_close = timed(server.close_shares)
 
     # ---- stage 3: masked input collection (ACK of the forwarded shares, then the vector)
@@ -234,7 +237,8 @@ def run_secure_sum(
         if inbox[u] is None:
             continue
         msg, dt = client_step(u, clients[u].receive_forward, inbox[u])
-        if msg is not None and to_server(u, msg, server.receive_ack, dt) is not None:
+        if msg is not None and to_server(u, msg, server.receive_ack, dt, flops=(
+                secure_sum_client_flops("ack", len(g.neighbours[u])))) is not None:
             live3.append(u)
     word_bytes = (ring_bits + 7) // 8
     costs = upload_costs or {}
@@ -247,7 +251,10 @@ def run_secure_sum(
             continue
         extra_cpu, flops = costs.get(u, (0.0, 0.0))
         got = to_server(u, msg, server.receive_masked, dt + extra_cpu,
-                        plaintext_bytes=plaintext_bytes, fields=dict(fields or {}), flops=flops)
+                        plaintext_bytes=plaintext_bytes, fields=dict(fields or {}),
+                        flops=flops + secure_sum_client_flops(
+                            "masked", len(g.neighbours[u]), vector_bytes=length * word_bytes,
+                            word_bytes=word_bytes))
         if got is not None:
             _, y = got
             for name, sl in segs.items():
