@@ -55,6 +55,13 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
 
 
+
+def _tool(name: str) -> str | None:
+    """A flwr console script: beside this interpreter first (a venv or pyenv version whose
+    bin/ is not on PATH), else on PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else shutil.which(name)
+
 class Deployment:
     """A SuperLink and SuperNodes on loopback; every process in its own group."""
 
@@ -72,7 +79,7 @@ class Deployment:
         self.port = _free_port()
 
     def _start(self, args: list[str], log: str) -> subprocess.Popen:
-        exe = shutil.which(args[0])
+        exe = _tool(args[0])
         assert exe, f"{args[0]} is not on PATH (it comes with flwr)"
         out = open(self.tmp / log, "wb")  # noqa: SIM115 - closed with the process
         p = subprocess.Popen([exe, *args[1:]], env=self.env, stdout=out,
@@ -99,7 +106,7 @@ class Deployment:
 
     def run_args(self, **config) -> list[str]:
         cfg = " ".join(f"{k}={json.dumps(v)}" for k, v in config.items())
-        return [shutil.which("flwr"), "run", str(APP), "loop", "--stream", "--run-config", cfg]
+        return [_tool("flwr"), "run", str(APP), "loop", "--stream", "--run-config", cfg]
 
     @staticmethod
     def kill(p: subprocess.Popen) -> None:
