@@ -283,9 +283,10 @@ class CCVR(FedAvg):
         """
         d, c, b = self.feature_dim, self.n_classes, self.feature_bound
         return UploadSpec((
-            Field("counts", (c,), "int64", bound=Bound(l2=1.0, linf=1.0)),
-            Field("sums", (c, d), "float64", bound=Bound(l2=b, linf=b)),
-            Field("outer", (c, packed_size(d)), "float64", bound=Bound(l2=b * b, linf=b * b)),
+            Field("counts", (c,), "int64", bound=Bound(l2=1.0, linf=1.0), additive=True),
+            Field("sums", (c, d), "float64", bound=Bound(l2=b, linf=b), additive=True),
+            Field("outer", (c, packed_size(d)), "float64", bound=Bound(l2=b * b, linf=b * b),
+                  additive=True),
         ))
 
     def client_moments(self, client: ClientState, params: np.ndarray) -> dict[str, np.ndarray]:

@@ -111,9 +111,9 @@ class FedAvg(Algorithm):
         """Fields ``n`` and ``weighted_params``."""
         assert self.params is not None
         return UploadSpec((
-            Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0)),
+            Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0), additive=True),
             Field("weighted_params", (self.params.size,), self.upload_dtype,
-                  bound=Bound(linf=self.param_bound)),
+                  bound=Bound(linf=self.param_bound), additive=True),
         ))
 
     def client_model(self, client: ClientState, params: np.ndarray) -> SplitModel:

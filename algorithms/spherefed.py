@@ -249,8 +249,8 @@ class SphereFed(FedAvg):
         """
         d, c = self.feature_dim, self.n_classes
         return UploadSpec((
-            Field("V", (packed_size(d),), "float64", bound=Bound(l2=1.0, linf=1.0)),
-            Field("U", (d, c), "float64", bound=Bound(l2=1.0, linf=1.0)),
+            Field("V", (packed_size(d),), "float64", bound=Bound(l2=1.0, linf=1.0), additive=True),
+            Field("U", (d, c), "float64", bound=Bound(l2=1.0, linf=1.0), additive=True),
         ))
 
     def client_features(self, client: ClientState, params: np.ndarray) -> np.ndarray:

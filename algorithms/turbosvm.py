@@ -246,9 +246,10 @@ class TurboSVM(FedAvg):
         c, width = self.head.shape
         b = self.param_bound
         return UploadSpec((
-            Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0), group="encoder"),
+            Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0), group="encoder",
+                  additive=True),
             Field("weighted_encoder", (self.encoder.size,), self.upload_dtype,
-                  bound=Bound(linf=b), group="encoder"),
+                  bound=Bound(linf=b), group="encoder", additive=True),
             Field("embeddings", (c, width), "float64", additive=False,
                   bound=Bound(l2=b * math.sqrt(c * width), linf=b, adjacency="client"),
                   group="embeddings", reason=EMBEDDINGS_REASON),

@@ -38,7 +38,7 @@ from secagg.messages import Bound, Field, Upload, UploadSpec
 
 def make_uploads(size: int, n_clients: int, seed: int = 0) -> tuple[UploadSpec, dict[int, Upload]]:
     """One float64 field of ``size`` values per client, bounded by 1 (client adjacency)."""
-    spec = UploadSpec((Field("x", (size,), bound=Bound(linf=1.0, adjacency="client")),))
+    spec = UploadSpec((Field("x", (size,), bound=Bound(linf=1.0, adjacency="client"), additive=True),))
     rng = np.random.default_rng(seed)
     ups = {c: Upload.validate(spec, {"x": rng.uniform(-1, 1, size)}, c, 1)
            for c in range(n_clients)}

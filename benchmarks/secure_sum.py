@@ -228,7 +228,7 @@ def run_ours(n: int, m: int, dropped: list[int], graph: str = "auto") -> dict:
     from secagg.messages import Bound, Field, Upload, UploadSpec
     from secagg.secure_sum import SecureSum
 
-    spec = UploadSpec((Field("w", (m,), "float32", bound=Bound(linf=1.0, adjacency="client")),))
+    spec = UploadSpec((Field("w", (m,), "float32", bound=Bound(linf=1.0, adjacency="client"), additive=True),))
     pool = _pool(m)
 
     class LazyUploads(Mapping[int, Upload]):

@@ -201,6 +201,8 @@ class CostRow:
         server_cpu_s: host CPU seconds measured for the server's side (informative only).
         flops: deterministic estimate of the client-side work this message took (the client
             statistic's FLOPs, plus FLOP-equivalents of its crypto); feeds the device model.
+        step_flops: the part of ``flops`` that is the client step itself (computing the
+            upload, identical under every layer); the rest is the layer's own work.
     """
 
     round: int
@@ -214,6 +216,7 @@ class CostRow:
     client_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
     flops: float = 0.0
+    step_flops: float = 0.0
 
     @property
     def direction(self) -> str:
@@ -239,6 +242,7 @@ _COLUMNS = (
     "plaintext_bytes",
     "wire_bytes",
     "flops",
+    "step_flops",
     "client_cpu_s",
     "server_cpu_s",
 )

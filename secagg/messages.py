@@ -90,7 +90,12 @@ class Field:
         name: field name, unique within its :class:`UploadSpec`.
         shape: array shape.
         dtype: ``"float32"``, ``"float64"`` or ``"int64"``.
-        additive: True when the server needs only the sum over clients.
+        additive: keyword-only and required: True when the server needs only the sum over
+            clients (the field must then be a sum over records: ``secagg check ALGORITHM``
+            verifies it), False when it needs each client's own value. It has no default,
+            because a wrong guess either way is silent: a non-additive field summed by
+            SecureSum gives a wrong result, an additive one declared otherwise is refused by
+            every summing layer.
         bound: bound on one contribution; required for DP noise and for integer encodings.
         group: routing group; :class:`secagg.layers.PerGroup` picks a layer per group.
         reason: for a non-additive field, why the server needs each client's own value;
@@ -100,10 +105,10 @@ class Field:
     name: str
     shape: tuple[int, ...]
     dtype: str = "float64"
-    additive: bool = True
     bound: Bound | None = None
     group: str = "default"
     reason: str = ""
+    additive: bool = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

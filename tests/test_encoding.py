@@ -9,7 +9,7 @@ from secagg.messages import Bound, Field, UploadSpec
 
 
 def spec(bound=1.0, dtype="float64", max_records=1):
-    return UploadSpec((Field("x", (50,), dtype, bound=Bound(linf=bound)),), max_records=max_records)
+    return UploadSpec((Field("x", (50,), dtype, bound=Bound(linf=bound), additive=True),), max_records=max_records)
 
 
 @pytest.mark.parametrize("ring_bits", [32, 48, 64])
@@ -77,7 +77,7 @@ def test_value_outside_planned_bound_refused():
 
 
 def test_integer_fields_exact_and_ring_bits_minimal():
-    s = UploadSpec((Field("n", (1,), "int64", bound=Bound(linf=1.0)),), max_records=100)
+    s = UploadSpec((Field("n", (1,), "int64", bound=Bound(linf=1.0), additive=True),), max_records=100)
     p = plan(s, 10)["n"]
     assert p.integer and p.scale_bits == 0
     assert int(p.decode_sum(p.encode(np.array([-37])))[0]) == -37
@@ -87,7 +87,7 @@ def test_integer_fields_exact_and_ring_bits_minimal():
 
 def test_plan_argument_errors():
     with pytest.raises(ValueError, match="no Bound"):
-        plan(UploadSpec((Field("x", (2,)),)), 3)
+        plan(UploadSpec((Field("x", (2,), additive=True),)), 3)
     with pytest.raises(ValueError):
         plan(spec(), 0)
     with pytest.raises(ValueError):

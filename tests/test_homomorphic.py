@@ -45,8 +45,8 @@ P = 5000               # FedAvg: parameters (more than one BFV / CKKS ciphertext
 
 def fedlog_spec() -> UploadSpec:
     return UploadSpec((
-        Field("stats", (C, D + 1), "float64", bound=Bound(linf=B)),
-        Field("n", (1,), "int64", bound=Bound(linf=1.0)),
+        Field("stats", (C, D + 1), "float64", bound=Bound(linf=B), additive=True),
+        Field("n", (1,), "int64", bound=Bound(linf=1.0), additive=True),
     ), max_records=MAX_REC)
 
 
@@ -65,8 +65,8 @@ def fedlog_uploads(spec: UploadSpec, n_clients: int, seed: int = 0) -> dict[int,
 
 def fedavg_spec() -> UploadSpec:
     return UploadSpec((
-        Field("n", (1,), "int64", bound=Bound(linf=1.0)),
-        Field("weighted_params", (P,), "float64", bound=Bound(linf=1.0)),
+        Field("n", (1,), "int64", bound=Bound(linf=1.0), additive=True),
+        Field("weighted_params", (P,), "float64", bound=Bound(linf=1.0), additive=True),
     ), max_records=MAX_REC)
 
 
@@ -118,7 +118,7 @@ def test_bfv_sum_equals_sum_of_quantised_inputs(make):
 
 
 def test_bfv_negative_and_extreme_values_do_not_wrap():
-    spec = UploadSpec((Field("x", (8,), bound=Bound(linf=3.0, adjacency="client")),))
+    spec = UploadSpec((Field("x", (8,), bound=Bound(linf=3.0, adjacency="client"), additive=True),))
     vals = {0: np.full(8, -3.0), 1: np.full(8, -3.0), 2: np.array([3.0, -3, 0, 1e-3, -1e-3, 2.5,
                                                                   -2.5, 3])}
     ups = {c: Upload.validate(spec, {"x": v}, c, 1) for c, v in vals.items()}
@@ -132,7 +132,7 @@ def test_bfv_negative_and_extreme_values_do_not_wrap():
 def test_bfv_exact_at_the_edge_of_the_largest_ring():
     """64 clients at +-bound in a 59-bit ring under a 60-bit t: no wrap, no noise error."""
     bound = 2.0**12 - 1
-    spec = UploadSpec((Field("x", (64,), bound=Bound(linf=bound, adjacency="client")),))
+    spec = UploadSpec((Field("x", (64,), bound=Bound(linf=bound, adjacency="client"), additive=True),))
     sign = np.where(np.arange(64) % 2 == 0, 1.0, -1.0)
     ups = {c: Upload.validate(spec, {"x": sign * bound}, c, 1) for c in range(64)}
     layer = Homomorphic("bfv", precision=2.0**-40, max_clients=64)
@@ -143,7 +143,7 @@ def test_bfv_exact_at_the_edge_of_the_largest_ring():
 
 
 def test_bfv_refuses_a_plan_beyond_the_plain_modulus():
-    spec = UploadSpec((Field("x", (4,), bound=Bound(linf=1e9, adjacency="client")),))
+    spec = UploadSpec((Field("x", (4,), bound=Bound(linf=1e9, adjacency="client"), additive=True),))
     layer = Homomorphic("bfv", precision=1e-12)
     with pytest.raises(EncodingOverflow):
         layer.params_for(spec, 16)
@@ -373,7 +373,7 @@ def test_clients_mode_decrypts_at_a_surviving_client_or_aborts():
 
 
 def test_ckks_refuses_a_value_beyond_the_bound_it_was_sized_for():
-    spec = UploadSpec((Field("x", (4,), bound=Bound(linf=1.0, adjacency="client")),))
+    spec = UploadSpec((Field("x", (4,), bound=Bound(linf=1.0, adjacency="client"), additive=True),))
     good = Upload.validate(spec, {"x": np.zeros(4)}, 0, 1)
     bad = Upload({"x": np.array([0.0, 5.0, 0.0, 0.0])}, spec, 1, 1)  # skips validation
     with pytest.raises(EncodingOverflow):
@@ -507,13 +507,13 @@ def test_foreign_context_ciphertexts_raise_typed_errors():
 
 def test_non_additive_fields_are_refused_with_the_reason():
     spec = UploadSpec((Field("emb", (3, 4), additive=False, bound=Bound(linf=1.0)),
-                       Field("n", (1,), "int64", bound=Bound(linf=1.0))), max_records=5)
+                       Field("n", (1,), "int64", bound=Bound(linf=1.0), additive=True)), max_records=5)
     layer = Homomorphic("ckks")
     with pytest.raises(InadmissibleField) as ei:
         layer.check(spec)
     assert ei.value.field == "emb" and ei.value.layer == "homomorphic"
     assert "additive" in ei.value.reason
-    unbounded = UploadSpec((Field("x", (3,)),))
+    unbounded = UploadSpec((Field("x", (3,), additive=True),))
     with pytest.raises(InadmissibleField):
         layer.check(unbounded)
     for bad in [dict(scheme="paillier"), dict(key_holder="server"), dict(precision=0.7),
@@ -560,7 +560,7 @@ def test_wire_checksum_is_zlib_crc32_and_frames_round_trip():
     from secagg.wire import message_size
 
     rng = np.random.default_rng(3)
-    spec = UploadSpec((Field("x", (10,), bound=Bound(linf=1.0)),))
+    spec = UploadSpec((Field("x", (10,), bound=Bound(linf=1.0), additive=True),))
     packing = Packing.from_spec(spec, 4)  # 3 ciphertexts of 4, 4, 2 values
     cts = [rng.bytes(n) for n in (1000, 70_001, 3)]
     fp = fingerprint(b"context")

@@ -40,12 +40,14 @@ LAYERS = {
 
 
 def _client_step_costs(result) -> tuple[dict[int, float], Counter]:
-    """Per client: the FLOPs booked on its own messages, and how many rows carry FLOPs."""
+    """Per client: the client-step FLOPs booked on its own messages (the layer's crypto is
+    booked beside them in ``flops``), and how many rows carry them."""
     flops: dict[int, float] = defaultdict(float)
     rows: Counter = Counter()
     for r in result.costs.rows:
-        if isinstance(r.sender, int) and r.flops > 0:
-            flops[r.sender] += r.flops
+        if isinstance(r.sender, int) and r.step_flops > 0:
+            assert r.flops >= r.step_flops, "a row's total work includes its client step"
+            flops[r.sender] += r.step_flops
             rows[r.sender] += 1
     return dict(flops), rows
 

@@ -7,8 +7,8 @@ from secagg.errors import UploadError
 from secagg.messages import Bound, Field, Upload, UploadSpec
 
 SPEC = UploadSpec((
-    Field("stats", (2, 3), "float64", bound=Bound(l2=2.0, linf=1.5)),
-    Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0)),
+    Field("stats", (2, 3), "float64", bound=Bound(l2=2.0, linf=1.5), additive=True),
+    Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0), additive=True),
     Field("emb", (4,), "float32", additive=False),
 ), max_records=10)
 
@@ -95,7 +95,7 @@ def test_spec_client_linf_and_errors():
     with pytest.raises(ValueError):
         Bound(l2=-1.0)
     with pytest.raises(ValueError, match="duplicate"):
-        UploadSpec((Field("a", (1,)), Field("a", (2,))))
+        UploadSpec((Field("a", (1,), additive=True), Field("a", (2,), additive=True)))
 
 
 def test_a_client_above_the_public_max_records_is_refused():
@@ -108,3 +108,10 @@ def test_a_client_above_the_public_max_records_is_refused():
     assert info.value.client == 2
     with pytest.raises(ValueError, match=r"Federation\(max_records"):
         UploadSpec(SPEC.fields).client_linf("stats")
+
+
+def test_additive_must_be_declared() -> None:
+    # a silent default let a per-client mean through SecureSum as if it were a sum
+    with pytest.raises(TypeError, match="additive"):
+        Field("mean", (3,), bound=Bound(linf=1.0))  # type: ignore[call-arg]
+    assert Field("mean", (3,), additive=False).additive is False

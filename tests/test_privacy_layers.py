@@ -23,8 +23,8 @@ DELTA = 1e-5
 
 def _spec(d: int = 40, bounded: bool = True, max_records: int = 5) -> UploadSpec:
     bound = Bound(l2=1.0, linf=1.0) if bounded else None
-    return UploadSpec((Field("x", (d,), bound=bound),
-                       Field("n", (1,), dtype="int64", bound=Bound(linf=1.0))),
+    return UploadSpec((Field("x", (d,), bound=bound, additive=True),
+                       Field("n", (1,), dtype="int64", bound=Bound(linf=1.0), additive=True)),
                       max_records=max_records)
 
 
@@ -89,7 +89,7 @@ def test_sensitivities_from_bounds() -> None:
     assert math.isclose(joint_l2(spec, ["x", "n"]), math.sqrt(2))
     # FedLog (m = 51 features incl. the constant 1, clamp b = 2): sqrt(1 + 50 * 4).
     assert math.isclose(fedlog_record_l2(51, 2.0), math.sqrt(201))
-    only_linf = UploadSpec((Field("v", (4, 4), bound=Bound(linf=0.5)),))
+    only_linf = UploadSpec((Field("v", (4, 4), bound=Bound(linf=0.5), additive=True),))
     assert math.isclose(field_l2(only_linf, "v"), 0.5 * 4)
 
 

@@ -44,6 +44,12 @@ def _gaussian_epsilon(*zs: float) -> float:
     return led.epsilon()
 
 
+# TurboSVM's uploads are the model the client just trained: record-level DP on them is
+# refused (tests/test_adjacency.py); these tests use client-level adjacency, which needs
+# a public bound on records per client.
+MAX_RECORDS = 400
+
+
 def _ledger_records(result) -> dict[str, dict]:
     """The ledger's final privacy records (those with an epsilon), by field (None: total)."""
     return {r["field"]: r for r in result.transcript.records
@@ -51,9 +57,9 @@ def _ledger_records(result) -> dict[str, dict]:
 
 
 def test_turbosvm_public_class_counts_under_central_dp_is_not_private(three_clients):
-    layer = CentralDP(Plaintext(), noise_multiplier=2.0, delta=DELTA,
+    layer = CentralDP(Plaintext(), noise_multiplier=2.0, delta=DELTA, adjacency="client",
                       public=("embeddings", "class_counts"))
-    r = Federation(TurboSVM(), layer, three_clients, rounds=1, seed=0).run()
+    r = Federation(TurboSVM(), layer, three_clients, rounds=1, seed=0, max_records=MAX_RECORDS).run()
     led = r.privacy
     assert not led.private
     holds = dict(led.summary_rows())["DP guarantee holds"]
@@ -77,8 +83,8 @@ def test_turbosvm_public_class_counts_under_central_dp_is_not_private(three_clie
 
 def test_dp_inside_per_group_books_into_the_run_ledger(three_clients):
     layer = PerGroup({"embeddings": Plaintext()},
-                     default=CentralDP(SecureSum(), noise_multiplier=2.0, delta=DELTA))
-    r = Federation(TurboSVM(), layer, three_clients, rounds=1, seed=0).run()
+                     default=CentralDP(SecureSum(), noise_multiplier=2.0, delta=DELTA, adjacency="client"))
+    r = Federation(TurboSVM(), layer, three_clients, rounds=1, seed=0, max_records=MAX_RECORDS).run()
     led = r.privacy
     assert led is not None, "a DP route inside PerGroup must book into the run's ledger"
     assert len(led.events) == 1 and set(led.events[0].fields) == {"n", "weighted_encoder"}
@@ -93,9 +99,9 @@ def test_dp_inside_per_group_books_into_the_run_ledger(three_clients):
 
 def test_per_group_composes_every_dp_route_and_is_private_when_all_fields_are_noised(
         three_clients):
-    layer = PerGroup({"embeddings": LocalDP(Plaintext(), noise_multiplier=3.0, delta=DELTA)},
-                     default=CentralDP(Plaintext(), noise_multiplier=2.0, delta=DELTA))
-    r = Federation(TurboSVM(), layer, three_clients, rounds=1, seed=0).run()
+    layer = PerGroup({"embeddings": LocalDP(Plaintext(), noise_multiplier=3.0, delta=DELTA, adjacency="client")},
+                     default=CentralDP(Plaintext(), noise_multiplier=2.0, delta=DELTA, adjacency="client"))
+    r = Federation(TurboSVM(), layer, three_clients, rounds=1, seed=0, max_records=MAX_RECORDS).run()
     led = r.privacy
     assert led.private and led.not_private_reasons == ()
     assert len(led.events) == 2
@@ -146,7 +152,7 @@ def test_per_group_ledger_needs_one_delta_and_sums_budgets() -> None:
 
 
 def test_layers_name_the_fields_they_leave_unnoised() -> None:
-    spec = UploadSpec((Field("x", (3,), bound=Bound(l2=1.0)),
+    spec = UploadSpec((Field("x", (3,), bound=Bound(l2=1.0), additive=True),
                        Field("e", (2,), additive=False, bound=Bound(l2=1.0), group="emb")),
                       max_records=2)
     assert set(Plaintext().unnoised_fields(spec)) == {"x", "e"}
@@ -164,8 +170,8 @@ def test_layers_name_the_fields_they_leave_unnoised() -> None:
 def test_dp_layer_on_its_own_ledger_reports_public_fields() -> None:
     """Used outside a federation, a DP layer's own ledger is not private when a field is
     declared public."""
-    spec = UploadSpec((Field("x", (4,), bound=Bound(l2=1.0)),
-                       Field("n", (1,), dtype="int64", bound=Bound(linf=1.0))), max_records=3)
+    spec = UploadSpec((Field("x", (4,), bound=Bound(l2=1.0), additive=True),
+                       Field("n", (1,), dtype="int64", bound=Bound(linf=1.0), additive=True)), max_records=3)
     ups = {c: Upload.validate(spec, {"x": np.full(4, 0.1), "n": np.array([1])}, c, 1)
            for c in range(3)}
     layer = CentralDP(Plaintext(), noise_multiplier=2.0, delta=DELTA, rounds=1, public=["n"])
@@ -217,7 +223,7 @@ class _CensusThenTrain:
             name = "census"
 
             def spec(self):
-                return UploadSpec((Field("n", (1,), "int64", bound=Bound(linf=10**6)),))
+                return UploadSpec((Field("n", (1,), "int64", bound=Bound(linf=10**6), additive=True),))
 
             def client_step(self, client, broadcast):
                 return {"n": np.array([client.n_records])}
@@ -229,7 +235,7 @@ class _CensusThenTrain:
             name = "train"
 
             def spec(self):
-                return UploadSpec((Field("w", (2,), bound=Bound(linf=1.0)),))
+                return UploadSpec((Field("w", (2,), bound=Bound(linf=1.0), additive=True),))
 
             def client_step(self, client, broadcast):
                 return {"w": np.zeros(2)}

@@ -304,7 +304,7 @@ def test_honest_runs_with_pinned_identities_are_exact_and_say_so():
     assert rep.live["consistency"] == 6 and rep.failures == []
     with pytest.raises(ConfigurationError, match="identities"):
         run_secure_sum(vecs, BITS, _ctx(), threshold=0.6, identities={0: ids[0]})
-    spec = UploadSpec((Field("x", (3,), bound=Bound(linf=1.0, adjacency="client")),))
+    spec = UploadSpec((Field("x", (3,), bound=Bound(linf=1.0, adjacency="client"), additive=True),))
     ups = {u: Upload.validate(spec, {"x": np.full(3, u / 10)}, u, 1) for u in range(n)}
     for layer, model in ((SecureSum(threshold=0.6, identities=ids), "active (pinned keys)"),
                          (SecureSum(threshold=0.6), "honest-but-curious")):

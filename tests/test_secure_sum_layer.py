@@ -15,9 +15,9 @@ from secagg.secure_sum.wire import HEADER_BYTES
 
 def _spec(m=6, max_records=50):
     return UploadSpec((
-        Field("w", (2, m), "float64", bound=Bound(linf=2.0, adjacency="client")),
-        Field("h", (m,), "float32", bound=Bound(linf=1.0)),  # per record, 50 records max
-        Field("count", (3,), "int64", bound=Bound(linf=1.0)),
+        Field("w", (2, m), "float64", bound=Bound(linf=2.0, adjacency="client"), additive=True),
+        Field("h", (m,), "float32", bound=Bound(linf=1.0), additive=True),  # per record, 50 records max
+        Field("count", (3,), "int64", bound=Bound(linf=1.0), additive=True),
     ), max_records=max_records)
 
 
@@ -43,11 +43,11 @@ def test_non_additive_and_unbounded_fields_are_refused_with_the_reason():
     layer = SecureSum()
     emb = Field("embeddings", (4, 3), additive=False, bound=Bound(linf=1.0))
     with pytest.raises(InadmissibleField) as e:
-        layer.check(UploadSpec((Field("w", (3,), bound=Bound(linf=1.0)), emb)))
+        layer.check(UploadSpec((Field("w", (3,), bound=Bound(linf=1.0), additive=True), emb)))
     assert e.value.field == "embeddings" and e.value.layer == "secure-sum"
     assert "not additive" in e.value.reason
     with pytest.raises(InadmissibleField) as e:
-        layer.check(UploadSpec((Field("w", (3,)),)))
+        layer.check(UploadSpec((Field("w", (3,), additive=True),)))
     assert "bound" in e.value.reason
     layer.check(_spec())  # an admissible spec passes
 
@@ -76,7 +76,7 @@ def test_decoded_sums_equal_the_plaintext_sums_of_the_quantised_inputs(graph):
 
 def test_ring_is_the_smallest_whole_number_of_bytes_and_the_wire_packs_it():
     m = 1000
-    spec = UploadSpec((Field("x", (m,), "float32", bound=Bound(linf=1.0, adjacency="client")),))
+    spec = UploadSpec((Field("x", (m,), "float32", bound=Bound(linf=1.0, adjacency="client"), additive=True),))
     rng = np.random.default_rng(2)
     ups = {c: Upload.validate(spec, {"x": rng.uniform(-1, 1, m)}, c, 1) for c in range(5)}
     # 16 fractional bits, |sum| <= 5: 2 + 16 + 3 bits -> a 24-bit ring, 3 bytes a value
@@ -94,7 +94,7 @@ def test_ring_is_the_smallest_whole_number_of_bytes_and_the_wire_packs_it():
 
 def test_upload_bytes_per_client_within_ten_percent_of_float32_plaintext():
     m, n = 50_000, 8
-    spec = UploadSpec((Field("x", (m,), "float32", bound=Bound(linf=1.0, adjacency="client")),))
+    spec = UploadSpec((Field("x", (m,), "float32", bound=Bound(linf=1.0, adjacency="client"), additive=True),))
     base = np.random.default_rng(3).uniform(-1, 1, m).astype(np.float32)
     ups = {c: Upload.validate(spec, {"x": base}, c, 1) for c in range(n)}
     ctx = _ctx()

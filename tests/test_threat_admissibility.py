@@ -43,9 +43,9 @@ def test_secure_sum_breaks_at_share_threshold_not_below():
     assert verdict(layer, "server+3").ok
     v = verdict(layer, "server+4")
     assert not v.ok and "share threshold" in v.reason
-    # fraction thresholds resolve on the cohort: 0.5 of 10 is 5 shares
-    assert verdict(SecureSum(threshold=0.5), "server+4", n=10).ok
-    assert not verdict(SecureSum(threshold=0.5), "server+5", n=10).ok
+    # fraction thresholds resolve on the cohort: 0.6 of 10 is 6 shares
+    assert verdict(SecureSum(threshold=0.6), "server+5", n=10).ok
+    assert not verdict(SecureSum(threshold=0.6), "server+6", n=10).ok
 
 
 def test_secure_sum_last_honest_client_and_active_server():

@@ -319,7 +319,8 @@ class Homomorphic(Layer):
                         client_cpu_s=client_s + up.cpu_s, server_cpu_s=server_s,
                         flops=up.flops + he_flops("encrypt", params.poly_modulus_degree,
                                                   len(params.coeff_mod_bit_sizes),
-                                                  packing.n_ciphertexts))
+                                                  packing.n_ciphertexts),
+                        step_flops=up.flops)
             wire_digest = digest(wire)  # one message, recorded once per field it carries
             for f in spec.additive:
                 ctx.observe(SERVER, c, "upload", f.name, "encrypted", wire,

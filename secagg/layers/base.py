@@ -87,18 +87,21 @@ class RoundContext:
         client_cpu_s: float = 0.0,
         server_cpu_s: float = 0.0,
         flops: float = 0.0,
+        step_flops: float = 0.0,
     ) -> None:
         """Book one message: a ledger row and a transcript ``message`` record, both with the
         same framed wire size. ``wire_bytes`` is the message itself (bytes, or a sequence of
         frames: sized by :func:`secagg.wire.message_size`, the one definition) or its size.
         ``flops`` is the deterministic client-side work the message took (see
-        :mod:`secagg.costs`); the ``*_cpu_s`` are measured host seconds (informative)."""
+        :mod:`secagg.costs`), of which ``step_flops`` is the client step's own; the
+        ``*_cpu_s`` are measured host seconds (informative)."""
         size = message_size(wire_bytes) if is_message(wire_bytes) else int(wire_bytes)
         row = CostRow(
             round=self.round, phase=self.phase, stage=stage, sender=sender, receiver=receiver,
             fields=dict(fields or {}), plaintext_bytes=int(plaintext_bytes),
             wire_bytes=size, client_cpu_s=float(client_cpu_s),
             server_cpu_s=float(server_cpu_s), flops=float(flops),
+            step_flops=float(step_flops),
         )
         self.ledger.record(row)
         self.transcript.message(round=self.round, phase=self.phase, stage=stage,

@@ -53,7 +53,8 @@ class Plaintext(Layer):
             ctx.message(c, SERVER, "upload", wire_bytes=wire,
                         plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.fields},
-                        client_cpu_s=client_s, server_cpu_s=server_s, flops=up.flops)
+                        client_cpu_s=client_s, server_cpu_s=server_s, flops=up.flops,
+                        step_flops=up.flops)
             for f in spec.fields:
                 ctx.observe(SERVER, c, "upload", f.name, "clear", received[c][f.name])
         t0 = time.process_time()

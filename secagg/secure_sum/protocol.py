@@ -252,7 +252,7 @@ def run_secure_sum(
         extra_cpu, flops = costs.get(u, (0.0, 0.0))
         got = to_server(u, msg, server.receive_masked, dt + extra_cpu,
                         plaintext_bytes=plaintext_bytes, fields=dict(fields or {}),
-                        flops=flops + secure_sum_client_flops(
+                        step_flops=flops, flops=flops + secure_sum_client_flops(
                             "masked", len(g.neighbours[u]), vector_bytes=length * word_bytes,
                             word_bytes=word_bytes))
         if got is not None:
