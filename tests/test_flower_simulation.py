@@ -35,7 +35,7 @@ def _algo():
 
 
 def _layers():
-    return {"plaintext": Plaintext(), "secure-sum": SecureSum(threshold=0.5),
+    return {"plaintext": Plaintext(), "secure-sum": SecureSum(threshold=0.7),
             "bfv": Homomorphic(scheme="bfv")}
 
 
@@ -100,7 +100,8 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
     # the ledger books real messages: every client sends in each stage of each round
     stages = {r.stage for r in result.costs.rows if r.direction == "up"}
     assert stages == {"plaintext": {"upload"},
-                      "secure-sum": {"advertise", "share", "masked-input", "unmask"},
+                      "secure-sum": {"advertise", "share", "masked-input", "consistency",
+                                     "unmask"},
                       "bfv": {"upload", "keys", "result"}}[name]  # keys, result: decryptor
     ups = [r for r in result.costs.rows if r.direction == "up" and r.sender != "decryptor"]
     assert {r.sender for r in ups} == set(range(N_NODES))
