@@ -166,6 +166,22 @@ def test_node_silent_after_sharing_keys_is_recovered_by_secure_sum():
     np.testing.assert_array_equal(agg["stats"], want["stats"])
 
 
+def test_node_silent_in_the_consistency_round_is_left_out_of_unmasking():
+    def fault(step, cid, rep):
+        return None if cid == 1 and step in ("consistency", "unmask") else rep
+
+    result, agg = _run(SecureSum(threshold=3), fault)
+    # its masked input is in the sum; it is only not asked for shares
+    assert agg.contributors == (0, 1, 2, 3)
+    assert [(r.sender, r.stage) for r in result.costs.rows if r.stage.startswith("dropped")] \
+        == [(1, "dropped:consistency")]
+    assert {r.sender for r in result.costs.rows if r.stage == "consistency"
+            and r.direction == "up"} == {0, 2, 3}
+    want = _embedded(SecureSum(threshold=3), {"consistency": [1]})
+    assert agg.contributors == want.contributors
+    np.testing.assert_array_equal(agg["stats"], want["stats"])
+
+
 def test_ckks_over_flower_is_within_its_precision_of_the_embedded_sum():
     result, agg = _run(Homomorphic(scheme="ckks", precision=1e-6), lambda s, c, r: r)
     want = _embedded(Homomorphic(scheme="ckks", precision=1e-6), {})
