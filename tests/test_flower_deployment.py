@@ -188,14 +188,14 @@ def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
     ups = {(r["round"], r["stage"], r["sender"]) for r in rows if r["receiver"] == "server"
            and r["sender"] != "server"}
     for rnd in ("0", "1"):
-        for stage in ("advertise", "share", "masked-input", "unmask"):
+        for stage in ("advertise", "share", "masked-input", "consistency", "unmask"):
             assert {s for r, st, s in ups if r == rnd and st == stage} == {"0", "1", "2"}
     want = _embedded(2)
     assert sorted(sums) == sorted(want)
     for k in want:
         np.testing.assert_array_equal(sums[k], want[k])
     transport = json.loads((out / "flower_transport.json").read_text())
-    assert set(transport) >= {"advertise", "share", "masked-input", "unmask"}
+    assert set(transport) >= {"advertise", "share", "masked-input", "consistency", "unmask"}
     assert wall < LIMIT_S + 10, f"loopback run took {wall:.1f} s"
 
 
@@ -229,6 +229,7 @@ def test_loopback_supernode_killed_mid_round(deployment, tmp_path):
     dropped = {(r["sender"], r["stage"]) for r in rows if r["stage"].startswith("dropped:")}
     assert dropped == {("2", "dropped:masked-input")}
     assert not [r for r in rows if r["sender"] == "2" and r["stage"] in ("masked-input",
+                                                                          "consistency",
                                                                           "unmask")]
     from secagg.dropouts import ScheduledDropouts
 

@@ -145,9 +145,9 @@ def test_reply_missing_a_field_counts_as_a_dropout_not_a_crash():
             rep.content = content(cpu_s=0.0)  # no "msg"
         return rep
 
-    result, agg = _run(SecureSum(threshold=2), fault)
+    result, agg = _run(SecureSum(threshold=3), fault)
     assert "malformed reply" in agg.notes["dropped"]["share"][1]
-    want = _embedded(SecureSum(threshold=2), {"share": [1]})
+    want = _embedded(SecureSum(threshold=3), {"share": [1]})
     assert agg.contributors == want.contributors == (0, 2, 3)
     np.testing.assert_array_equal(agg["stats"], want["stats"])
 
@@ -156,13 +156,29 @@ def test_node_silent_after_sharing_keys_is_recovered_by_secure_sum():
     def fault(step, cid, rep):
         return None if cid == 2 and step in ("masked-input", "unmask") else rep
 
-    result, agg = _run(SecureSum(threshold=2), fault)
+    result, agg = _run(SecureSum(threshold=3), fault)
     assert result.participation == [(0, "stats", 3, 4)]
     assert agg.notes["secure_sum"]["recovered"] == [2]  # its mask key rebuilt from shares
     assert [(r.sender, r.stage) for r in result.costs.rows if r.stage.startswith("dropped")] \
         == [(2, "dropped:masked-input")]
-    want = _embedded(SecureSum(threshold=2), {"masked-input": [2]})
+    want = _embedded(SecureSum(threshold=3), {"masked-input": [2]})
     assert agg.contributors == want.contributors == (0, 1, 3)
+    np.testing.assert_array_equal(agg["stats"], want["stats"])
+
+
+def test_node_silent_in_the_consistency_round_is_left_out_of_unmasking():
+    def fault(step, cid, rep):
+        return None if cid == 1 and step in ("consistency", "unmask") else rep
+
+    result, agg = _run(SecureSum(threshold=3), fault)
+    # its masked input is in the sum; it is only not asked for shares
+    assert agg.contributors == (0, 1, 2, 3)
+    assert [(r.sender, r.stage) for r in result.costs.rows if r.stage.startswith("dropped")] \
+        == [(1, "dropped:consistency")]
+    assert {r.sender for r in result.costs.rows if r.stage == "consistency"
+            and r.direction == "up"} == {0, 2, 3}
+    want = _embedded(SecureSum(threshold=3), {"consistency": [1]})
+    assert agg.contributors == want.contributors
     np.testing.assert_array_equal(agg["stats"], want["stats"])
 
 

@@ -13,9 +13,10 @@ Steps (record field ``step``):
   as the embedded engine's ``max_records`` bound).
 * ``upload`` (Plaintext): the phase's client step, ``Upload.validate``, and the upload
   packed with :func:`secagg.wire.pack_arrays`.
-* ``advertise`` / ``share`` / ``masked-input`` / ``unmask`` (SecureSum): the stages of
-  :class:`secagg.secure_sum.client.Client`; ``advertise`` first runs the client step and
-  encodes the upload with the layer's fixed-point plan.
+* ``advertise`` / ``share`` / ``masked-input`` / ``consistency`` / ``unmask`` (SecureSum):
+  the stages of :class:`secagg.secure_sum.client.Client` (``consistency``: sign the survivor
+  set the server shows); ``advertise`` first runs the client step and encodes the upload
+  with the layer's fixed-point plan.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
@@ -40,6 +43,7 @@ from secagg.federation import AlgorithmLike, ClientState
 from secagg.flower.records import RECORD, content, field, read
 from secagg.messages import Upload, UploadSpec
 from secagg.secure_sum.client import Client
+from secagg.secure_sum.graph import auto_degree, resolve_threshold
 from secagg.secure_sum.keys import KeyPairs, private_bytes
 from secagg.wire import pack_arrays, unpack_arrays
 
@@ -75,11 +79,17 @@ def node_partition_loader(make_partition: Callable[[], Partition]) -> PartitionL
 
 
 def _freeze(c: Client) -> bytes:
-    """A secure-sum party as bytes for the node's own Context.state (private keys as raw
-    bytes; the AES-GCM channels are rebuilt from them)."""
-    d = {k: v for k, v in vars(c).items() if k not in ("_rand", "_channels", "_keys")}
+    """A secure-sum party as bytes for the node's own Context.state (private keys -- the two
+    X25519 pairs and the Ed25519 signing key -- as raw bytes; the AES-GCM channels are
+    rebuilt from them)."""
+    skip = ("_rand", "_channels", "_keys", "_sign")
+    d = {k: v for k, v in vars(c).items() if k not in skip}
     if c._keys is not None:
         d["_keys"] = (private_bytes(c._keys.enc), private_bytes(c._keys.mask))
+    if c._sign is not None:
+        d["_sign"] = c._sign.private_bytes(serialization.Encoding.Raw,
+                                           serialization.PrivateFormat.Raw,
+                                           serialization.NoEncryption())
     return pickle.dumps(d)
 
 
@@ -87,15 +97,32 @@ def _thaw(raw: bytes) -> Client:
     d = pickle.loads(raw)  # noqa: S301 - this node's own state, written by _freeze
     c = Client.__new__(Client)
     keys = d.pop("_keys", None)
+    sign = d.pop("_sign", None)
     vars(c).update(d)
     c._rand = os.urandom
     c._keys = None if keys is None else KeyPairs(
         X25519PrivateKey.from_private_bytes(keys[0]), X25519PrivateKey.from_private_bytes(keys[1])
     )
+    c._sign = None if sign is None else Ed25519PrivateKey.from_private_bytes(sign)
     c._channels = {}
     if c._keys is not None and c._roster is not None:
         c._channels = {v: c._channel(v) for v in c._roster.keys}
     return c
+
+
+def session_bounds(layer: Any, n: int) -> tuple[int, int | None]:
+    """(t, the fewest share holders a ROSTER may list) for a cohort of ``n`` under the
+    SecureSum ``layer``, computed on the node from the public layer parameters and cohort
+    size (as :func:`secagg.secure_sum.graph.build` chooses them; the node does not take the
+    server's word for its threshold). The holder bound is t on the complete graph, None on
+    the sparse SecAgg+ graph (as the embedded engine's clients are configured)."""
+    t = resolve_threshold(layer.threshold, n)
+    deg = auto_degree(n) if layer.k is None else int(layer.k)
+    kind = layer.graph
+    if kind == "auto":
+        kind = "harary" if deg < n - 1 else "complete"
+    complete = kind == "complete" or n < 2
+    return t, (t if complete else None)
 
 
 class _Node:
@@ -183,11 +210,16 @@ class _Node:
         from secagg.secure_sum import SecureSum
 
         layer = SecureSum(**json.loads(field(rec, "layer", str)))
-        plans = layer.plan(spec, field(rec, "n", int))
+        n = field(rec, "n", int)
+        plans = layer.plan(spec, n)
+        bits = next(iter(plans.values())).ring_bits if plans else 8
+        t, min_holders = session_bounds(layer, n)
         t0 = time.process_time()
         parts = [p.encode(np.asarray(up[name])) for name, p in plans.items()]
         vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-        party = Client(st.id, field(rec, "session", bytes), rnd)
+        # configured as the embedded engine configures its clients (run_secure_sum)
+        party = Client(st.id, field(rec, "session", bytes), rnd, threshold=t,
+                       length=int(vector.size), ring_bits=bits, min_holders=min_holders)
         out["msg"] = party.advertise()
         out["cpu_s"] = cpu + time.process_time() - t0
         store["vector"] = pack_arrays({"v": vector})
@@ -209,6 +241,8 @@ class _Node:
             out["ack_cpu_s"] = t1 - t0
             out["msg"] = party.masked_input(unpack_arrays(store["vector"])["v"])
             t0 = t1
+        elif step == "consistency":
+            out["msg"] = party.sign_survivors(inbox)
         elif step == "unmask":
             out["msg"] = party.unmask(inbox)
         else:
@@ -226,8 +260,9 @@ def _he_layer(rec: ConfigRecord) -> Any:
     from secagg.homomorphic import Homomorphic
 
     cfg = json.loads(field(rec, "layer", str))
-    keys = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients")
-    return Homomorphic(**{k: cfg[k] for k in keys})
+    keys = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients",
+            "max_decryptions", "flood_security_bits")
+    return Homomorphic(**{k: cfg[k] for k in keys if k in cfg})
 
 
 def _encrypt(
@@ -266,6 +301,7 @@ def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, A
     from secagg.homomorphic.keys import KeyHolder
     from secagg.homomorphic.packing import Packing, fingerprint
     from secagg.homomorphic.params import HEParams
+    from secagg.privacy.samplers import noise_generator
 
     d = json.loads(field(rec, "params", str))
     d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
@@ -277,6 +313,7 @@ def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, A
         store[key] = holder._ctx.serialize(save_public_key=True, save_secret_key=True,
                                            save_galois_keys=False, save_relin_keys=False)
         store[key + "/public"] = holder.public_context
+        store[key + "/decryptions"] = 0  # a new key: its CKKS decryption quota starts afresh
         return {"msg": holder.public_context, "cpu_s": time.process_time() - t0}
     if step != "he-decrypt":
         raise ProtocolError(f"unknown secagg step {step!r}")
@@ -287,6 +324,10 @@ def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, A
     holder._ctx = ts.context_from(store[key], n_threads=1)
     holder.public_context = holder.client_context = store[key + "/public"]
     holder.fingerprint = fingerprint(holder.public_context)
+    # the key's decryption count (CKKS quota) persists on the node with the key; the flooding
+    # noise generator is fresh (a new OS key) per message
+    holder.decryptions = int(store.get(key + "/decryptions", 0))
+    holder._noise = noise_generator()
     p = json.loads(field(rec, "packing", str))
     packing = Packing(tuple(p["names"]), tuple(tuple(x) for x in p["shapes"]),
                       tuple(p["offsets"]), int(p["total"]), int(p["slots"]))
@@ -294,6 +335,7 @@ def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, A
     if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
         raise ProtocolError("he-decrypt without the aggregate's frames")
     flat = holder.decrypt(frames, packing)
+    store[key + "/decryptions"] = holder.decryptions
     return {"msg": pack_arrays({"flat": flat}), "cpu_s": time.process_time() - t0}
 
 

@@ -21,7 +21,8 @@ RECORD = "secagg"
 MESSAGE_TYPE = "train.secagg"
 
 #: Steps a client can be asked to run.
-STEPS = ("hello", "upload", "advertise", "share", "masked-input", "unmask")
+STEPS = ("hello", "upload", "advertise", "share", "masked-input", "consistency", "unmask",
+         "he-keygen", "he-upload", "he-decrypt")
 
 
 def content(**values: Any) -> RecordDict:

@@ -28,7 +28,7 @@ import numpy as np
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from secagg.costs import SERVER, Ledger
+from secagg.costs import SERVER, Ledger, he_flops, secure_sum_client_flops
 from secagg.data import Dataset
 from secagg.dropouts import DropoutModel
 from secagg.errors import (
@@ -66,6 +66,12 @@ def check_layer(layer: Layer) -> None:
             f"({type(layer).__name__}) does not run on Flower yet: its client side would "
             "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there, or the "
             "embedded Federation"
+        )
+    if isinstance(layer, SecureSum) and layer.identities is not None:
+        raise ConfigurationError(
+            "SecureSum(identities=...) does not run on Flower yet: each node would need its "
+            "own long-term Ed25519 key and every other node's public key pinned from outside "
+            "the protocol; without identities the layer runs (honest-but-curious server model)"
         )
     if isinstance(layer, Homomorphic) and layer.key_holder != "decryptor":
         raise ConfigurationError(
@@ -166,6 +172,7 @@ class FlowerFederation:
         self._last_drops: dict[str, dict[int, str]] = {}
         self.decryptor = decryptor
         self._he_keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
+        self._he_decryptions: dict[str, int] = {}  # CKKS: decryptions of the current key
 
     # ---------------------------------------------------------------- transport
 
@@ -407,7 +414,9 @@ class FlowerFederation:
         g = build(cohort, layer.threshold, layer.graph, layer.k, None)
         session = secrets.token_bytes(ss_wire.SESSION_BYTES)
         server = Server(session, ctx.round, g, bits, off)
-        params = {k: v for k, v in layer.describe().items() if k != "name"}
+        # what a node needs to rebuild the layer (its identity keys, if any, never travel)
+        params = {k: getattr(layer, k) for k in ("threshold", "graph", "k", "precision",
+                                                  "ring_bits")}
         dropped: dict[str, dict[int, str]] = {}
         word = (bits + 7) // 8
 
@@ -419,7 +428,7 @@ class FlowerFederation:
             except ProtocolError as exc:
                 dropped.setdefault(stage, {})[u] = f"refused: {exc}"
                 out = None
-            ctx.message(u, SERVER, stage, len(msg), client_cpu_s=cpu,
+            ctx.message(u, SERVER, stage, msg, client_cpu_s=cpu,
                         server_cpu_s=time.process_time() - t0, **row)
             self.transport.add(stage, ours=len(msg))
             return out
@@ -433,7 +442,7 @@ class FlowerFederation:
                        **extra: Any) -> dict[int, Any]:
             share = close_s / max(len(inbox), 1)
             for v, m in inbox.items():
-                ctx.message(SERVER, v, stage, len(m), server_cpu_s=share)
+                ctx.message(SERVER, v, stage, m, server_cpu_s=share)
                 self.transport.add(stage, ours=len(m))
             got, failed = self._exchange(
                 grid, stage, ctx, {v: content(step=stage, msg=m, run=self._run_tag, **extra)
@@ -457,7 +466,8 @@ class FlowerFederation:
             costs[u] = (rfield(rec, "cpu_s", float), rfield(rec, "flops", float))
             clips.counts.update({k: clips.counts.get(k, 0) + v
                                  for k, v in json.loads(rfield(rec, "clipped", str)).items()})
-            to_server(u, "advertise", rfield(rec, "msg", bytes), server.receive_advertise, 0.0)
+            to_server(u, "advertise", rfield(rec, "msg", bytes), server.receive_advertise, 0.0,
+                      flops=secure_sum_client_flops("advertise", len(g.neighbours[u])))
         rosters, dt = timed(server.close_advertise)
         self._maybe_hold(ctx, "advertise")
 
@@ -465,7 +475,8 @@ class FlowerFederation:
         got = round_trip("share", rosters, dt)
         for u, rec in got.items():
             to_server(u, "share", rfield(rec, "msg", bytes), server.receive_shares,
-                      rfield(rec, "cpu_s", float))
+                      rfield(rec, "cpu_s", float), flops=secure_sum_client_flops(
+                          "share", len(g.neighbours[u]), g.share_threshold))
         forwards, dt = timed(server.close_shares)
         self._maybe_hold(ctx, "share")
 
@@ -475,23 +486,36 @@ class FlowerFederation:
                                 ("ack_cpu_s", float)))
         acked = [u for u, rec in got.items()
                  if to_server(u, "masked-input", rfield(rec, "ack", bytes), server.receive_ack,
-                              rfield(rec, "ack_cpu_s", float)) is not None]
+                              rfield(rec, "ack_cpu_s", float),
+                              flops=secure_sum_client_flops("ack", len(g.neighbours[u])))
+                 is not None]
         for u in acked:
             rec = got[u]
             extra_cpu, flops = costs.get(u, (0.0, 0.0))
             res = to_server(u, "masked-input", rfield(rec, "msg", bytes), server.receive_masked,
                             rfield(rec, "cpu_s", float) + extra_cpu,
                             plaintext_bytes=sum(fields.values()), fields=dict(fields),
-                            flops=flops)
+                            flops=flops + secure_sum_client_flops(
+                                "masked", len(g.neighbours[u]), vector_bytes=off * word,
+                                word_bytes=word))
             if res is not None:
                 for name, sl in segments.items():
                     part = res[1][sl]
                     ctx.observe(SERVER, u, "masked-input", name, "masked", part,
                                 nbytes=int(part.size) * word)
-        requests, dt = timed(server.close_masked)
+        survivors, dt = timed(server.close_masked)
         self._maybe_hold(ctx, "masked-input")
 
-        # stage 4: unmasking
+        # stage 4: consistency check (each survivor signs the survivor set it was shown;
+        # Bonawitz et al.'s active-security round, as the embedded engine runs it)
+        got = round_trip("consistency", survivors, dt)
+        for u, rec in got.items():
+            to_server(u, "consistency", rfield(rec, "msg", bytes), server.receive_signature,
+                      rfield(rec, "cpu_s", float))
+        requests, dt = timed(server.close_consistency)
+        self._maybe_hold(ctx, "consistency")
+
+        # stage 5: unmasking
         got = round_trip("unmask", requests, dt)
         for u, rec in got.items():
             to_server(u, "unmask", rfield(rec, "msg", bytes), server.receive_unmask,
@@ -507,6 +531,8 @@ class FlowerFederation:
             "ring_bits": bits, "graph": g.kind, "k": g.k, "threshold": g.threshold,
             "share_threshold": g.share_threshold, "live": dict(server.live),
             "excluded": sorted(server.excluded), "recovered": sorted(server.dropped),
+            "scale_bits": {n: p.scale_bits for n, p in plans.items()},
+            "refused": dict(server.refused), "server_model": "honest-but-curious",
         }, "dropped": dropped}
         agg = Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
         t0 = time.process_time()
@@ -536,8 +562,21 @@ class FlowerFederation:
         dec = self.decryptor if self.decryptor is not None else min(self.nodes)
         if dec not in self.nodes:
             raise ConfigurationError(f"decryptor client {dec} is not connected")
+        packing = Packing.from_spec(spec, params.slots)
+        if params.scheme == "ckks":
+            # a CKKS key answers at most max_decryptions ciphertext decryptions (the flooding
+            # is sized for them): past that, new keys, generated and provisioned like the first
+            if packing.n_ciphertexts > params.max_decryptions:
+                raise ConfigurationError(
+                    f"one CKKS sum is {packing.n_ciphertexts} ciphertexts, more than "
+                    f"max_decryptions={params.max_decryptions} decryptions per key")
+            used = self._he_decryptions.get(pjson, 0)
+            if pjson in self._he_keys and \
+                    used + packing.n_ciphertexts > params.max_decryptions:
+                del self._he_keys[pjson]
         keys = self._he_keys.get(pjson)
         if keys is None:
+            self._he_decryptions[pjson] = 0
             got, failed = self._exchange(grid, "keys", ctx, {dec: content(
                 step="he-keygen", params=pjson, run=self._run_tag)})
             if dec not in got:
@@ -554,9 +593,9 @@ class FlowerFederation:
             if c not in provisioned:
                 ctx.message(DECRYPTOR, c, "keys", wire_bytes=len(pub))
                 provisioned.add(c)
-        packing = Packing.from_spec(spec, params.slots)
         desc = {k: getattr(layer, k) for k in
-                ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients")}
+                ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients",
+                 "max_decryptions", "flood_security_bits")}
         got, failed = self._exchange(grid, "upload", ctx, {c: content(
             step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
             context=None if c in sent else pub, **common) for c in cohort},
@@ -596,11 +635,14 @@ class FlowerFederation:
             self.transport.add("upload", ours=size)
             clips.counts.update({k: clips.counts.get(k, 0) + v
                                  for k, v in json.loads(rfield(rec, "clipped", str)).items()})
-            ctx.message(c, SERVER, "upload", wire_bytes=size, plaintext_bytes=spec.nbytes,
+            ctx.message(c, SERVER, "upload", wire_bytes=frames, plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.additive},
                         client_cpu_s=rfield(rec, "cpu_s", float)
                         + rfield(rec, "enc_cpu_s", float),
-                        server_cpu_s=server_s, flops=rfield(rec, "flops", float))
+                        server_cpu_s=server_s,
+                        flops=rfield(rec, "flops", float) + he_flops(
+                            "encrypt", params.poly_modulus_degree,
+                            len(params.coeff_mod_bit_sizes), packing.n_ciphertexts))
             d = digest(frames)
             for f in spec.additive:
                 ctx.observe(SERVER, c, "upload", f.name, "encrypted", frames,
@@ -610,7 +652,7 @@ class FlowerFederation:
             agg_wire = [bytes(f) for f in agg.finish()]
             finish_s = time.process_time() - t0
             agg_size = sum(len(f) for f in agg_wire)
-            ctx.message(SERVER, DECRYPTOR, "decrypt", wire_bytes=agg_size,
+            ctx.message(SERVER, DECRYPTOR, "decrypt", wire_bytes=agg_wire,
                         server_cpu_s=finish_s)
             self.transport.add("decrypt", ours=agg_size)
             d = digest(agg_wire)
@@ -625,6 +667,9 @@ class FlowerFederation:
                 packing=json.dumps(dataclasses.asdict(packing)))})
             if dec not in got:
                 raise SecureSumAborted("decrypt", 0, 1)
+            if params.scheme == "ckks":
+                self._he_decryptions[pjson] = (self._he_decryptions.get(pjson, 0)
+                                               + packing.n_ciphertexts)
             raw = rfield(got[dec], "msg", bytes)
             flat = unpack_arrays(raw)["flat"]
             parts = packing.unflatten(flat)
@@ -639,7 +684,10 @@ class FlowerFederation:
             ctx.message(DECRYPTOR, SERVER, "result", wire_bytes=len(raw),
                         plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
                         fields={k: int(v.nbytes) for k, v in sums.items()},
-                        client_cpu_s=rfield(got[dec], "cpu_s", float))
+                        client_cpu_s=rfield(got[dec], "cpu_s", float),
+                        flops=he_flops("decrypt", params.poly_modulus_degree,
+                                       len(params.coeff_mod_bit_sizes) - 1,
+                                       packing.n_ciphertexts))
             self.transport.add("decrypt", ours=len(raw))
             for f in spec.additive:
                 ctx.observe(DECRYPTOR, SERVER, "decrypt", f.name, "clear", sums[f.name],
