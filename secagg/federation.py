@@ -255,6 +255,19 @@ class Result:
         return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
+def run_spec(phase: _Phase, layer: Layer, max_records: int, checked: set[str]) -> UploadSpec:
+    """The spec a phase runs under: its own, with the run's public ``max_records`` where it
+    declares none; the layer checks it the first time the phase runs (``checked`` holds the
+    phase names already checked)."""
+    spec = phase.spec()
+    if spec.max_records is None:
+        spec = replace(spec, max_records=max_records)
+    if phase.name not in checked:
+        layer.check(spec)
+        checked.add(phase.name)
+    return spec
+
+
 def _progress_wanted() -> bool:
     return sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("true", "1")
 
@@ -434,12 +447,7 @@ class Federation:
         for r in range(self.rounds):
             cohort = self._cohort(rng)
             for phase in self.algorithm.phases(r, self.rounds):
-                spec = phase.spec()
-                if spec.max_records is None:
-                    spec = replace(spec, max_records=max_records)
-                if phase.name not in checked:
-                    self.layer.check(spec)
-                    checked.add(phase.name)
+                spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(
                     r,
                     phase.name,

@@ -20,7 +20,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ from secagg.errors import (
     SecureSumAborted,
     UploadError,
 )
-from secagg.federation import AlgorithmLike, Result, derive_seed, sample_cohort
+from secagg.federation import AlgorithmLike, Result, derive_seed, run_spec, sample_cohort
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
 from secagg.homomorphic import Homomorphic
@@ -294,12 +294,7 @@ class FlowerFederation:
             cohort = [cids[i] for i in sample_cohort(rng, len(cids), self.fraction)]
             stopped = False
             for phase in self.algorithm.phases(r, self.rounds):
-                spec = phase.spec()
-                if spec.max_records is None:
-                    spec = replace(spec, max_records=max_records)
-                if phase.name not in checked:
-                    self.layer.check(spec)
-                    checked.add(phase.name)
+                spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
                                    ledger, transcript, self.dropouts, None)
                 try:
@@ -403,14 +398,8 @@ class FlowerFederation:
     def _secure_sum(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], common: dict,
                     ctx: RoundContext, clips: ClipReport) -> Aggregate:
         layer: SecureSum = self.layer  # type: ignore[assignment]
-        layer.check(spec)
-        plans = layer.plan(spec, len(cohort))
-        bits = next(iter(plans.values())).ring_bits if plans else 8
-        segments, off = {}, 0
-        for f in spec.additive:
-            segments[f.name] = slice(off, off + f.size)
-            off += f.size
-        fields = {f.name: f.nbytes for f in spec.additive}
+        plans, bits, segments, fields = layer.layout(spec, len(cohort))
+        off = sum(f.size for f in spec.additive)
         g = build(cohort, layer.threshold, layer.graph, layer.k, None)
         session = secrets.token_bytes(ss_wire.SESSION_BYTES)
         server = Server(session, ctx.round, g, bits, off)

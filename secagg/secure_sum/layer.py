@@ -151,18 +151,26 @@ class SecureSum(Layer):
         bits = min(self.ring_bits, 8 * math.ceil(need / 8))
         return {name: dataclasses.replace(p, ring_bits=bits) for name, p in plans.items()}
 
-    def aggregate(
-        self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
-    ) -> Aggregate:
-        """Securely sum the additive fields of ``uploads``; see the class docstring."""
+    def layout(self, spec: UploadSpec, n_clients: int) -> tuple[
+            dict[str, FixedPoint], int, dict[str, slice], dict[str, int]]:
+        """Check ``spec``, then plan one summed vector for ``n_clients``: the fixed-point plan
+        per field, the ring bits, each additive field's slice of the vector and its
+        plaintext bytes (shared by this layer and the Flower runtime)."""
         self.check(spec)
-        plans = self.plan(spec, len(uploads))
+        plans = self.plan(spec, n_clients)
         bits = next(iter(plans.values())).ring_bits if plans else 8
         segments, off = {}, 0
         for f in spec.additive:
             segments[f.name] = slice(off, off + f.size)
             off += f.size
-        fields = {f.name: f.nbytes for f in spec.additive}
+        return plans, bits, segments, {f.name: f.nbytes for f in spec.additive}
+
+    def aggregate(
+        self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
+    ) -> Aggregate:
+        """Securely sum the additive fields of ``uploads``; see the class docstring."""
+        plans, bits, segments, fields = self.layout(spec, len(uploads))
+        off = sum(f.size for f in spec.additive)
         report = run_secure_sum(
             _Encoded(uploads, plans), bits, ctx,
             threshold=self.threshold, graph=self.graph, k=self.k,
