@@ -21,7 +21,7 @@ from secagg.federation import ClientState, Evaluation
 from secagg.layers.base import Aggregate
 from secagg.messages import UploadSpec
 
-__all__ = ["Aggregate", "Algorithm", "ClientState", "Evaluation", "Phase"]
+__all__ = ["Aggregate", "Algorithm", "ClientState", "Evaluation", "LocalPhase", "Phase"]
 
 
 class Phase(ABC):
@@ -76,6 +76,26 @@ class Phase(ABC):
         """True when the training behind :meth:`trained_fields` ran under record-level
         DP-SGD, whose events the run's privacy ledger composes. Default: False."""
         return False
+
+
+class LocalPhase(Phase):
+    """A phase in which every selected client computes on its own data and sends nothing.
+
+    Its spec has no fields: the engine sends the broadcast (booked as downlink bytes), runs
+    :meth:`client_step` on each selected client and books that work as a zero-byte
+    ``"local"`` row of the cost ledger; it calls no layer and no :meth:`server_step`, and
+    the phase is no release (DP layers do not count it when they split their budget).
+    Typical use: personalisation after the last release (FedLog's bodies trained against a
+    head that no longer changes). :meth:`client_step` returns ``{}``.
+    """
+
+    def spec(self) -> UploadSpec:
+        """No fields: nothing leaves the client."""
+        return UploadSpec(())
+
+    def server_step(self, aggregate: Aggregate) -> None:
+        """Never called: a local phase has no aggregate."""
+        raise RuntimeError(f"local phase {self.name!r} has no server step")
 
 
 class Algorithm(ABC):

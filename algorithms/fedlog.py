@@ -15,6 +15,18 @@ Round 0 is the reference code's "pretrain" round: clients send statistics of the
 initialised bodies (all clients start from the same initialisation) and the server solves
 for the first head.
 
+One release (``release_rounds=1``). Round 0's statistics come from the seeded initial body,
+which no record has trained, so one record adds exactly its own ``[1, phi]`` term: the
+per-record bound is a record-level sensitivity and the whole run releases that one
+statistic. Every later round is a :class:`~algorithms.base.LocalPhase` ("personalize"): each
+client trains its body against the frozen head for ``local_epochs`` and uploads nothing.
+Under DP the run's epsilon then covers everything that left a client, and the budget is
+not split over rounds (the approach of Tramer and Boneh, "Differentially Private Learning
+Needs Better Features (or Much More Data)", ICLR 2021: release statistics of
+data-independent features once, rather than of features trained on the private records).
+The head does not improve after round 0; the bodies adapt to it (as SphereFed's bodies do
+to a fixed classifier).
+
 Features are clamped to [-b, b] by the body's last layer, so one record contributes
 [1, phi] with L2 norm <= sqrt(1 + d b^2) and L-inf <= max(1, b) (FedLog, Theorem 3.1).
 
@@ -42,7 +54,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from algorithms.base import Aggregate, Algorithm, ClientState, Phase
+from algorithms.base import Aggregate, Algorithm, ClientState, LocalPhase, Phase
 from algorithms.fedlog_solver import solve_map
 from algorithms.models import SplitModel, build_model
 from algorithms.training import accuracy, features, train_local
@@ -75,11 +87,16 @@ class FedLog(Algorithm):
         dpsgd: train the bodies with record-level DP-SGD (a
             :class:`secagg.privacy.dpsgd.DPSGD`); its accounting joins the run's ledger. The
             statistics are computed afresh from the data, so they still need a DP layer.
+        release_rounds: release statistics in the first ``release_rounds`` rounds only;
+            later rounds train the bodies against the last head and upload nothing
+            (:class:`_PersonalizePhase`). ``None`` (default): every round, as in the paper.
+            ``1``: one release of the initial bodies' statistics (see the module docstring).
         client_l2: public L2 bound on one client's whole statistic (each client scales its
             upload into it); the field's bound is then client-level. ``None`` declares the
             per-record bound sqrt(1 + d b^2) instead (sound at record level only with
             ``dpsgd``; the engine refuses it otherwise). ``"auto"`` (default): ``None``
-            with ``dpsgd``, else :data:`DEFAULT_CLIENT_L2` (1000, about 1.4x the largest
+            with ``dpsgd`` or ``release_rounds=1`` (the only release is of untrained bodies),
+            else :data:`DEFAULT_CLIENT_L2` (1000, about 1.4x the largest
             statistic norm of a digits client: 140 records, trained body). Under DP a
             smaller bound means less noise and more scaled clients.
     """
@@ -90,9 +107,16 @@ class FedLog(Algorithm):
     def __init__(self, feature_dim: int = 64, feature_bound: float = 2.0, nu: float = 0.0,
                  local_epochs: int = 5, lr: float = 1e-3, batch_size: int = 10,
                  dpsgd: Any | None = None,
-                 client_l2: float | Literal["auto"] | None = "auto") -> None:
+                 client_l2: float | Literal["auto"] | None = "auto",
+                 release_rounds: int | None = None) -> None:
+        if release_rounds is not None and (isinstance(release_rounds, bool) or not isinstance(
+                release_rounds, int) or release_rounds < 1):
+            raise ConfigurationError(
+                f"release_rounds must be a positive integer or None, got {release_rounds!r}")
+        self.release_rounds = release_rounds
         if client_l2 == "auto":
-            client_l2 = None if dpsgd is not None else DEFAULT_CLIENT_L2
+            client_l2 = (None if dpsgd is not None or release_rounds == 1
+                         else DEFAULT_CLIENT_L2)
         if client_l2 is not None and not (isinstance(client_l2, (int, float))
                                           and math.isfinite(client_l2) and client_l2 > 0):
             raise ConfigurationError(
@@ -123,8 +147,31 @@ class FedLog(Algorithm):
         self.eta = None
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
-        """One statistics phase per round."""
+        """One statistics phase per round; with ``release_rounds``, a local personalisation
+        phase (no upload) in every round from ``release_rounds`` on."""
+        if self.release_rounds is not None and round >= self.release_rounds:
+            return [_PersonalizePhase(self, round)]
         return [_StatsPhase(self, round)]
+
+    def train_body(self, client: ClientState, eta: np.ndarray, round: int) -> None:
+        """Train the client's body for ``local_epochs`` with the head frozen at ``eta``
+        (Adam, a fresh optimizer each epoch; DP-SGD events go to :attr:`pending_events`)."""
+        model: SplitModel = client.state["model"]
+        self.load_head(model, eta)
+        for p in model.head.parameters():
+            p.requires_grad_(False)
+        train_local(model, client.data.x, client.data.y, epochs=self.local_epochs,
+                    batch_size=self.batch_size, lr=self.lr, optimizer="adam",
+                    params=model.body.parameters(), fresh_optimizer_each_epoch=True,
+                    seed=derive_seed(self.seed, round, client.id),
+                    dpsgd=self.dpsgd, events=self.pending_events)
+
+    def training_flops(self, client: ClientState) -> float:
+        """Forward and backward passes of one body training (about 6 FLOPs per body
+        parameter per record per epoch)."""
+        model = client.state["model"]
+        n_body = sum(p.numel() for p in model.body.parameters())
+        return 6.0 * n_body * client.n_records * self.local_epochs
 
     def spec(self) -> UploadSpec:
         """One field, ``stats`` (C x (d+1)); column 0 holds the class counts. Its bound is
@@ -171,7 +218,7 @@ class FedLog(Algorithm):
     def describe(self) -> dict[str, Any]:
         """Name and hyper-parameters."""
         return {"name": self.name, "feature_dim": self.feature_dim,
-                "client_l2": self.client_l2,
+                "client_l2": self.client_l2, "release_rounds": self.release_rounds,
                 "feature_bound": self.feature_bound, "nu": self.nu,
                 "local_epochs": self.local_epochs, "lr": self.lr, "batch_size": self.batch_size,
                 "dpsgd": None if self.dpsgd is None else vars(self.dpsgd)}
@@ -192,17 +239,9 @@ class _StatsPhase(Phase):
 
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
         a = self.algo
-        model: SplitModel = client.state["model"]
         if "eta" in broadcast:
-            a.load_head(model, np.asarray(broadcast["eta"], dtype=np.float64))
-            for p in model.head.parameters():
-                p.requires_grad_(False)
-            train_local(model, client.data.x, client.data.y, epochs=a.local_epochs,
-                        batch_size=a.batch_size, lr=a.lr, optimizer="adam",
-                        params=model.body.parameters(), fresh_optimizer_each_epoch=True,
-                        seed=derive_seed(a.seed, self.round, client.id),
-                        dpsgd=a.dpsgd, events=a.pending_events)
-        phi = features(model, client.data.x)
+            a.train_body(client, np.asarray(broadcast["eta"], dtype=np.float64), self.round)
+        phi = features(client.state["model"], client.data.x)
         return {"stats": a.clip(class_statistics(phi, client.data.y, a.n_classes))}
 
     training_note: ClassVar[str] = (
@@ -233,7 +272,32 @@ class _StatsPhase(Phase):
         return out
 
     def client_flops(self, client: ClientState) -> float:
-        # the statistic: one forward pass per record plus C x (d+1) accumulations
+        # the body's training (from round 1 on), then the statistic: one forward pass per
+        # record plus C x (d+1) accumulations
         model = client.state["model"]
         fwd = 2.0 * sum(p.numel() for p in model.body.parameters())
-        return client.n_records * (fwd + self.algo.feature_dim + 1)
+        train = self.algo.training_flops(client) if self.algo.eta is not None else 0.0
+        return train + client.n_records * (fwd + self.algo.feature_dim + 1)
+
+
+class _PersonalizePhase(LocalPhase):
+    """After the last release: each client trains its body against the broadcast head and
+    uploads nothing (a :class:`~algorithms.base.LocalPhase`)."""
+
+    name: ClassVar[str] = "personalize"
+
+    def __init__(self, algo: FedLog, round: int) -> None:
+        self.algo = algo
+        self.round = round
+
+    def broadcast(self) -> dict[str, np.ndarray]:
+        return {} if self.algo.eta is None else {"eta": self.algo.eta.astype(np.float32)}
+
+    def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
+        if "eta" in broadcast:  # no head yet (the only release was swamped): nothing to fit
+            self.algo.train_body(client, np.asarray(broadcast["eta"], dtype=np.float64),
+                                 self.round)
+        return {}
+
+    def client_flops(self, client: ClientState) -> float:
+        return self.algo.training_flops(client) if self.algo.eta is not None else 0.0

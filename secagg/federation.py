@@ -420,7 +420,8 @@ class Federation:
             header["leaks"] = self._check_threat(max_records)
         plan = getattr(self.layer, "plan_releases", None)
         if callable(plan):  # DP layers calibrate their noise for the run's release count
-            plan(sum(len(self.algorithm.phases(r, self.rounds)) for r in range(self.rounds)))
+            plan(sum(1 for r in range(self.rounds)
+                     for ph in self.algorithm.phases(r, self.rounds) if ph.spec().fields))
         self._check_adjacency()
         self.privacy = self._privacy_arg  # a fresh ledger per run (unless one was given)
         self._unnoised: dict[tuple[str, str], str] = {}  # kept until a ledger exists
@@ -447,7 +448,9 @@ class Federation:
         for r in range(self.rounds):
             cohort = self._cohort(rng)
             for phase in self.algorithm.phases(r, self.rounds):
-                spec = run_spec(phase, self.layer, max_records, checked)
+                local = not phase.spec().fields  # a local-only phase: no layer, no release
+                spec = phase.spec() if local else run_spec(
+                    phase, self.layer, max_records, checked)
                 ctx = RoundContext(
                     r,
                     phase.name,
@@ -457,6 +460,10 @@ class Federation:
                     self.dropouts,
                     self.privacy,
                 )
+                if local:
+                    got = self._run_local(phase, cohort, states, ctx)
+                    participation.append((r, phase.name, got, len(cohort)))
+                    continue
                 try:
                     got = self._run_phase(phase, spec, cohort, states, ctx, clips)
                     participation.append((r, phase.name, got, len(cohort)))
@@ -574,6 +581,24 @@ class Federation:
         phase.server_step(agg)
         ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
         return len(agg.contributors)
+
+    def _run_local(self, phase: _Phase, cohort: list[int], states: list[ClientState],
+                   ctx: RoundContext) -> int:
+        """A phase with no upload fields: broadcast, then each selected client's step, booked
+        as a zero-byte ``local`` row (its FLOPs and CPU time); no layer, no server step, no
+        release. Returns the number of clients that ran it."""
+        bcast = self._broadcast(phase, cohort, ctx)
+        for c in cohort:
+            t0 = time.process_time()
+            out = phase.client_step(states[c], bcast)
+            dt = time.process_time() - t0
+            if out:
+                raise ConfigurationError(
+                    f"phase {phase.name!r} declares no upload fields but its client step "
+                    f"returned {sorted(out)}: a local phase must return {{}}")
+            flops = float(phase.client_flops(states[c]))
+            ctx.message(c, c, "local", 0, client_cpu_s=dt, flops=flops, step_flops=flops)
+        return len(cohort)
 
     def _account_local_training(self, phase: _Phase, spec: UploadSpec, ctx: RoundContext) -> None:
         """Spend the phase's DP-SGD events before anything leaves a client (one dominating

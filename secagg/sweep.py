@@ -428,7 +428,7 @@ class _Staged(Layer):
         if self.dp is None:
             return
         n = sum(1 for r in range(self.rounds) for p in self.algorithm.phases(r, self.rounds)
-                if self.select(r, p.name))
+                if self.select(r, p.name) and p.spec().fields)  # local phases release nothing
         if n == 0:
             names = sorted({p.name for r in range(self.rounds)
                             for p in self.algorithm.phases(r, self.rounds)})
@@ -478,6 +478,14 @@ class _TapedPhase:
 
     def client_step(self, client: Any, broadcast: Mapping[str, np.ndarray]) -> Any:
         o, key = self._owner, (self._round, self.name)
+        if not self._phase.spec().fields:  # a local phase: no upload to record or replay
+            if not o.replay:
+                o.tape.digests[key] = _digest(broadcast)
+                return self._phase.client_step(client, broadcast)
+            if o.noised_yet or o.tape.digests.get(key) != _digest(broadcast):
+                raise _CacheMiss(f"round {self._round}, local phase {self.name!r} follows a "
+                                 "noised release (the clients' state depends on the noise)")
+            return {}  # replayed like the uploads: the final states come from the tape
         selected = o.select(self._round, self.name)
         if selected:
             o.noised_yet = True

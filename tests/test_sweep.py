@@ -159,6 +159,23 @@ def test_cache_misses_when_uploads_depend_on_noise(tmp_path):
     _same(cached, run_cell(cfg, dp_cell, "off"))
 
 
+def test_one_release_fedlog_whole_run_and_cache_falls_back(tmp_path):
+    """FedLog with one release and two local rounds: the DP layer plans one release (local
+    phases release nothing), so the cell's epsilon is the whole run's; its personalisation
+    follows the noised head, so a replay must fall back to a real run (equal to it)."""
+    cfg = load_config(_cfg(sweep={"rounds": 3},
+                           grid={"epsilon": [1.0]},
+                           algorithm={"fedlog": {"local_epochs": 1, "release_rounds": 1}}))
+    plain_cell, dp_cell = cfg.cells()
+    run_cell(cfg, plain_cell, "record", tmp_path / "t.pkl")
+    cached = run_cell(cfg, dp_cell, "replay", tmp_path / "t.pkl")
+    assert cached["cache"] == "miss"
+    plain = run_cell(cfg, dp_cell, "off")
+    _same(cached, plain)
+    assert plain["epsilon_spent"] == pytest.approx(1.0, abs=1e-3)
+    assert plain["uplink_bytes"] == run_cell(cfg, plain_cell, "off")["uplink_bytes"]
+
+
 def test_sweep_reports_cache_use_and_unnoised_rounds(tmp_path):
     cfg = load_config(_cfg(sweep={"rounds": 2, "dp_rounds": "last", "noise_seed": None},
                            grid={"epsilon": [1.0, 4.0]}))
