@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     "privacy_utility_reduced.toml"))
     p.add_argument("--out", default=None)
     p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--reference", default=None, metavar="CONFIG",
+                   help="a second sweep (e.g. the papers' variants without DP) whose "
+                        "accuracies are printed beside the table for comparison")
     p.add_argument("--no-speedup", action="store_true",
                    help="skip re-running one cached cell per algorithm with the cache off")
     a = p.parse_args(argv)
@@ -97,6 +100,25 @@ def main(argv: list[str] | None = None) -> int:
           + f"; {cfg.rounds} rounds; DP on phases {list(cfg.dp_phases or ['all'])}, "
           f"rounds {cfg.dp_rounds}; adjacency {cfg.adjacency or 'layer default (record)'}")
     print(table(res.rows))
+    print("\nwall time per cell (s, mean): " + ", ".join(
+        f"{algo}/{layer} {np.mean([r['wall_s'] for r in res.rows if r['algorithm'] == algo and r['layer'] == layer]):.0f}"  # noqa: E501
+        for algo, layer in sorted({(r["algorithm"], r["layer"]) for r in res.rows})))
+    if a.reference:
+        ref_cfg = load_config(a.reference)
+        ref = sweep(ref_cfg, workers=a.workers, progress=None)
+        print(f"\nreference: {a.reference} ({ref_cfg.rounds} rounds, results in {ref.jsonl})")
+        for r in sorted(ref.rows, key=lambda r: (r["algorithm"], r["layer"], r["seed"])):
+            args = ref_cfg.algorithm_args.get(r["algorithm"], {})
+            print(f"  {r['algorithm']} {args or '(defaults)'} {r['layer']} seed {r['seed']}: "
+                  f"{r['accuracy']:.4f} (best round {max(r['history']):.4f}), "
+                  f"{r['wall_s']:.0f} s")
+            mine = [x for x in res.rows if x["algorithm"] == r["algorithm"]
+                    and x.get("epsilon") is not None]
+            for layer in ("central-dp", "distributed-dp", "local-dp"):
+                for e in sorted({x["epsilon"] for x in mine if x["layer"] == layer}):
+                    acc = _mean([x for x in mine if x["layer"] == layer and x["epsilon"] == e])
+                    print(f"    {layer} eps {e:g} (this sweep) - reference: "
+                          f"{100 * (acc - r['accuracy']):+.2f} pt")
     hits = [r for r in res.rows if r["cache"] == "hit"]
     by_cache: dict[str, int] = defaultdict(int)
     for r in res.rows:

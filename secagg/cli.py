@@ -248,6 +248,15 @@ def _make_parser() -> argparse.ArgumentParser:
         help="local epochs per round (default: the algorithm's)",
     )
     r.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an algorithm constructor argument, e.g. release_rounds=1 for fedlog (VALUE is "
+        "read as JSON -- 1, 0.5, true, null, [8, 8] -- else as a string; repeatable; names "
+        "are checked against the algorithm's signature)",
+    )
+    r.add_argument(
         "--epsilon", type=float, default=None, help="DP layers only: total epsilon of the run"
     )
     r.add_argument(
@@ -411,6 +420,22 @@ def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any
             raise ConfigurationError(f"algorithm {args.algorithm!r} has no {opt} option "
                                      "(it does no local training with that setting)")
         kwargs[key] = value
+    for item in args.arg:
+        name, eq, raw = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq or not name.isidentifier():
+            raise ConfigurationError(f"--arg {item!r}: expected NAME=VALUE, e.g. "
+                                     "--arg release_rounds=1")
+        if name not in params and not var_kw:
+            raise ConfigurationError(
+                f"--arg {name}: algorithm {args.algorithm!r} takes no such argument (it "
+                f"takes: {', '.join(p for p in params if p not in ('self', 'kwargs'))})")
+        if name in kwargs:
+            raise ConfigurationError(f"--arg {name} given twice (or also by another option)")
+        try:
+            kwargs[name] = json.loads(raw)
+        except ValueError:
+            kwargs[name] = raw
     if args.dpsgd_noise is not None:
         from secagg.privacy.dpsgd import DPSGD
 

@@ -180,3 +180,19 @@ def test_budget_guard_stop_is_reported_as_no_usable_model(digits):
     assert res.transcript.check() is None or not res.transcript.closed
     res.transcript.close(res.rounds, why)
     assert res.transcript.records[-1]["stopped"] == why and res.transcript.check() is None
+
+
+def test_arg_passes_constructor_arguments_checked_against_the_signature(tmp_path, capsys):
+    rc, out, err = _main(["run", *FAST, "--arg", "release_rounds=1", "--layer", "central-dp",
+                          "--epsilon", "1", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 0, err
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert res["algorithm"]["release_rounds"] == 1
+    assert res["algorithm"]["client_l2"] is None  # one release of untrained bodies: per record
+    assert res["privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
+    rc, _, err = _main(["run", *FAST, "--arg", "no_such=1"], capsys)
+    assert rc == 1 and "no_such" in err and "release_rounds" in err
+    rc, _, err = _main(["run", *FAST, "--arg", "release_rounds"], capsys)
+    assert rc == 1 and "NAME=VALUE" in err
+    rc, _, err = _main(["run", *FAST, "--arg", "release_rounds=0"], capsys)
+    assert rc == 1 and "release_rounds" in err
