@@ -436,6 +436,11 @@ class _Staged(Layer):
                                      f"algorithm's phases are {names}")
         self.dp.plan_releases(n)  # type: ignore[attr-defined]
 
+    def unnoised_fields(self, spec: UploadSpec) -> dict[str, str]:
+        """The DP layer's answer (or the inner layer's without DP); a release the DP layer
+        does not select is marked not private when it is made (:meth:`aggregate`)."""
+        return (self.dp or self.inner).unnoised_fields(spec)
+
     def make_privacy_ledger(self) -> Any:
         """The DP layer's ledger (None without DP)."""
         return None if self.dp is None else self.dp.make_privacy_ledger()  # type: ignore

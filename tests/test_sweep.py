@@ -176,6 +176,17 @@ def test_one_release_fedlog_whole_run_and_cache_falls_back(tmp_path):
     assert plain["uplink_bytes"] == run_cell(cfg, plain_cell, "off")["uplink_bytes"]
 
 
+@pytest.mark.parametrize("layer", ["central-dp", "distributed-dp", "local-dp"])
+def test_a_fully_noised_dp_cell_is_private(layer):
+    """Every release through the DP layer, noise from the OS: the row says private, with no
+    reason against it (the staged layer used to report every field as un-noised)."""
+    cfg = load_config(_cfg(sweep={"noise_seed": None},
+                           grid={"layers": [layer], "epsilon": [2.0]}))
+    row = run_cell(cfg, cfg.cells()[0])
+    assert row["not_private_reasons"] == [] and row["private"] is True
+    assert row["epsilon_spent"] <= 2.0 + 1e-9
+
+
 def test_sweep_reports_cache_use_and_unnoised_rounds(tmp_path):
     cfg = load_config(_cfg(sweep={"rounds": 2, "dp_rounds": "last", "noise_seed": None},
                            grid={"epsilon": [1.0, 4.0]}))
