@@ -196,16 +196,23 @@ class SweepConfig:
                 "data": self.data, "algorithm_args": self.algorithm_args,
                 "device_profile": self.device_profile}
 
+    def _settings_for(self, algorithm: str) -> dict[str, Any]:
+        """:meth:`settings` with only ``algorithm``'s constructor arguments: adding another
+        algorithm (or its arguments) to a sweep leaves this algorithm's cells as they were."""
+        s = self.settings()
+        s["algorithm_args"] = self.algorithm_args.get(algorithm, {})
+        return s
+
     def cell_id(self, cell: Cell) -> str:
         """Stable id: SHA-256 of the cell and the settings, 16 hex digits."""
-        blob = json.dumps({"cell": dataclasses.asdict(cell), **self.settings()},
+        blob = json.dumps({"cell": dataclasses.asdict(cell), **self._settings_for(cell.algorithm)},
                           sort_keys=True, default=list)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def cache_key(self, cell: Cell) -> str:
         """Cells with the same key see the same client statistics (all but layer noise)."""
         inner = "secure-sum" if cell.layer in ("secure-sum", "distributed-dp") else "plaintext"
-        s = self.settings()
+        s = self._settings_for(cell.algorithm)
         s.pop("noise_seed")
         blob = json.dumps({"algorithm": cell.algorithm, "clip": cell.clip,
                            "dropout": cell.dropout, "seed": cell.seed, "inner": inner, **s},

@@ -83,6 +83,19 @@ def test_cell_ids_are_stable_and_distinct():
     assert not set(ids) & {other.cell_id(c) for c in other.cells()}
 
 
+def test_a_cells_id_depends_on_its_own_algorithms_arguments_only():
+    """Adding an algorithm (with arguments) to a sweep must not re-run the others' cells."""
+    base = load_config(_cfg())
+    more = load_config(_cfg(grid={"algorithms": ["fedlog", "spherefed"]},
+                            algorithm={"spherefed": {"feature_dim": 16}}))
+    fedlog_ids = {more.cell_id(c) for c in more.cells() if c.algorithm == "fedlog"}
+    assert fedlog_ids == {base.cell_id(c) for c in base.cells()}
+    assert {more.cache_key(c) for c in more.cells() if c.algorithm == "fedlog"} == {
+        base.cache_key(c) for c in base.cells()}
+    changed = load_config(_cfg(algorithm={"fedlog": {"local_epochs": 2}}))
+    assert not fedlog_ids & {changed.cell_id(c) for c in changed.cells()}
+
+
 # -- resume ----------------------------------------------------------------------------
 
 
