@@ -529,9 +529,21 @@ def _audit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _interrupt_on_sigterm() -> None:
+    """Turn SIGTERM (``kill``, a scheduler's stop) into KeyboardInterrupt, so that a sweep
+    stops its workers and exits 130 like Ctrl-C instead of leaving them running."""
+    import signal
+
+    def raise_interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, raise_interrupt)
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from secagg.sweep import sweep
 
+    _interrupt_on_sigterm()
     res = sweep(args.config, out=args.out, workers=args.workers,
                 cache=False if args.no_cache else None, progress=False if args.quiet else None)
     print(f"{len(res.ran)} cell(s) run, {len(res.skipped)} already done; results in "

@@ -684,6 +684,18 @@ def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",
     return row
 
 
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued cells and end the workers now (a plain shutdown would wait for the
+    running cells, which can take an hour, and a killed parent would leave them running)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+
+
 def _task(cfg: SweepConfig, cell: Cell, mode: str, tape: str | None) -> dict[str, Any]:
     """Worker entry point: one cell, errors returned as an error row (never lost)."""
     try:
@@ -829,7 +841,8 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
             import multiprocessing
 
             ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(n_workers, mp_context=ctx) as pool:
+            pool = ProcessPoolExecutor(n_workers, mp_context=ctx)
+            try:
                 running: dict[Future[dict[str, Any]], str | None] = {
                     pool.submit(_task, cfg, c, how, tape): (tape if how == "record" else None)
                     for c, how, tape in first}
@@ -839,6 +852,10 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
                         tape = running.pop(fut)
                         for c, how, t in finish(fut.result(), tape):
                             running[pool.submit(_task, cfg, c, how, t)] = None
+            except BaseException:
+                _stop(pool)  # interrupted: the finished cells are on disk, the rest is dropped
+                raise
+            pool.shutdown()
     finally:
         if bar is not None:
             bar.close()

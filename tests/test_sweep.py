@@ -263,3 +263,68 @@ def test_clip_axis_sets_the_algorithms_bound():
     assert [c.clip for c in cells] == [0.5, 2.0]
     assert [_algorithm(cfg, c).feature_bound for c in cells] == [0.5, 2.0]
     assert cfg.cell_id(cells[0]) != cfg.cell_id(cells[1])
+
+
+def _children(pid: int) -> set[int]:
+    """Live child processes of ``pid`` (Linux /proc)."""
+    import os
+
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs /proc")
+def test_sigterm_stops_the_workers_and_exits_130(tmp_path):
+    """A killed sweep must not leave its worker processes running its cells."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tmp_path / "slow.toml"
+    cfg.write_text('[sweep]\nrounds = 500\nworkers = 2\nplot = false\n'
+                   '[data]\ndataset = "digits"\nclients = 4\n'
+                   '[grid]\nalgorithms = ["fedlog"]\nlayers = ["plaintext", "secure-sum"]\n')
+    proc = subprocess.Popen([sys.executable, "-m", "secagg.cli", "sweep", str(cfg), "--out",
+                             str(tmp_path / "out"), "--quiet"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    kids: set[int] = set()
+    while time.monotonic() < deadline and len(kids) < 2:
+        time.sleep(0.5)
+        kids = _children(proc.pid) - {proc.pid}
+        assert proc.poll() is None, proc.communicate()
+    assert len(kids) >= 2, "the workers did not start"
+    time.sleep(3)  # let them pick up the cells
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the sweep did not stop within 30 s of SIGTERM") from None
+    assert proc.returncode == 130 and "interrupted" in err
+    time.sleep(1)
+    left = [pid for pid in kids if _running(pid)]
+    for pid in left:  # do not leave a failing run's workers behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"worker(s) {left} still running after the sweep exited"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
