@@ -59,6 +59,7 @@ class LocalGrid(Grid):
                                           state=RecordDict(), run_config={})
                          for i in range(N)}
         self.fault = fault or (lambda step, cid, rep: rep)
+        self.replies = []
 
     def set_run(self, run):
         raise NotImplementedError
@@ -74,19 +75,24 @@ class LocalGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
-
-    def send_and_receive(self, messages, *, timeout=None):
-        out = []
+        ids = []
         for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id  # as a SuperLink stamps it
             rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
             rep = self.fault(read(m)["step"], m.metadata.dst_node_id - 100, rep)
+            ids.append(m.metadata.message_id)
             if rep is not None:
-                out.append(rep)
+                assert rep.metadata.reply_to_message_id == m.metadata.message_id
+                self.replies.append(rep)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = [r for r in self.replies if r.metadata.reply_to_message_id in message_ids]
+        self.replies = [r for r in self.replies if r not in out]
         return out
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise NotImplementedError  # FlowerFederation polls with push/pull itself
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +122,7 @@ def _embedded(layer, schedule):
 def _run(layer, fault):
     aggs = {}
     fed = FlowerFederation(_algo(), layer, load_dataset("digits"), rounds=1, seed=0,
-                           min_nodes=N)
+                           min_nodes=N, stage_timeout=0.5)
     result = fed.run(LocalGrid(fault), on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
     return result, aggs[0]
 

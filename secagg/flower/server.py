@@ -81,6 +81,25 @@ def check_layer(layer: Layer) -> None:
         )
 
 
+def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float,
+                     poll_interval: float = 0.1) -> list[Message]:
+    """Push ``messages`` and pull their replies every ``poll_interval`` seconds until all
+    have come or ``timeout`` seconds have passed (Flower's own ``Grid.send_and_receive``
+    pulls every 3 s on a deployment, which adds up to 3 s to every protocol stage; this
+    is the same loop on the public ``push_messages``/``pull_messages`` API)."""
+    pending = set(grid.push_messages(messages))
+    end = time.monotonic() + timeout
+    out: list[Message] = []
+    while pending:
+        got = list(grid.pull_messages(pending))
+        out.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if not pending or time.monotonic() >= end:
+            break
+        time.sleep(poll_interval)
+    return out
+
+
 @dataclass
 class _Transport:
     """Bytes per stage: ours (secagg wire bytes) and Flower's serialized messages."""
@@ -115,6 +134,7 @@ class FlowerFederation:
         min_nodes: wait until this many nodes are connected (default: 1).
         connect_timeout: seconds to wait for them.
         stage_timeout: seconds a stage waits for replies; nodes silent past it are dropped.
+        poll_interval: seconds between two pulls of the replies from the SuperLink.
         decryptor: Homomorphic: the client id of the node that generates the keys, keeps
             the secret context and decrypts the sum (default: the smallest id). It must
             not collude with the server (as the embedded layer's decryptor).
@@ -141,6 +161,7 @@ class FlowerFederation:
         stage_timeout: float = 60.0,
         hold: tuple[str, str] | None = None,
         decryptor: int | None = None,
+        poll_interval: float = 0.1,
     ) -> None:
         check_layer(layer)
         if getattr(algorithm, "dpsgd", None) is not None:
@@ -154,14 +175,14 @@ class FlowerFederation:
             raise ConfigurationError(f"fraction must be in (0, 1], got {fraction}")
         if on_violation not in ("raise", "clip") or on_abort not in ("raise", "skip"):
             raise ConfigurationError("on_violation must be raise|clip, on_abort raise|skip")
-        if min_nodes < 1 or connect_timeout <= 0 or stage_timeout <= 0:
+        if min_nodes < 1 or connect_timeout <= 0 or stage_timeout <= 0 or poll_interval <= 0:
             raise ConfigurationError("min_nodes >= 1 and positive timeouts are required")
         self.algorithm, self.layer, self.dataset = algorithm, layer, dataset
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
         self.on_violation, self.on_abort = on_violation, on_abort
         self.include_values = include_values
         self.min_nodes, self.connect_timeout = min_nodes, connect_timeout
-        self.stage_timeout = stage_timeout
+        self.stage_timeout, self.poll_interval = stage_timeout, poll_interval
         self.hold = hold
         self.dropouts = DropoutModel(0.0, seed).for_stages(layer.dropout_stages())
         self.transport = _Transport()
@@ -194,7 +215,8 @@ class FlowerFederation:
         by_node = {n: c for c, n in self.nodes.items()}
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
-        for rep in grid.send_and_receive(msgs, timeout=timeout or self.stage_timeout):
+        for rep in send_and_receive(grid, msgs, timeout or self.stage_timeout,
+                                    self.poll_interval):
             c = by_node.get(rep.metadata.src_node_id)
             if c is None or c not in payloads:
                 continue
@@ -242,7 +264,7 @@ class FlowerFederation:
         msgs = [Message(content(step="hello"), dst_node_id=n, message_type=MESSAGE_TYPE,
                         group_id="hello") for n in ids]
         errors = []
-        for rep in grid.send_and_receive(msgs, timeout=self.connect_timeout):
+        for rep in send_and_receive(grid, msgs, self.connect_timeout, self.poll_interval):
             if rep.has_error():
                 errors.append(rep.error.reason)
                 continue
