@@ -203,3 +203,75 @@ def test_dpsgd_training_is_refused_over_flower():
     algo = FedLog(dpsgd=DPSGD(noise_multiplier=1.0, max_grad_norm=1.0))
     with pytest.raises(ConfigurationError, match="DP-SGD"):
         FlowerFederation(algo, Plaintext(), load_dataset("digits"))
+
+
+def test_personalized_accuracy_is_computed_on_the_nodes_as_the_embedded_engine_does():
+    steps = []
+
+    def fault(step, cid, rep):
+        steps.append((step, cid))
+        return rep
+
+    algo = _algo()
+    fed = FlowerFederation(algo, Plaintext(), load_dataset("digits"), rounds=2, seed=0,
+                           min_nodes=N, stage_timeout=0.5)
+    result = fed.run(LocalGrid(fault))
+    want = Federation(_algo(), Plaintext(), _partition(), rounds=2, seed=0,
+                      progress=False).run()
+    assert result.accuracy_kind == want.accuracy_kind == "mean local test"
+    assert 0.0 < result.history[-1] <= 1.0
+    assert result.history == want.history  # bit for bit, per round
+    assert [c for s, c in steps if s == "evaluate"] == [0, 1, 2, 3] * 2
+    # evaluation is measurement, not protocol: not in the ledger, Flower's bytes apart
+    assert not [r for r in result.costs.rows if r.stage == "evaluate"]
+    assert fed.transport.to_dict()["evaluate"]["messages"] == 2 * 2 * N
+
+
+def test_a_node_dropped_in_the_round_is_not_asked_to_evaluate():
+    steps = []
+
+    def fault(step, cid, rep):
+        steps.append((step, cid))
+        return None if cid == 2 and step == "masked-input" else rep
+
+    fed = FlowerFederation(_algo(), SecureSum(threshold=3), load_dataset("digits"), rounds=1,
+                           seed=0, min_nodes=N, stage_timeout=0.5)
+    result = fed.run(LocalGrid(fault))
+    assert [c for s, c in steps if s == "evaluate"] == [0, 1, 3]
+    assert 0.0 < result.accuracy <= 1.0
+
+
+def test_node_evaluation_off_reports_nan_and_a_personalized_algorithm_needs_the_hooks():
+    fed = FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), rounds=1, seed=0,
+                           min_nodes=N, stage_timeout=0.5, node_evaluation=False)
+    steps = []
+    result = fed.run(LocalGrid(lambda s, c, r: steps.append(s) or r))
+    assert np.isnan(result.accuracy) and "evaluate" not in steps
+
+    class NoHooks(FedLog):
+        evaluation_state = None
+
+    with pytest.raises(ConfigurationError, match="evaluation_state"):
+        FlowerFederation(NoHooks(), Plaintext(), load_dataset("digits"))
+
+
+def test_a_local_only_phase_is_refused_before_its_nodes_are_contacted():
+    from secagg.messages import UploadSpec
+
+    class LocalOnly:
+        name = "local"
+
+        def spec(self):
+            return UploadSpec(())
+
+    class WithLocalPhase(FedLog):
+        def phases(self, round, rounds):
+            return [LocalOnly(), *super().phases(round, rounds)]
+
+    steps = []
+    fed = FlowerFederation(WithLocalPhase(feature_dim=4, local_epochs=1), Plaintext(),
+                           load_dataset("digits"), rounds=1, seed=0, min_nodes=N,
+                           stage_timeout=0.5)
+    with pytest.raises(ConfigurationError, match="local-only"):
+        fed.run(LocalGrid(lambda s, c, r: steps.append(s) or r))
+    assert set(steps) == {"hello"}

@@ -17,6 +17,9 @@ Steps (record field ``step``):
   the stages of :class:`secagg.secure_sum.client.Client` (``consistency``: sign the survivor
   set the server shows); ``advertise`` first runs the client step and encodes the upload
   with the layer's fixed-point plan.
+* ``evaluate`` (personalized algorithms, after each round): the node's accuracy on its own
+  local test set with its own model and the server's evaluation state, and whether it has
+  a local test set.
 """
 
 from __future__ import annotations
@@ -167,6 +170,8 @@ class _Node:
             store["run"] = tag
         if step in ("upload", "advertise", "he-upload"):
             out = self._client_step(rec, *self._load(context), store)
+        elif step == "evaluate":
+            out = self._evaluate(rec, *self._load(context), store)
         elif step.startswith("he-"):
             out = _decryptor(step, rec, store)
         else:
@@ -225,6 +230,26 @@ class _Node:
         store["vector"] = pack_arrays({"v": vector})
         store["party"] = _freeze(party)
         return out
+
+    def _evaluate(
+        self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord
+    ) -> dict[str, Any]:
+        """A personalized algorithm's accuracy for this client: its own model (as its last
+        client step left it) with the server's evaluation state (e.g. FedLog's head)."""
+        algo = copy.deepcopy(self.algorithm)
+        st = ClientState(data)
+        algo.setup(dataset, [st], field(rec, "seed", int))
+        if "client_state" in store:
+            st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
+        raw = rec.get("state", b"")
+        algo.load_evaluation_state(unpack_arrays(raw) if raw else {})
+        t0 = time.process_time()
+        acc = float(algo.evaluate(dataset, [st]))
+        cpu = time.process_time() - t0
+        # the embedded engine keeps whatever evaluation leaves in the client's state
+        store["client_state"] = pickle.dumps(st.state)
+        has_test = data.y_test is not None and len(data.y_test) > 0
+        return {"acc": acc, "has_test": bool(has_test), "cpu_s": cpu}
 
     def _secure_sum(self, step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, Any]:
         if "party" not in store:

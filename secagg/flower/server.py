@@ -100,6 +100,22 @@ def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float,
     return out
 
 
+def check_phase(phase: Any) -> None:
+    """Refuse a phase whose spec has no fields (a "local-only" phase: clients compute and
+    upload nothing, the layer is not called). The Flower runtime always asks the nodes for
+    an upload through the layer's stages, so such a phase would have to become its own
+    client-step exchange with no layer; it is refused here before any node is contacted for
+    it, instead of running it through a layer that has nothing to carry.
+
+    Raises:
+        ConfigurationError: the phase uploads nothing.
+    """
+    if not phase.spec().fields:
+        raise ConfigurationError(
+            f"phase {phase.name!r} uploads no fields (a local-only phase); the Flower "
+            "runtime does not run local-only phases yet: use the embedded Federation")
+
+
 @dataclass
 class _Transport:
     """Bytes per stage: ours (secagg wire bytes) and Flower's serialized messages."""
@@ -135,14 +151,26 @@ class FlowerFederation:
         connect_timeout: seconds to wait for them.
         stage_timeout: seconds a stage waits for replies; nodes silent past it are dropped.
         poll_interval: seconds between two pulls of the replies from the SuperLink.
+        node_evaluation: personalized algorithms: compute the accuracy on the nodes after
+            each round (see Evaluation below); False reports NaN.
         decryptor: Homomorphic: the client id of the node that generates the keys, keeps
             the secret context and decrypts the sum (default: the smallest id). It must
             not collude with the server (as the embedded layer's decryptor).
         hold: test hook: (stage, directory): after closing that secure-sum stage in round 0
             write ``reached`` into the directory and wait (up to 60 s) for a ``go`` file.
 
-    Personalized algorithms are evaluated on the clients in the embedded engine; over
-    Flower their accuracy is reported as NaN (not computed).
+    Evaluation. A non-personalized algorithm is evaluated here, on the global test set.
+    A personalized one (each client keeps its own model) is evaluated where the models
+    live: after each round the server sends the algorithm's ``evaluation_state()`` (FedLog:
+    the head eta, already public through the broadcast) to every node in an ``evaluate``
+    message, each node scores its own model on its own local test set, and the accuracy is
+    the mean over the nodes that have one, in client-id order -- the embedded engine's
+    number bit for bit. Nodes that dropped out of the round are not asked (they may be
+    gone) and so are not in that mean. This traffic is measurement, not protocol: like the
+    embedded engine's in-process evaluation it is not booked in the cost ledger (Flower's
+    bytes for it are in :attr:`transport` under ``evaluate``), and it discloses each node's
+    local test accuracy to the server, which no privacy layer covers; pass
+    ``node_evaluation=False`` to keep it off (the accuracy is then NaN).
     """
 
     def __init__(
@@ -162,8 +190,19 @@ class FlowerFederation:
         hold: tuple[str, str] | None = None,
         decryptor: int | None = None,
         poll_interval: float = 0.1,
+        node_evaluation: bool = True,
     ) -> None:
         check_layer(layer)
+        self.node_evaluation = node_evaluation and bool(getattr(algorithm, "personalized",
+                                                                False))
+        if self.node_evaluation and not (
+                callable(getattr(algorithm, "evaluation_state", None))
+                and callable(getattr(algorithm, "load_evaluation_state", None))):
+            raise ConfigurationError(
+                f"personalized algorithm {getattr(algorithm, 'name', algorithm)!r} has no "
+                "evaluation_state()/load_evaluation_state(): its accuracy is computed on the "
+                "nodes, which need the server's part of the model; add them (see FedLog) or "
+                "pass node_evaluation=False (accuracy NaN)")
         if getattr(algorithm, "dpsgd", None) is not None:
             raise ConfigurationError(
                 "DP-SGD in the clients' local training is not accounted over Flower yet (its "
@@ -191,6 +230,7 @@ class FlowerFederation:
         self._held = False
         self._run_tag = ""
         self._last_drops: dict[str, dict[int, str]] = {}
+        self._round_drops: set[int] = set()  # clients dropped in the current round
         self.decryptor = decryptor
         self._he_keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
         self._he_decryptions: dict[str, int] = {}  # CKKS: decryptions of the current key
@@ -201,12 +241,14 @@ class FlowerFederation:
         self, grid: Grid, stage: str, ctx: RoundContext | None,
         payloads: Mapping[int, RecordDict], timeout: float | None = None,
         needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
+        tag: str | None = None,
     ) -> tuple[dict[int, Any], dict[int, str]]:
         """Send one message per client, wait for the replies; returns (client -> reply
         record, client -> why it failed) for every addressed client that did not answer,
         answered with an error, or answered without the fields ``needs`` names (a
         malformed reply counts as that client dropping, never as a crash)."""
-        tag = "hello" if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
+        if tag is None:
+            tag = "hello" if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
         msgs = []
         for c, rd in payloads.items():
             m = Message(rd, dst_node_id=self.nodes[c], message_type=MESSAGE_TYPE, group_id=tag)
@@ -245,6 +287,7 @@ class FlowerFederation:
     def _book_drops(self, ctx: RoundContext, stage: str, failed: Mapping[int, str],
                     dropped: dict[str, dict[int, str]]) -> None:
         for c, why in sorted(failed.items()):
+            self._round_drops.add(c)
             ctx.message(c, SERVER, f"dropped:{stage}", 0)
             dropped.setdefault(stage, {})[c] = why
         self._last_drops = dropped
@@ -315,7 +358,9 @@ class FlowerFederation:
         for r in range(self.rounds):
             cohort = [cids[i] for i in sample_cohort(rng, len(cids), self.fraction)]
             stopped = False
+            self._round_drops = set()
             for phase in self.algorithm.phases(r, self.rounds):
+                check_phase(phase)
                 spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
                                    ledger, transcript, self.dropouts, None)
@@ -336,7 +381,7 @@ class FlowerFederation:
                     aborted.append((r, phase.name, str(exc)))
                     stopped = True
                     break
-            history.append(self._evaluate())
+            history.append(self._evaluate(grid, r))
             if stopped:
                 break
         kind = ("mean local test" if getattr(self.algorithm, "personalized", False)
@@ -349,10 +394,25 @@ class FlowerFederation:
             n_clients=len(cids), wall_s=time.perf_counter() - t_start,
         )
 
-    def _evaluate(self) -> float:
-        if getattr(self.algorithm, "personalized", False):
-            return float("nan")  # needs each client's own model: not computed over Flower
-        return float(self.algorithm.evaluate(self.dataset, []))
+    def _evaluate(self, grid: Grid, rnd: int) -> float:
+        """The accuracy after round ``rnd`` (see the class docstring's Evaluation)."""
+        if not getattr(self.algorithm, "personalized", False):
+            return float(self.algorithm.evaluate(self.dataset, []))
+        if not self.node_evaluation:
+            return float("nan")
+        state = self.algorithm.evaluation_state()  # type: ignore[attr-defined]
+        wire = pack_arrays(state) if state else b""
+        ask = [c for c in sorted(self.nodes) if c not in self._round_drops]
+        got, _ = self._exchange(
+            grid, "evaluate", None, {c: content(step="evaluate", run=self._run_tag,
+                                                seed=self.seed, state=wire) for c in ask},
+            needs=(("acc", float), ("has_test", bool), ("cpu_s", float)),
+            tag=f"{rnd}/evaluate")
+        self.transport.add("evaluate", ours=len(wire) * len(ask))
+        accs = [rfield(got[c], "acc", float) for c in sorted(got)
+                if rfield(got[c], "has_test", bool)]
+        # as the personalized evaluate's mean over clients with a local test set
+        return float(np.mean(accs)) if accs else float("nan")
 
     def _run_phase(
         self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
@@ -766,4 +826,5 @@ def save_result(result: Result, fed: FlowerFederation, out: str | Path | None) -
         json.dumps(fed.transport.to_dict(), indent=2) + "\n")
 
 
-__all__: Sequence[str] = ("FlowerFederation", "check_layer", "save_result", "server_app")
+__all__: Sequence[str] = ("FlowerFederation", "check_layer", "check_phase", "save_result",
+                          "send_and_receive", "server_app")
