@@ -73,8 +73,12 @@ class Deployment:
         self.home.mkdir()
         # one BLAS/OpenMP thread, as the test process (conftest): float training is then
         # bit-for-bit the embedded engine's
+        # FLWR_SUPEREXEC_TASK_POLL_INTERVAL: how often the SuperExec that each SuperNode
+        # (and the SuperLink) starts looks for a task to launch as an app process (flwr
+        # 1.41's default is 1 s, a wait in every message; see README, Running across
+        # machines)
         self.env = dict(os.environ, FLWR_HOME=str(self.home), OMP_NUM_THREADS="1",
-                        MKL_NUM_THREADS="1",
+                        MKL_NUM_THREADS="1", FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1",
                         PYTHONPATH=os.pathsep.join([str(ROOT), str(APP)]))
         self.procs: list[subprocess.Popen] = []
         self.nodes: list[subprocess.Popen] = []
@@ -199,7 +203,10 @@ def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
     transport = json.loads((out / "flower_transport.json").read_text())
     assert set(transport) >= {"advertise", "share", "masked-input", "consistency", "unmask"}
     assert wall < LIMIT_S + 10, f"loopback run took {wall:.1f} s"
-    print(f"loopback: 2 rounds of FedLog under SecureSum in {wall:.1f} s (target < 120 s)")
+    timing = json.loads((out / "flower_timing.json").read_text())
+    print(f"loopback: 2 rounds of FedLog under SecureSum in {wall:.1f} s (target < 120 s); "
+          f"per round {[round(t, 1) for t in timing['round_wall_s']]} s; per stage "
+          f"{ {k: round(v, 1) for k, v in timing['stage_wall_s'].items()} } s")
 
 
 def test_loopback_supernode_killed_mid_round(deployment, tmp_path):

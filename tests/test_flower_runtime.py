@@ -60,6 +60,7 @@ class LocalGrid(Grid):
                          for i in range(N)}
         self.fault = fault or (lambda step, cid, rep: rep)
         self.replies = []
+        self.sent = []  # (step, client, asked to evaluate first) per message
 
     def set_run(self, run):
         raise NotImplementedError
@@ -78,6 +79,9 @@ class LocalGrid(Grid):
         ids = []
         for m in messages:
             m.metadata.__dict__["_message_id"] = m.object_id  # as a SuperLink stamps it
+            rec = read(m)
+            self.sent.append((rec["step"], m.metadata.dst_node_id - 100,
+                              rec.get("evaluate", False)))
             rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
             rep = self.fault(read(m)["step"], m.metadata.dst_node_id - 100, rep)
             ids.append(m.metadata.message_id)
@@ -205,26 +209,29 @@ def test_dpsgd_training_is_refused_over_flower():
         FlowerFederation(algo, Plaintext(), load_dataset("digits"))
 
 
-def test_personalized_accuracy_is_computed_on_the_nodes_as_the_embedded_engine_does():
-    steps = []
-
-    def fault(step, cid, rep):
-        steps.append((step, cid))
-        return rep
-
-    algo = _algo()
-    fed = FlowerFederation(algo, Plaintext(), load_dataset("digits"), rounds=2, seed=0,
-                           min_nodes=N, stage_timeout=0.5)
-    result = fed.run(LocalGrid(fault))
-    want = Federation(_algo(), Plaintext(), _partition(), rounds=2, seed=0,
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_personalized_accuracy_is_computed_on_the_nodes_as_the_embedded_engine_does(fraction):
+    fed = FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), rounds=3, seed=0,
+                           min_nodes=N, stage_timeout=0.5, fraction=fraction)
+    grid = LocalGrid()
+    result = fed.run(grid)
+    want = Federation(_algo(), Plaintext(), _partition(), rounds=3, seed=0, fraction=fraction,
                       progress=False).run()
     assert result.accuracy_kind == want.accuracy_kind == "mean local test"
-    assert 0.0 < result.history[-1] <= 1.0
+    assert len(result.history) == 3 and 0.0 < result.history[-1] <= 1.0
     assert result.history == want.history  # bit for bit, per round
-    assert [c for s, c in steps if s == "evaluate"] == [0, 1, 2, 3] * 2
+    # rounds 0 and 1 are scored in the next round's upload instruction (cohort members) or
+    # a message of their own (the others); the last round always in its own messages
+    ups = [c for s, c, ev in grid.sent if s == "upload" and ev]
+    alone = [c for s, c, _ in grid.sent if s == "evaluate"]
+    assert sorted(ups + alone) == [c for c in range(N) for _ in range(3)]
+    if fraction == 1.0:
+        assert ups == [0, 1, 2, 3] * 2 and alone == [0, 1, 2, 3]
+    else:
+        assert len(ups) == 2 * 2 and len(alone) == 2 * 2 + N  # 2 of 4 per cohort
     # evaluation is measurement, not protocol: not in the ledger, Flower's bytes apart
     assert not [r for r in result.costs.rows if r.stage == "evaluate"]
-    assert fed.transport.to_dict()["evaluate"]["messages"] == 2 * 2 * N
+    assert fed.transport.to_dict()["evaluate"]["messages"] == 2 * len(alone)
 
 
 def test_a_node_dropped_in_the_round_is_not_asked_to_evaluate():

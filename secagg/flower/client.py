@@ -17,9 +17,12 @@ Steps (record field ``step``):
   the stages of :class:`secagg.secure_sum.client.Client` (``consistency``: sign the survivor
   set the server shows); ``advertise`` first runs the client step and encodes the upload
   with the layer's fixed-point plan.
-* ``evaluate`` (personalized algorithms, after each round): the node's accuracy on its own
-  local test set with its own model and the server's evaluation state, and whether it has
-  a local test set.
+* ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
+  with its own model and the server's evaluation state, and whether it has a local test
+  set. After every round but the last it rides on the node's first message of the next
+  round (``evaluate=True`` and ``eval_state`` beside the client step's fields: the node
+  scores its model first, then runs the step, as the embedded engine orders them); only
+  the last round's, and nodes outside the next cohort, get a message of their own.
 """
 
 from __future__ import annotations
@@ -171,7 +174,8 @@ class _Node:
         if step in ("upload", "advertise", "he-upload"):
             out = self._client_step(rec, *self._load(context), store)
         elif step == "evaluate":
-            out = self._evaluate(rec, *self._load(context), store)
+            out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
+                                 *self._load(context), store)
         elif step.startswith("he-"):
             out = _decryptor(step, rec, store)
         else:
@@ -183,6 +187,10 @@ class _Node:
     ) -> dict[str, Any]:
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
+        scored: dict[str, Any] = {}
+        if rec.get("evaluate") is True:  # the previous round's evaluation, before this step
+            scored = self._evaluate(field(rec, "eval_state", bytes), seed, dataset, data, store)
+            scored = {"acc": scored["acc"], "has_test": scored["has_test"]}
         algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
         st = ClientState(data)
         algo.setup(dataset, [st], seed)
@@ -204,7 +212,7 @@ class _Node:
         up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
         store["client_state"] = pickle.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
-                               "clipped": json.dumps(up.clipped)}
+                               "clipped": json.dumps(up.clipped), **scored}
         if field(rec, "step", str) == "upload":
             t0 = time.process_time()
             out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
@@ -232,16 +240,16 @@ class _Node:
         return out
 
     def _evaluate(
-        self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord
+        self, raw: bytes, seed: int, dataset: Dataset, data: ClientData, store: ConfigRecord
     ) -> dict[str, Any]:
         """A personalized algorithm's accuracy for this client: its own model (as its last
-        client step left it) with the server's evaluation state (e.g. FedLog's head)."""
+        client step left it) with the server's evaluation state ``raw`` (packed arrays,
+        e.g. FedLog's head)."""
         algo = copy.deepcopy(self.algorithm)
         st = ClientState(data)
-        algo.setup(dataset, [st], field(rec, "seed", int))
+        algo.setup(dataset, [st], seed)
         if "client_state" in store:
             st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
-        raw = rec.get("state", b"")
         algo.load_evaluation_state(unpack_arrays(raw) if raw else {})
         t0 = time.process_time()
         acc = float(algo.evaluate(dataset, [st]))

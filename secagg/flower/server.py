@@ -117,6 +117,18 @@ def check_phase(phase: Any) -> None:
 
 
 @dataclass
+class _PendingEvaluation:
+    """A personalized evaluation in flight: round, the evaluation state's wire bytes, the
+    nodes to ask, those asked, and (accuracy, has a local test set) per node that answered."""
+
+    round: int
+    wire: bytes
+    ask: list[int]
+    sent: set[int] = field(default_factory=set)
+    acc: dict[int, tuple[float, bool]] = field(default_factory=dict)
+
+
+@dataclass
 class _Transport:
     """Bytes per stage: ours (secagg wire bytes) and Flower's serialized messages."""
 
@@ -231,6 +243,11 @@ class FlowerFederation:
         self._run_tag = ""
         self._last_drops: dict[str, dict[int, str]] = {}
         self._round_drops: set[int] = set()  # clients dropped in the current round
+        self._eval: _PendingEvaluation | None = None
+        #: wall seconds of each round (its phases and, if any, the nodes' evaluation)
+        self.round_wall_s: list[float] = []
+        #: wall seconds spent waiting for each stage's replies, summed over the run
+        self.stage_wall_s: dict[str, float] = {}
         self.decryptor = decryptor
         self._he_keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
         self._he_decryptions: dict[str, int] = {}  # CKKS: decryptions of the current key
@@ -257,6 +274,7 @@ class FlowerFederation:
         by_node = {n: c for c, n in self.nodes.items()}
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
+        t0 = time.perf_counter()
         for rep in send_and_receive(grid, msgs, timeout or self.stage_timeout,
                                     self.poll_interval):
             c = by_node.get(rep.metadata.src_node_id)
@@ -282,6 +300,8 @@ class FlowerFederation:
         for c in payloads:
             if c not in got and c not in failed:
                 failed[c] = f"no reply within {timeout or self.stage_timeout:g} s"
+        self.stage_wall_s[stage] = self.stage_wall_s.get(stage, 0.0) + (
+            time.perf_counter() - t0)
         return got, failed
 
     def _book_drops(self, ctx: RoundContext, stage: str, failed: Mapping[int, str],
@@ -356,10 +376,13 @@ class FlowerFederation:
         participation: list[tuple[int, str, int, int]] = []
         checked: set[str] = set()
         for r in range(self.rounds):
+            t_round = time.perf_counter()
             cohort = [cids[i] for i in sample_cohort(rng, len(cids), self.fraction)]
             stopped = False
             self._round_drops = set()
-            for phase in self.algorithm.phases(r, self.rounds):
+            for i, phase in enumerate(self.algorithm.phases(r, self.rounds)):
+                if i > 0:  # round r-1's evaluation rode on this round's first phase
+                    self._finish_evaluation(grid, history)
                 check_phase(phase)
                 spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
@@ -381,9 +404,15 @@ class FlowerFederation:
                     aborted.append((r, phase.name, str(exc)))
                     stopped = True
                     break
-            history.append(self._evaluate(grid, r))
+            self._finish_evaluation(grid, history)
+            history.append(self._evaluate(r))
+            self.round_wall_s.append(time.perf_counter() - t_round)
             if stopped:
                 break
+        t_eval = time.perf_counter()
+        self._finish_evaluation(grid, history)  # the last round's: a message of its own
+        if self.round_wall_s:
+            self.round_wall_s[-1] += time.perf_counter() - t_eval
         kind = ("mean local test" if getattr(self.algorithm, "personalized", False)
                 else "global test")
         return Result(
@@ -394,25 +423,63 @@ class FlowerFederation:
             n_clients=len(cids), wall_s=time.perf_counter() - t_start,
         )
 
-    def _evaluate(self, grid: Grid, rnd: int) -> float:
-        """The accuracy after round ``rnd`` (see the class docstring's Evaluation)."""
+    def _evaluate(self, rnd: int) -> float:
+        """The accuracy after round ``rnd``: computed here for a non-personalized algorithm;
+        for a personalized one NaN for now, filled in by :meth:`_finish_evaluation` once
+        the nodes have answered (see the class docstring's Evaluation)."""
         if not getattr(self.algorithm, "personalized", False):
             return float(self.algorithm.evaluate(self.dataset, []))
-        if not self.node_evaluation:
-            return float("nan")
-        state = self.algorithm.evaluation_state()  # type: ignore[attr-defined]
-        wire = pack_arrays(state) if state else b""
-        ask = [c for c in sorted(self.nodes) if c not in self._round_drops]
-        got, _ = self._exchange(
-            grid, "evaluate", None, {c: content(step="evaluate", run=self._run_tag,
-                                                seed=self.seed, state=wire) for c in ask},
-            needs=(("acc", float), ("has_test", bool), ("cpu_s", float)),
-            tag=f"{rnd}/evaluate")
-        self.transport.add("evaluate", ours=len(wire) * len(ask))
-        accs = [rfield(got[c], "acc", float) for c in sorted(got)
-                if rfield(got[c], "has_test", bool)]
+        if self.node_evaluation:
+            state = self.algorithm.evaluation_state()  # type: ignore[attr-defined]
+            ask = [c for c in sorted(self.nodes) if c not in self._round_drops]
+            self._eval = _PendingEvaluation(rnd, pack_arrays(state) if state else b"", ask)
+        return float("nan")
+
+    def _evaluation_fields(self, c: int) -> dict[str, Any]:
+        """The fields that ask node ``c``, in its first message of the round, to evaluate
+        the previous round's model before its client step (empty when not pending)."""
+        ev = self._eval
+        if ev is None or c not in ev.ask or c in ev.sent:
+            return {}
+        ev.sent.add(c)
+        self.transport.add("evaluate", ours=len(ev.wire))
+        return {"evaluate": True, "eval_state": ev.wire}
+
+    def _collect_evaluation(self, got: Mapping[int, Any]) -> None:
+        """Keep the accuracies that came back with a client step (malformed: left out)."""
+        ev = self._eval
+        if ev is None:
+            return
+        for c, rec in got.items():
+            if c in ev.sent and c not in ev.acc:
+                try:
+                    ev.acc[c] = (rfield(rec, "acc", float), rfield(rec, "has_test", bool))
+                except ProtocolError:
+                    continue
+
+    def _finish_evaluation(self, grid: Grid, history: list[float]) -> None:
+        """Ask the nodes not yet asked (not in this round's cohort, or after the last
+        round) in an ``evaluate`` message of their own, then set the pending round's
+        accuracy: the mean over the nodes that answered and have a local test set."""
+        ev, self._eval = self._eval, None
+        if ev is None:
+            return
+        rest = [c for c in ev.ask if c not in ev.sent]
+        if rest:
+            payloads = {c: content(step="evaluate", run=self._run_tag, seed=self.seed,
+                                   state=ev.wire) for c in rest}
+            self.transport.add("evaluate", ours=len(ev.wire) * len(rest))
+            got, _ = self._exchange(
+                grid, "evaluate", None, payloads,
+                needs=(("acc", float), ("has_test", bool), ("cpu_s", float)),
+                tag=f"{ev.round}/evaluate")
+            ev.sent.update(rest)
+            self._eval = ev
+            self._collect_evaluation(got)
+            self._eval = None
+        accs = [ev.acc[c][0] for c in sorted(ev.acc) if ev.acc[c][1]]
         # as the personalized evaluate's mean over clients with a local test set
-        return float(np.mean(accs)) if accs else float("nan")
+        history[ev.round] = float(np.mean(accs)) if accs else float("nan")
 
     def _run_phase(
         self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
@@ -441,8 +508,10 @@ class FlowerFederation:
     def _plaintext(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
                    ctx: RoundContext, clips: ClipReport, phase: Any) -> Aggregate:
         got, failed = self._exchange(
-            grid, "upload", ctx, {c: content(step="upload", **common) for c in cohort},
+            grid, "upload", ctx, {c: content(step="upload", **common,
+                                             **self._evaluation_fields(c)) for c in cohort},
             needs=_STEP_REPLY)
+        self._collect_evaluation(got)
         dropped: dict[str, dict[int, str]] = {}
         self._book_drops(ctx, "upload", failed, dropped)
         uploads: dict[int, Upload] = {}
@@ -526,8 +595,10 @@ class FlowerFederation:
         # stage 1: the client step, encoding and ADVERTISE in one message
         got, failed = self._exchange(grid, "advertise", ctx, {
             c: content(step="advertise", session=session, n=len(cohort),
-                       layer=json.dumps(params), **common) for c in cohort},
+                       layer=json.dumps(params), **common, **self._evaluation_fields(c))
+            for c in cohort},
             needs=_STEP_REPLY)
+        self._collect_evaluation(got)
         live = set(ctx.dropouts.survivors("advertise", sorted(got)))
         failed.update({c: "injected dropout" for c in got if c not in live})
         self._book_drops(ctx, "advertise", failed, dropped)
@@ -669,8 +740,10 @@ class FlowerFederation:
                  "max_decryptions", "flood_security_bits")}
         got, failed = self._exchange(grid, "upload", ctx, {c: content(
             step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
-            context=None if c in sent else pub, **common) for c in cohort},
+            context=None if c in sent else pub, **common, **self._evaluation_fields(c))
+            for c in cohort},
             needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)))
+        self._collect_evaluation(got)
         self.transport.add("upload", ours=len(pub) * len(set(cohort) - sent))
         sent.update(got)  # a node keeps the public context for the rest of the run
         live = set(ctx.dropouts.survivors("upload", sorted(got)))
@@ -793,7 +866,8 @@ def server_app(
         algorithm, layer, dataset, rounds, fraction, seed, min_nodes, stage_timeout: see
             :class:`FlowerFederation` (``options`` are passed on to it).
         result_dir: when given, the Result is saved there (result.json, costs.csv,
-            transcript.jsonl) with ``flower_transport.json`` (Flower's bytes beside ours).
+            transcript.jsonl) with ``flower_transport.json`` (Flower's bytes beside ours)
+            and ``flower_timing.json`` (wall seconds per round and per stage).
         on_result: called with the Result and the runtime when the run ends.
         on_aggregate: called with (round, phase, Aggregate) after each phase.
 
@@ -824,6 +898,8 @@ def save_result(result: Result, fed: FlowerFederation, out: str | Path | None) -
     result.save(out)
     Path(out, "flower_transport.json").write_text(
         json.dumps(fed.transport.to_dict(), indent=2) + "\n")
+    Path(out, "flower_timing.json").write_text(json.dumps(
+        {"round_wall_s": fed.round_wall_s, "stage_wall_s": fed.stage_wall_s}, indent=2) + "\n")
 
 
 __all__: Sequence[str] = ("FlowerFederation", "check_layer", "check_phase", "save_result",
