@@ -82,7 +82,7 @@ def check_layer(layer: Layer) -> None:
 
 
 def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float,
-                     poll_interval: float = 0.1) -> list[Message]:
+                     poll_interval: float = 0.2) -> list[Message]:
     """Push ``messages`` and pull their replies every ``poll_interval`` seconds until all
     have come or ``timeout`` seconds have passed (Flower's own ``Grid.send_and_receive``
     pulls every 3 s on a deployment, which adds up to 3 s to every protocol stage; this
@@ -174,15 +174,18 @@ class FlowerFederation:
     Evaluation. A non-personalized algorithm is evaluated here, on the global test set.
     A personalized one (each client keeps its own model) is evaluated where the models
     live: after each round the server sends the algorithm's ``evaluation_state()`` (FedLog:
-    the head eta, already public through the broadcast) to every node in an ``evaluate``
-    message, each node scores its own model on its own local test set, and the accuracy is
-    the mean over the nodes that have one, in client-id order -- the embedded engine's
-    number bit for bit. Nodes that dropped out of the round are not asked (they may be
-    gone) and so are not in that mean. This traffic is measurement, not protocol: like the
-    embedded engine's in-process evaluation it is not booked in the cost ledger (Flower's
-    bytes for it are in :attr:`transport` under ``evaluate``), and it discloses each node's
-    local test accuracy to the server, which no privacy layer covers; pass
-    ``node_evaluation=False`` to keep it off (the accuracy is then NaN).
+    the head eta, already public through the broadcast) to every node, each node scores its
+    own model on its own local test set, and the accuracy is the mean over the nodes that
+    have one, in client-id order -- the embedded engine's number bit for bit. The request
+    rides on a node's first message of the next round (the node scores, then runs its
+    step, in the embedded engine's order); the last round's, and nodes outside the next
+    cohort, get an ``evaluate`` message of their own. Nodes that dropped out of the round
+    are not asked (they may be gone), and nodes that do not answer are not in the mean.
+    This traffic is measurement, not protocol: like the embedded engine's in-process
+    evaluation it is not booked in the cost ledger (Flower's bytes for it are in
+    :attr:`transport` under ``evaluate``), and it discloses each node's local test accuracy
+    to the server, which no privacy layer covers; pass ``node_evaluation=False`` to keep it
+    off (the accuracy is then NaN).
     """
 
     def __init__(
@@ -201,7 +204,7 @@ class FlowerFederation:
         stage_timeout: float = 60.0,
         hold: tuple[str, str] | None = None,
         decryptor: int | None = None,
-        poll_interval: float = 0.1,
+        poll_interval: float = 0.2,
         node_evaluation: bool = True,
     ) -> None:
         check_layer(layer)
@@ -445,9 +448,11 @@ class FlowerFederation:
         self.transport.add("evaluate", ours=len(ev.wire))
         return {"evaluate": True, "eval_state": ev.wire}
 
-    def _collect_evaluation(self, got: Mapping[int, Any]) -> None:
-        """Keep the accuracies that came back with a client step (malformed: left out)."""
-        ev = self._eval
+    def _collect_evaluation(self, got: Mapping[int, Any],
+                            ev: _PendingEvaluation | None = None) -> None:
+        """Keep the accuracies that came back (with a client step, or alone in an
+        ``evaluate`` reply); a malformed one is left out of the mean."""
+        ev = ev if ev is not None else self._eval
         if ev is None:
             return
         for c, rec in got.items():
@@ -474,9 +479,7 @@ class FlowerFederation:
                 needs=(("acc", float), ("has_test", bool), ("cpu_s", float)),
                 tag=f"{ev.round}/evaluate")
             ev.sent.update(rest)
-            self._eval = ev
-            self._collect_evaluation(got)
-            self._eval = None
+            self._collect_evaluation(got, ev)
         accs = [ev.acc[c][0] for c in sorted(ev.acc) if ev.acc[c][1]]
         # as the personalized evaluate's mean over clients with a local test set
         history[ev.round] = float(np.mean(accs)) if accs else float("nan")
