@@ -229,6 +229,7 @@ def test_loopback_supernode_killed_mid_round(deployment, tmp_path):
     hold.mkdir()
     run = subprocess.Popen(
         deployment.run_args(**{"rounds": 1, "result-dir": str(out), "stage-timeout": 20.0 * SCALE,
+                               "step-timeout": 60.0 * SCALE,
                                "hold-stage": "share", "hold-dir": str(hold)}),
         env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)

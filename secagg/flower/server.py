@@ -162,6 +162,9 @@ class FlowerFederation:
         min_nodes: wait until this many nodes are connected (default: 1).
         connect_timeout: seconds to wait for them.
         stage_timeout: seconds a stage waits for replies; nodes silent past it are dropped.
+        step_timeout: the same for the messages that run the client step (local training)
+            or a node's evaluation, which take longer than a protocol stage (default:
+            ``stage_timeout``).
         poll_interval: seconds between two pulls of the replies from the SuperLink.
         node_evaluation: personalized algorithms: compute the accuracy on the nodes after
             each round (see Evaluation below); False reports NaN.
@@ -206,6 +209,7 @@ class FlowerFederation:
         decryptor: int | None = None,
         poll_interval: float = 0.2,
         node_evaluation: bool = True,
+        step_timeout: float | None = None,
     ) -> None:
         check_layer(layer)
         self.node_evaluation = node_evaluation and bool(getattr(algorithm, "personalized",
@@ -229,7 +233,9 @@ class FlowerFederation:
             raise ConfigurationError(f"fraction must be in (0, 1], got {fraction}")
         if on_violation not in ("raise", "clip") or on_abort not in ("raise", "skip"):
             raise ConfigurationError("on_violation must be raise|clip, on_abort raise|skip")
-        if min_nodes < 1 or connect_timeout <= 0 or stage_timeout <= 0 or poll_interval <= 0:
+        step_timeout = stage_timeout if step_timeout is None else step_timeout
+        if (min_nodes < 1 or connect_timeout <= 0 or stage_timeout <= 0 or step_timeout <= 0
+                or poll_interval <= 0):
             raise ConfigurationError("min_nodes >= 1 and positive timeouts are required")
         self.algorithm, self.layer, self.dataset = algorithm, layer, dataset
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
@@ -237,6 +243,7 @@ class FlowerFederation:
         self.include_values = include_values
         self.min_nodes, self.connect_timeout = min_nodes, connect_timeout
         self.stage_timeout, self.poll_interval = stage_timeout, poll_interval
+        self.step_timeout = step_timeout
         self.hold = hold
         self.dropouts = DropoutModel(0.0, seed).for_stages(layer.dropout_stages())
         self.transport = _Transport()
@@ -475,7 +482,7 @@ class FlowerFederation:
                                    state=ev.wire) for c in rest}
             self.transport.add("evaluate", ours=len(ev.wire) * len(rest))
             got, _ = self._exchange(
-                grid, "evaluate", None, payloads,
+                grid, "evaluate", None, payloads, timeout=self.step_timeout,
                 needs=(("acc", float), ("has_test", bool), ("cpu_s", float)),
                 tag=f"{ev.round}/evaluate")
             ev.sent.update(rest)
@@ -513,7 +520,7 @@ class FlowerFederation:
         got, failed = self._exchange(
             grid, "upload", ctx, {c: content(step="upload", **common,
                                              **self._evaluation_fields(c)) for c in cohort},
-            needs=_STEP_REPLY)
+            needs=_STEP_REPLY, timeout=self.step_timeout)
         self._collect_evaluation(got)
         dropped: dict[str, dict[int, str]] = {}
         self._book_drops(ctx, "upload", failed, dropped)
@@ -600,7 +607,7 @@ class FlowerFederation:
             c: content(step="advertise", session=session, n=len(cohort),
                        layer=json.dumps(params), **common, **self._evaluation_fields(c))
             for c in cohort},
-            needs=_STEP_REPLY)
+            needs=_STEP_REPLY, timeout=self.step_timeout)
         self._collect_evaluation(got)
         live = set(ctx.dropouts.survivors("advertise", sorted(got)))
         failed.update({c: "injected dropout" for c in got if c not in live})
@@ -745,7 +752,8 @@ class FlowerFederation:
             step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
             context=None if c in sent else pub, **common, **self._evaluation_fields(c))
             for c in cohort},
-            needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)))
+            needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)),
+            timeout=self.step_timeout)
         self._collect_evaluation(got)
         self.transport.add("upload", ours=len(pub) * len(set(cohort) - sent))
         sent.update(got)  # a node keeps the public context for the rest of the run
