@@ -215,6 +215,16 @@ class FedLog(Algorithm):
             accs.append(accuracy(model, c.data.x_test, c.data.y_test))
         return float(np.mean(accs)) if accs else 0.0
 
+    def evaluation_state(self) -> dict[str, np.ndarray]:
+        """What :meth:`evaluate` needs of the server's state to score one client where its
+        body lives (the Flower runtime sends it to the nodes): the global head eta, which
+        every round's broadcast already carries (empty before the first solve)."""
+        return {} if self.eta is None else {"eta": np.asarray(self.eta, dtype=np.float64)}
+
+    def load_evaluation_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Install :meth:`evaluation_state`'s output (a node's copy of the algorithm)."""
+        self.eta = (np.array(state["eta"], dtype=np.float64) if "eta" in state else None)
+
     def describe(self) -> dict[str, Any]:
         """Name and hyper-parameters."""
         return {"name": self.name, "feature_dim": self.feature_dim,

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +29,15 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
     pytest.skip("needs flwr: pip install 'secagg[flower]' (always runs under CI=true)",
                 allow_module_level=True)
 
-# The issue's target is 2 rounds in under 120 s; on the 2-core box they measured 104-110 s
-# once SecureSum gained its consistency round (Flower's SuperNode polls every 3 s and starts
-# one ClientApp process per message), too close to 120 s to assert without flaking, so the
-# wall-time bound here is a hang guard and the measured time is printed instead.
-LIMIT_S = float(os.environ.get("SECAGG_LOOPBACK_LIMIT_S", "300"))
+# The target: 2 rounds in under 120 s (asserted). Per message a SuperNode sleeps 3 s when it
+# finds nothing to pull (flwr 1.41, fixed) and starts one ClientApp process, so each protocol
+# stage costs seconds whatever we send; see README, Running across machines, for the
+# measured time. On a busy machine (load average above its core count when the run starts)
+# the time is printed and warned about, not asserted -- it then measures the other jobs --
+# unless SECAGG_LOOPBACK_LIMIT_S sets the bound explicitly. HANG_S stops a run that hangs.
+LIMIT_ENV = os.environ.get("SECAGG_LOOPBACK_LIMIT_S")
+LIMIT_S = float(LIMIT_ENV or "120")
+HANG_S = max(480.0, 2 * LIMIT_S)  # 2 rounds took 284 s at load average 10-12 on 2 cores
 SCALE = float(os.environ.get("SECAGG_LOOPBACK_SCALE", "1"))  # stage timeouts, slow machines
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "examples" / "flower"
@@ -73,8 +78,12 @@ class Deployment:
         self.home.mkdir()
         # one BLAS/OpenMP thread, as the test process (conftest): float training is then
         # bit-for-bit the embedded engine's
+        # FLWR_SUPEREXEC_TASK_POLL_INTERVAL: how often the SuperExec that each SuperNode
+        # (and the SuperLink) starts looks for a task to launch as an app process (flwr
+        # 1.41's default is 1 s, a wait in every message; see README, Running across
+        # machines)
         self.env = dict(os.environ, FLWR_HOME=str(self.home), OMP_NUM_THREADS="1",
-                        MKL_NUM_THREADS="1",
+                        MKL_NUM_THREADS="1", FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1",
                         PYTHONPATH=os.pathsep.join([str(ROOT), str(APP)]))
         self.procs: list[subprocess.Popen] = []
         self.nodes: list[subprocess.Popen] = []
@@ -172,14 +181,16 @@ def _read(out: Path):
 
 def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
     out = tmp_path / "out"
+    load = os.getloadavg()[0]
+    busy = load > (os.cpu_count() or 1) and LIMIT_ENV is None
     t0 = time.monotonic()
     try:
         proc = subprocess.run(deployment.run_args(**{"rounds": 2, "result-dir": str(out),
                                                       "stage-timeout": 60.0 * SCALE}),
                               env=deployment.env, capture_output=True, text=True,
-                              timeout=LIMIT_S)
+                              timeout=HANG_S)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"flwr run did not finish in {LIMIT_S:g} s\n{exc.stdout}\n"
+        pytest.fail(f"flwr run did not finish in {HANG_S:g} s\n{exc.stdout}\n"
                     f"{deployment.logs()}")
     wall = time.monotonic() - t0
     print(proc.stdout[-4000:])
@@ -198,8 +209,19 @@ def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
         np.testing.assert_array_equal(sums[k], want[k])
     transport = json.loads((out / "flower_transport.json").read_text())
     assert set(transport) >= {"advertise", "share", "masked-input", "consistency", "unmask"}
-    assert wall < LIMIT_S + 10, f"loopback run took {wall:.1f} s"
-    print(f"loopback: 2 rounds of FedLog under SecureSum in {wall:.1f} s (target < 120 s)")
+    # FedLog is personalized: its accuracy was computed on the nodes, one per round
+    assert len(result["history"]) == 2 and all(0.0 < a <= 1.0 for a in result["history"])
+    timing = json.loads((out / "flower_timing.json").read_text())
+    print(f"loopback: 2 rounds of FedLog under SecureSum in {wall:.1f} s (limit {LIMIT_S:g} s, "
+          f"load average {load:.2f} at the start); per round "
+          f"{[round(t, 1) for t in timing['round_wall_s']]} s; waiting on each stage "
+          f"{ {k: round(v, 1) for k, v in timing['stage_wall_s'].items()} } s")
+    if busy and wall >= LIMIT_S:
+        warnings.warn(f"loopback took {wall:.1f} s, over {LIMIT_S:g} s, on a busy machine "
+                      f"(load average {load:.2f} on {os.cpu_count()} cores): not asserted",
+                      stacklevel=1)
+        return
+    assert wall < LIMIT_S, f"loopback run took {wall:.1f} s (limit {LIMIT_S:g} s)"
 
 
 def test_loopback_supernode_killed_mid_round(deployment, tmp_path):
@@ -207,6 +229,7 @@ def test_loopback_supernode_killed_mid_round(deployment, tmp_path):
     hold.mkdir()
     run = subprocess.Popen(
         deployment.run_args(**{"rounds": 1, "result-dir": str(out), "stage-timeout": 20.0 * SCALE,
+                               "step-timeout": 60.0 * SCALE,
                                "hold-stage": "share", "hold-dir": str(hold)}),
         env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)

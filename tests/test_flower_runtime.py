@@ -59,6 +59,8 @@ class LocalGrid(Grid):
                                           state=RecordDict(), run_config={})
                          for i in range(N)}
         self.fault = fault or (lambda step, cid, rep: rep)
+        self.replies = []
+        self.sent = []  # (step, client, asked to evaluate first) per message
 
     def set_run(self, run):
         raise NotImplementedError
@@ -74,19 +76,27 @@ class LocalGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
-
-    def send_and_receive(self, messages, *, timeout=None):
-        out = []
+        ids = []
         for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id  # as a SuperLink stamps it
+            rec = read(m)
+            self.sent.append((rec["step"], m.metadata.dst_node_id - 100,
+                              rec.get("evaluate", False)))
             rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
             rep = self.fault(read(m)["step"], m.metadata.dst_node_id - 100, rep)
+            ids.append(m.metadata.message_id)
             if rep is not None:
-                out.append(rep)
+                assert rep.metadata.reply_to_message_id == m.metadata.message_id
+                self.replies.append(rep)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = [r for r in self.replies if r.metadata.reply_to_message_id in message_ids]
+        self.replies = [r for r in self.replies if r not in out]
         return out
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise NotImplementedError  # FlowerFederation polls with push/pull itself
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +126,7 @@ def _embedded(layer, schedule):
 def _run(layer, fault):
     aggs = {}
     fed = FlowerFederation(_algo(), layer, load_dataset("digits"), rounds=1, seed=0,
-                           min_nodes=N)
+                           min_nodes=N, stage_timeout=0.5)
     result = fed.run(LocalGrid(fault), on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
     return result, aggs[0]
 
@@ -197,3 +207,78 @@ def test_dpsgd_training_is_refused_over_flower():
     algo = FedLog(dpsgd=DPSGD(noise_multiplier=1.0, max_grad_norm=1.0))
     with pytest.raises(ConfigurationError, match="DP-SGD"):
         FlowerFederation(algo, Plaintext(), load_dataset("digits"))
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_personalized_accuracy_is_computed_on_the_nodes_as_the_embedded_engine_does(fraction):
+    fed = FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), rounds=3, seed=0,
+                           min_nodes=N, stage_timeout=0.5, fraction=fraction)
+    grid = LocalGrid()
+    result = fed.run(grid)
+    want = Federation(_algo(), Plaintext(), _partition(), rounds=3, seed=0, fraction=fraction,
+                      progress=False).run()
+    assert result.accuracy_kind == want.accuracy_kind == "mean local test"
+    assert len(result.history) == 3 and 0.0 < result.history[-1] <= 1.0
+    assert result.history == want.history  # bit for bit, per round
+    # rounds 0 and 1 are scored in the next round's upload instruction (cohort members) or
+    # a message of their own (the others); the last round always in its own messages
+    ups = [c for s, c, ev in grid.sent if s == "upload" and ev]
+    alone = [c for s, c, _ in grid.sent if s == "evaluate"]
+    assert sorted(ups + alone) == [c for c in range(N) for _ in range(3)]
+    if fraction == 1.0:
+        assert ups == [0, 1, 2, 3] * 2 and alone == [0, 1, 2, 3]
+    else:
+        assert len(ups) == 2 * 2 and len(alone) == 2 * 2 + N  # 2 of 4 per cohort
+    # evaluation is measurement, not protocol: not in the ledger, Flower's bytes apart
+    assert not [r for r in result.costs.rows if r.stage == "evaluate"]
+    assert fed.transport.to_dict()["evaluate"]["messages"] == 2 * len(alone)
+
+
+def test_a_node_dropped_in_the_round_is_not_asked_to_evaluate():
+    steps = []
+
+    def fault(step, cid, rep):
+        steps.append((step, cid))
+        return None if cid == 2 and step == "masked-input" else rep
+
+    fed = FlowerFederation(_algo(), SecureSum(threshold=3), load_dataset("digits"), rounds=1,
+                           seed=0, min_nodes=N, stage_timeout=0.5)
+    result = fed.run(LocalGrid(fault))
+    assert [c for s, c in steps if s == "evaluate"] == [0, 1, 3]
+    assert 0.0 < result.accuracy <= 1.0
+
+
+def test_node_evaluation_off_reports_nan_and_a_personalized_algorithm_needs_the_hooks():
+    fed = FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), rounds=1, seed=0,
+                           min_nodes=N, stage_timeout=0.5, node_evaluation=False)
+    steps = []
+    result = fed.run(LocalGrid(lambda s, c, r: steps.append(s) or r))
+    assert np.isnan(result.accuracy) and "evaluate" not in steps
+
+    class NoHooks(FedLog):
+        evaluation_state = None
+
+    with pytest.raises(ConfigurationError, match="evaluation_state"):
+        FlowerFederation(NoHooks(), Plaintext(), load_dataset("digits"))
+
+
+def test_a_local_only_phase_is_refused_before_its_nodes_are_contacted():
+    from secagg.messages import UploadSpec
+
+    class LocalOnly:
+        name = "local"
+
+        def spec(self):
+            return UploadSpec(())
+
+    class WithLocalPhase(FedLog):
+        def phases(self, round, rounds):
+            return [LocalOnly(), *super().phases(round, rounds)]
+
+    steps = []
+    fed = FlowerFederation(WithLocalPhase(feature_dim=4, local_epochs=1), Plaintext(),
+                           load_dataset("digits"), rounds=1, seed=0, min_nodes=N,
+                           stage_timeout=0.5)
+    with pytest.raises(ConfigurationError, match="local-only"):
+        fed.run(LocalGrid(lambda s, c, r: steps.append(s) or r))
+    assert set(steps) == {"hello"}

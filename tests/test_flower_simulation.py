@@ -3,7 +3,8 @@
 One ``flwr.simulation.run_simulation`` (one Ray start) runs FedLog for 2 rounds under
 Plaintext and then under SecureSum; every (round, phase) aggregate must equal the one
 ``Federation`` computes for the same seed bit for bit (all three are exact), and so must
-the server's FedLog head. Then BFV (Homomorphic, a designated decryptor node) likewise.
+the server's FedLog head, and so must the per-round accuracy (FedLog is personalized: it is
+computed on the nodes). Then BFV (Homomorphic, a designated decryptor node) likewise.
 Layers without a Flower port are refused before any node is contacted.
 """
 
@@ -104,6 +105,10 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
         assert aggs[key].contributors == want[key].contributors == tuple(range(N_NODES))
         np.testing.assert_array_equal(aggs[key]["stats"], want[key]["stats"])
     np.testing.assert_array_equal(eta, want_eta)
+    # FedLog is personalized: its accuracy comes from the nodes, per round as Federation's
+    assert result.accuracy_kind == want_result.accuracy_kind == "mean local test"
+    assert len(result.history) == ROUNDS and not np.isnan(result.history).any()
+    assert result.history == want_result.history
     assert result.participation == [(0, "stats", N_NODES, N_NODES),
                                     (1, "stats", N_NODES, N_NODES)]
     # the ledger books real messages: every client sends in each stage of each round

@@ -17,6 +17,12 @@ Steps (record field ``step``):
   the stages of :class:`secagg.secure_sum.client.Client` (``consistency``: sign the survivor
   set the server shows); ``advertise`` first runs the client step and encodes the upload
   with the layer's fixed-point plan.
+* ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
+  with its own model and the server's evaluation state, and whether it has a local test
+  set. After every round but the last it rides on the node's first message of the next
+  round (``evaluate=True`` and ``eval_state`` beside the client step's fields: the node
+  scores its model first, then runs the step, as the embedded engine orders them); only
+  the last round's, and nodes outside the next cohort, get a message of their own.
 """
 
 from __future__ import annotations
@@ -167,6 +173,9 @@ class _Node:
             store["run"] = tag
         if step in ("upload", "advertise", "he-upload"):
             out = self._client_step(rec, *self._load(context), store)
+        elif step == "evaluate":
+            out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
+                                 *self._load(context), store)
         elif step.startswith("he-"):
             out = _decryptor(step, rec, store)
         else:
@@ -178,6 +187,10 @@ class _Node:
     ) -> dict[str, Any]:
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
+        scored: dict[str, Any] = {}
+        if rec.get("evaluate") is True:  # the previous round's evaluation, before this step
+            scored = self._evaluate(field(rec, "eval_state", bytes), seed, dataset, data, store)
+            scored = {"acc": scored["acc"], "has_test": scored["has_test"]}
         algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
         st = ClientState(data)
         algo.setup(dataset, [st], seed)
@@ -199,7 +212,7 @@ class _Node:
         up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
         store["client_state"] = pickle.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
-                               "clipped": json.dumps(up.clipped)}
+                               "clipped": json.dumps(up.clipped), **scored}
         if field(rec, "step", str) == "upload":
             t0 = time.process_time()
             out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
@@ -225,6 +238,26 @@ class _Node:
         store["vector"] = pack_arrays({"v": vector})
         store["party"] = _freeze(party)
         return out
+
+    def _evaluate(
+        self, raw: bytes, seed: int, dataset: Dataset, data: ClientData, store: ConfigRecord
+    ) -> dict[str, Any]:
+        """A personalized algorithm's accuracy for this client: its own model (as its last
+        client step left it) with the server's evaluation state ``raw`` (packed arrays,
+        e.g. FedLog's head)."""
+        algo = copy.deepcopy(self.algorithm)
+        st = ClientState(data)
+        algo.setup(dataset, [st], seed)
+        if "client_state" in store:
+            st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
+        algo.load_evaluation_state(unpack_arrays(raw) if raw else {})
+        t0 = time.process_time()
+        acc = float(algo.evaluate(dataset, [st]))
+        cpu = time.process_time() - t0
+        # the embedded engine keeps whatever evaluation leaves in the client's state
+        store["client_state"] = pickle.dumps(st.state)
+        has_test = data.y_test is not None and len(data.y_test) > 0
+        return {"acc": acc, "has_test": bool(has_test), "cpu_s": cpu}
 
     def _secure_sum(self, step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, Any]:
         if "party" not in store:

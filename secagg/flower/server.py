@@ -81,6 +81,53 @@ def check_layer(layer: Layer) -> None:
         )
 
 
+def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float,
+                     poll_interval: float = 0.2) -> list[Message]:
+    """Push ``messages`` and pull their replies every ``poll_interval`` seconds until all
+    have come or ``timeout`` seconds have passed (Flower's own ``Grid.send_and_receive``
+    pulls every 3 s on a deployment, which adds up to 3 s to every protocol stage; this
+    is the same loop on the public ``push_messages``/``pull_messages`` API)."""
+    pending = set(grid.push_messages(messages))
+    end = time.monotonic() + timeout
+    out: list[Message] = []
+    while pending:
+        got = list(grid.pull_messages(pending))
+        out.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if not pending or time.monotonic() >= end:
+            break
+        time.sleep(poll_interval)
+    return out
+
+
+def check_phase(phase: Any) -> None:
+    """Refuse a phase whose spec has no fields (a "local-only" phase: clients compute and
+    upload nothing, the layer is not called). The Flower runtime always asks the nodes for
+    an upload through the layer's stages, so such a phase would have to become its own
+    client-step exchange with no layer; it is refused here before any node is contacted for
+    it, instead of running it through a layer that has nothing to carry.
+
+    Raises:
+        ConfigurationError: the phase uploads nothing.
+    """
+    if not phase.spec().fields:
+        raise ConfigurationError(
+            f"phase {phase.name!r} uploads no fields (a local-only phase); the Flower "
+            "runtime does not run local-only phases yet: use the embedded Federation")
+
+
+@dataclass
+class _PendingEvaluation:
+    """A personalized evaluation in flight: round, the evaluation state's wire bytes, the
+    nodes to ask, those asked, and (accuracy, has a local test set) per node that answered."""
+
+    round: int
+    wire: bytes
+    ask: list[int]
+    sent: set[int] = field(default_factory=set)
+    acc: dict[int, tuple[float, bool]] = field(default_factory=dict)
+
+
 @dataclass
 class _Transport:
     """Bytes per stage: ours (secagg wire bytes) and Flower's serialized messages."""
@@ -115,14 +162,33 @@ class FlowerFederation:
         min_nodes: wait until this many nodes are connected (default: 1).
         connect_timeout: seconds to wait for them.
         stage_timeout: seconds a stage waits for replies; nodes silent past it are dropped.
+        step_timeout: the same for the messages that run the client step (local training)
+            or a node's evaluation, which take longer than a protocol stage (default:
+            ``stage_timeout``).
+        poll_interval: seconds between two pulls of the replies from the SuperLink.
+        node_evaluation: personalized algorithms: compute the accuracy on the nodes after
+            each round (see Evaluation below); False reports NaN.
         decryptor: Homomorphic: the client id of the node that generates the keys, keeps
             the secret context and decrypts the sum (default: the smallest id). It must
             not collude with the server (as the embedded layer's decryptor).
         hold: test hook: (stage, directory): after closing that secure-sum stage in round 0
             write ``reached`` into the directory and wait (up to 60 s) for a ``go`` file.
 
-    Personalized algorithms are evaluated on the clients in the embedded engine; over
-    Flower their accuracy is reported as NaN (not computed).
+    Evaluation. A non-personalized algorithm is evaluated here, on the global test set.
+    A personalized one (each client keeps its own model) is evaluated where the models
+    live: after each round the server sends the algorithm's ``evaluation_state()`` (FedLog:
+    the head eta, already public through the broadcast) to every node, each node scores its
+    own model on its own local test set, and the accuracy is the mean over the nodes that
+    have one, in client-id order -- the embedded engine's number bit for bit. The request
+    rides on a node's first message of the next round (the node scores, then runs its
+    step, in the embedded engine's order); the last round's, and nodes outside the next
+    cohort, get an ``evaluate`` message of their own. Nodes that dropped out of the round
+    are not asked (they may be gone), and nodes that do not answer are not in the mean.
+    This traffic is measurement, not protocol: like the embedded engine's in-process
+    evaluation it is not booked in the cost ledger (Flower's bytes for it are in
+    :attr:`transport` under ``evaluate``), and it discloses each node's local test accuracy
+    to the server, which no privacy layer covers; pass ``node_evaluation=False`` to keep it
+    off (the accuracy is then NaN).
     """
 
     def __init__(
@@ -141,8 +207,21 @@ class FlowerFederation:
         stage_timeout: float = 60.0,
         hold: tuple[str, str] | None = None,
         decryptor: int | None = None,
+        poll_interval: float = 0.2,
+        node_evaluation: bool = True,
+        step_timeout: float | None = None,
     ) -> None:
         check_layer(layer)
+        self.node_evaluation = node_evaluation and bool(getattr(algorithm, "personalized",
+                                                                False))
+        if self.node_evaluation and not (
+                callable(getattr(algorithm, "evaluation_state", None))
+                and callable(getattr(algorithm, "load_evaluation_state", None))):
+            raise ConfigurationError(
+                f"personalized algorithm {getattr(algorithm, 'name', algorithm)!r} has no "
+                "evaluation_state()/load_evaluation_state(): its accuracy is computed on the "
+                "nodes, which need the server's part of the model; add them (see FedLog) or "
+                "pass node_evaluation=False (accuracy NaN)")
         if getattr(algorithm, "dpsgd", None) is not None:
             raise ConfigurationError(
                 "DP-SGD in the clients' local training is not accounted over Flower yet (its "
@@ -154,14 +233,17 @@ class FlowerFederation:
             raise ConfigurationError(f"fraction must be in (0, 1], got {fraction}")
         if on_violation not in ("raise", "clip") or on_abort not in ("raise", "skip"):
             raise ConfigurationError("on_violation must be raise|clip, on_abort raise|skip")
-        if min_nodes < 1 or connect_timeout <= 0 or stage_timeout <= 0:
+        step_timeout = stage_timeout if step_timeout is None else step_timeout
+        if (min_nodes < 1 or connect_timeout <= 0 or stage_timeout <= 0 or step_timeout <= 0
+                or poll_interval <= 0):
             raise ConfigurationError("min_nodes >= 1 and positive timeouts are required")
         self.algorithm, self.layer, self.dataset = algorithm, layer, dataset
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
         self.on_violation, self.on_abort = on_violation, on_abort
         self.include_values = include_values
         self.min_nodes, self.connect_timeout = min_nodes, connect_timeout
-        self.stage_timeout = stage_timeout
+        self.stage_timeout, self.poll_interval = stage_timeout, poll_interval
+        self.step_timeout = step_timeout
         self.hold = hold
         self.dropouts = DropoutModel(0.0, seed).for_stages(layer.dropout_stages())
         self.transport = _Transport()
@@ -170,6 +252,12 @@ class FlowerFederation:
         self._held = False
         self._run_tag = ""
         self._last_drops: dict[str, dict[int, str]] = {}
+        self._round_drops: set[int] = set()  # clients dropped in the current round
+        self._eval: _PendingEvaluation | None = None
+        #: wall seconds of each round (its phases and, if any, the nodes' evaluation)
+        self.round_wall_s: list[float] = []
+        #: wall seconds spent waiting for each stage's replies, summed over the run
+        self.stage_wall_s: dict[str, float] = {}
         self.decryptor = decryptor
         self._he_keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
         self._he_decryptions: dict[str, int] = {}  # CKKS: decryptions of the current key
@@ -180,12 +268,14 @@ class FlowerFederation:
         self, grid: Grid, stage: str, ctx: RoundContext | None,
         payloads: Mapping[int, RecordDict], timeout: float | None = None,
         needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
+        tag: str | None = None,
     ) -> tuple[dict[int, Any], dict[int, str]]:
         """Send one message per client, wait for the replies; returns (client -> reply
         record, client -> why it failed) for every addressed client that did not answer,
         answered with an error, or answered without the fields ``needs`` names (a
         malformed reply counts as that client dropping, never as a crash)."""
-        tag = "hello" if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
+        if tag is None:
+            tag = "hello" if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
         msgs = []
         for c, rd in payloads.items():
             m = Message(rd, dst_node_id=self.nodes[c], message_type=MESSAGE_TYPE, group_id=tag)
@@ -194,7 +284,9 @@ class FlowerFederation:
         by_node = {n: c for c, n in self.nodes.items()}
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
-        for rep in grid.send_and_receive(msgs, timeout=timeout or self.stage_timeout):
+        t0 = time.perf_counter()
+        for rep in send_and_receive(grid, msgs, timeout or self.stage_timeout,
+                                    self.poll_interval):
             c = by_node.get(rep.metadata.src_node_id)
             if c is None or c not in payloads:
                 continue
@@ -218,11 +310,14 @@ class FlowerFederation:
         for c in payloads:
             if c not in got and c not in failed:
                 failed[c] = f"no reply within {timeout or self.stage_timeout:g} s"
+        self.stage_wall_s[stage] = self.stage_wall_s.get(stage, 0.0) + (
+            time.perf_counter() - t0)
         return got, failed
 
     def _book_drops(self, ctx: RoundContext, stage: str, failed: Mapping[int, str],
                     dropped: dict[str, dict[int, str]]) -> None:
         for c, why in sorted(failed.items()):
+            self._round_drops.add(c)
             ctx.message(c, SERVER, f"dropped:{stage}", 0)
             dropped.setdefault(stage, {})[c] = why
         self._last_drops = dropped
@@ -242,7 +337,7 @@ class FlowerFederation:
         msgs = [Message(content(step="hello"), dst_node_id=n, message_type=MESSAGE_TYPE,
                         group_id="hello") for n in ids]
         errors = []
-        for rep in grid.send_and_receive(msgs, timeout=self.connect_timeout):
+        for rep in send_and_receive(grid, msgs, self.connect_timeout, self.poll_interval):
             if rep.has_error():
                 errors.append(rep.error.reason)
                 continue
@@ -291,9 +386,14 @@ class FlowerFederation:
         participation: list[tuple[int, str, int, int]] = []
         checked: set[str] = set()
         for r in range(self.rounds):
+            t_round = time.perf_counter()
             cohort = [cids[i] for i in sample_cohort(rng, len(cids), self.fraction)]
             stopped = False
-            for phase in self.algorithm.phases(r, self.rounds):
+            self._round_drops = set()
+            for i, phase in enumerate(self.algorithm.phases(r, self.rounds)):
+                if i > 0:  # round r-1's evaluation rode on this round's first phase
+                    self._finish_evaluation(grid, history)
+                check_phase(phase)
                 spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
                                    ledger, transcript, self.dropouts, None)
@@ -314,9 +414,15 @@ class FlowerFederation:
                     aborted.append((r, phase.name, str(exc)))
                     stopped = True
                     break
-            history.append(self._evaluate())
+            self._finish_evaluation(grid, history)
+            history.append(self._evaluate(r))
+            self.round_wall_s.append(time.perf_counter() - t_round)
             if stopped:
                 break
+        t_eval = time.perf_counter()
+        self._finish_evaluation(grid, history)  # the last round's: a message of its own
+        if self.round_wall_s:
+            self.round_wall_s[-1] += time.perf_counter() - t_eval
         kind = ("mean local test" if getattr(self.algorithm, "personalized", False)
                 else "global test")
         return Result(
@@ -327,10 +433,63 @@ class FlowerFederation:
             n_clients=len(cids), wall_s=time.perf_counter() - t_start,
         )
 
-    def _evaluate(self) -> float:
-        if getattr(self.algorithm, "personalized", False):
-            return float("nan")  # needs each client's own model: not computed over Flower
-        return float(self.algorithm.evaluate(self.dataset, []))
+    def _evaluate(self, rnd: int) -> float:
+        """The accuracy after round ``rnd``: computed here for a non-personalized algorithm;
+        for a personalized one NaN for now, filled in by :meth:`_finish_evaluation` once
+        the nodes have answered (see the class docstring's Evaluation)."""
+        if not getattr(self.algorithm, "personalized", False):
+            return float(self.algorithm.evaluate(self.dataset, []))
+        if self.node_evaluation:
+            state = self.algorithm.evaluation_state()  # type: ignore[attr-defined]
+            ask = [c for c in sorted(self.nodes) if c not in self._round_drops]
+            self._eval = _PendingEvaluation(rnd, pack_arrays(state) if state else b"", ask)
+        return float("nan")
+
+    def _evaluation_fields(self, c: int) -> dict[str, Any]:
+        """The fields that ask node ``c``, in its first message of the round, to evaluate
+        the previous round's model before its client step (empty when not pending)."""
+        ev = self._eval
+        if ev is None or c not in ev.ask or c in ev.sent:
+            return {}
+        ev.sent.add(c)
+        self.transport.add("evaluate", ours=len(ev.wire))
+        return {"evaluate": True, "eval_state": ev.wire}
+
+    def _collect_evaluation(self, got: Mapping[int, Any],
+                            ev: _PendingEvaluation | None = None) -> None:
+        """Keep the accuracies that came back (with a client step, or alone in an
+        ``evaluate`` reply); a malformed one is left out of the mean."""
+        ev = ev if ev is not None else self._eval
+        if ev is None:
+            return
+        for c, rec in got.items():
+            if c in ev.sent and c not in ev.acc:
+                try:
+                    ev.acc[c] = (rfield(rec, "acc", float), rfield(rec, "has_test", bool))
+                except ProtocolError:
+                    continue
+
+    def _finish_evaluation(self, grid: Grid, history: list[float]) -> None:
+        """Ask the nodes not yet asked (not in this round's cohort, or after the last
+        round) in an ``evaluate`` message of their own, then set the pending round's
+        accuracy: the mean over the nodes that answered and have a local test set."""
+        ev, self._eval = self._eval, None
+        if ev is None:
+            return
+        rest = [c for c in ev.ask if c not in ev.sent]
+        if rest:
+            payloads = {c: content(step="evaluate", run=self._run_tag, seed=self.seed,
+                                   state=ev.wire) for c in rest}
+            self.transport.add("evaluate", ours=len(ev.wire) * len(rest))
+            got, _ = self._exchange(
+                grid, "evaluate", None, payloads, timeout=self.step_timeout,
+                needs=(("acc", float), ("has_test", bool), ("cpu_s", float)),
+                tag=f"{ev.round}/evaluate")
+            ev.sent.update(rest)
+            self._collect_evaluation(got, ev)
+        accs = [ev.acc[c][0] for c in sorted(ev.acc) if ev.acc[c][1]]
+        # as the personalized evaluate's mean over clients with a local test set
+        history[ev.round] = float(np.mean(accs)) if accs else float("nan")
 
     def _run_phase(
         self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
@@ -359,8 +518,10 @@ class FlowerFederation:
     def _plaintext(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
                    ctx: RoundContext, clips: ClipReport, phase: Any) -> Aggregate:
         got, failed = self._exchange(
-            grid, "upload", ctx, {c: content(step="upload", **common) for c in cohort},
-            needs=_STEP_REPLY)
+            grid, "upload", ctx, {c: content(step="upload", **common,
+                                             **self._evaluation_fields(c)) for c in cohort},
+            needs=_STEP_REPLY, timeout=self.step_timeout)
+        self._collect_evaluation(got)
         dropped: dict[str, dict[int, str]] = {}
         self._book_drops(ctx, "upload", failed, dropped)
         uploads: dict[int, Upload] = {}
@@ -444,8 +605,10 @@ class FlowerFederation:
         # stage 1: the client step, encoding and ADVERTISE in one message
         got, failed = self._exchange(grid, "advertise", ctx, {
             c: content(step="advertise", session=session, n=len(cohort),
-                       layer=json.dumps(params), **common) for c in cohort},
-            needs=_STEP_REPLY)
+                       layer=json.dumps(params), **common, **self._evaluation_fields(c))
+            for c in cohort},
+            needs=_STEP_REPLY, timeout=self.step_timeout)
+        self._collect_evaluation(got)
         live = set(ctx.dropouts.survivors("advertise", sorted(got)))
         failed.update({c: "injected dropout" for c in got if c not in live})
         self._book_drops(ctx, "advertise", failed, dropped)
@@ -587,8 +750,11 @@ class FlowerFederation:
                  "max_decryptions", "flood_security_bits")}
         got, failed = self._exchange(grid, "upload", ctx, {c: content(
             step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
-            context=None if c in sent else pub, **common) for c in cohort},
-            needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)))
+            context=None if c in sent else pub, **common, **self._evaluation_fields(c))
+            for c in cohort},
+            needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)),
+            timeout=self.step_timeout)
+        self._collect_evaluation(got)
         self.transport.add("upload", ours=len(pub) * len(set(cohort) - sent))
         sent.update(got)  # a node keeps the public context for the rest of the run
         live = set(ctx.dropouts.survivors("upload", sorted(got)))
@@ -711,7 +877,8 @@ def server_app(
         algorithm, layer, dataset, rounds, fraction, seed, min_nodes, stage_timeout: see
             :class:`FlowerFederation` (``options`` are passed on to it).
         result_dir: when given, the Result is saved there (result.json, costs.csv,
-            transcript.jsonl) with ``flower_transport.json`` (Flower's bytes beside ours).
+            transcript.jsonl) with ``flower_transport.json`` (Flower's bytes beside ours)
+            and ``flower_timing.json`` (wall seconds per round and per stage).
         on_result: called with the Result and the runtime when the run ends.
         on_aggregate: called with (round, phase, Aggregate) after each phase.
 
@@ -742,6 +909,9 @@ def save_result(result: Result, fed: FlowerFederation, out: str | Path | None) -
     result.save(out)
     Path(out, "flower_transport.json").write_text(
         json.dumps(fed.transport.to_dict(), indent=2) + "\n")
+    Path(out, "flower_timing.json").write_text(json.dumps(
+        {"round_wall_s": fed.round_wall_s, "stage_wall_s": fed.stage_wall_s}, indent=2) + "\n")
 
 
-__all__: Sequence[str] = ("FlowerFederation", "check_layer", "save_result", "server_app")
+__all__: Sequence[str] = ("FlowerFederation", "check_layer", "check_phase", "save_result",
+                          "send_and_receive", "server_app")

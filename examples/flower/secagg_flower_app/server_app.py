@@ -25,6 +25,7 @@ def main(grid: Grid, context: Context) -> None:
         make_algorithm(), make_layer(str(cfg["layer"]), int(cfg["threshold"])),
         load_dataset("digits"), rounds=int(cfg["rounds"]), seed=int(cfg["seed"]),
         min_nodes=int(cfg["min-nodes"]), stage_timeout=float(cfg["stage-timeout"]),
+        step_timeout=float(cfg.get("step-timeout", 0.0)) or None,
         hold=hold,
     )
     sums: dict[str, np.ndarray] = {}
