@@ -316,6 +316,7 @@ class SphereFed(FedAvg):
         self.accuracy_before_ffc: float | None = None
         self.feature_mean: np.ndarray | None = None
         self.ffc_solve_info: dict[str, float] = {}
+        self._test_cache: dict[str, Any] = {}
 
     def build_model(self, dataset: Dataset) -> SplitModel:
         """Bias-free fixed orthonormal head over normalised features.
@@ -370,6 +371,7 @@ class SphereFed(FedAvg):
         self.accuracy_before_ffc = None
         self.feature_mean = None
         self.ffc_solve_info = {}
+        self._test_cache = {}
         super().setup(dataset, clients, seed)
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
@@ -390,7 +392,8 @@ class SphereFed(FedAvg):
         if self.feature_mean is None:
             return accuracy(self.model, dataset.x_test, dataset.y_test)
         head = self.model.head.weight.detach().double().numpy()
-        z = self.transform(self.model, dataset.x_test, self.feature_mean)
+        z = self.transform(self.model, dataset.x_test, self.feature_mean,
+                           self._test_cache, self.params)
         y = np.asarray(dataset.y_test)
         return float(np.mean((z @ head.T).argmax(axis=1) == y)) if len(y) else 0.0
 
@@ -422,18 +425,31 @@ class SphereFed(FedAvg):
         ))
 
     @staticmethod
-    def transform(model: SplitModel, x: np.ndarray, mean: np.ndarray | None) -> np.ndarray:
+    def transform(model: SplitModel, x: np.ndarray, mean: np.ndarray | None,
+                  cache: dict[str, Any] | None = None,
+                  params: np.ndarray | None = None) -> np.ndarray:
         """The features FFC and evaluation use: ``f = normalise(body(x))`` in float64, then,
-        with a ``mean``, ``normalise(f - mean)``. Every row has norm 1 (or 0)."""
-        f = normalise(features(model, x))
+        with a ``mean``, ``normalise(f - mean)``. Every row has norm 1 (or 0).
+
+        With a ``cache`` dict and the body's ``params``, ``f`` is kept there and reused
+        while the parameters are unchanged (the centring and FFC phases, and the two
+        evaluations around the solve, use the same body)."""
+        if cache is not None and params is not None and "f" in cache and np.array_equal(
+                cache["params"], params):
+            f = cache["f"]
+        else:
+            f = normalise(features(model, x))
+            if cache is not None and params is not None:
+                cache["params"], cache["f"] = np.array(params, copy=True), f
         return f if mean is None else normalise(f - np.asarray(mean, dtype=np.float64))
 
     def client_features(self, client: ClientState, params: np.ndarray,
                         mean: np.ndarray | None = None) -> np.ndarray:
         """Unit-norm float64 features of the client's training data under ``params``
-        (centred by ``mean`` when given)."""
+        (centred by ``mean`` when given); cached in the client's own state."""
         model = self.client_model(client, params)
-        return self.transform(model, client.data.x, mean)
+        cache = client.state.setdefault("spherefed_features", {})
+        return self.transform(model, client.data.x, mean, cache, params)
 
     def set_head(self, w: np.ndarray) -> None:
         """Install a ``(C, d)`` head on the global model."""
