@@ -291,3 +291,14 @@ def test_floor_solve_lifts_only_small_eigenvalues() -> None:
     assert np.allclose(ffc_solve_floor(v, u, 2 * e.max()), u.T / (2 * e.max()), atol=1e-12)
     with pytest.raises(ConfigurationError):
         ffc_solve_floor(v, u, -1.0)
+
+
+def test_public_body_uploads_are_sums_over_records(digits_partition) -> None:
+    """The additivity checker splits a client's data under one body: the feature cache must
+    not serve one subset's features for another."""
+    from threat_models.additivity import check_additivity
+
+    got = {(c.phase, c.field): c.status
+           for c in check_additivity(_public(), digits_partition)}
+    assert got == {("center", "center"): "additive", ("ffc", "V"): "additive",
+                   ("ffc", "U"): "additive"}
