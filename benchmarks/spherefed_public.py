@@ -71,30 +71,34 @@ def run(out: str, layers: list[str], specs: list[str]) -> None:
 
 
 def table(path: str) -> None:
-    """Mean accuracy (and wall time) per configuration and layer, and the two gaps."""
+    """Mean accuracy, seeds and mean wall time per configuration and layer; each gap is the
+    mean over the seeds both of its layers ran."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    acc: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    acc: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     wall: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    seeds: dict[tuple, set[int]] = defaultdict(set)
     for r in rows:
         key = (tuple(r["channels"]), r["d"])
-        acc[key][r["layer"]].append(r["accuracy"])
+        acc[key][r["layer"]][r["seed"]] = r["accuracy"]
         wall[key][r["layer"]].append(r["wall_s"])
-        seeds[key].add(r["seed"])
     names = [n for n in LAYERS if any(n in acc[k] for k in acc)]
-    print("| channels | d | seeds | " + " | ".join(names)
-          + " | plain - central | central - distributed |")
-    print("|---" * (len(names) + 5) + "|")
+
+    def gap(a: dict[int, float], b: dict[int, float]) -> str:
+        common = sorted(a.keys() & b.keys())
+        if not common:
+            return "-"
+        return f"{100 * np.mean([a[s] - b[s] for s in common]):+.2f} (n={len(common)})"
+
+    print("| channels | d | " + " | ".join(names)
+          + " | plain - central (points) | central - distributed (points) |")
+    print("|---" * (len(names) + 4) + "|")
     for key in sorted(acc):
-        a = {n: float(np.mean(v)) for n, v in acc[key].items()}
-        cells = [f"{a[n]:.4f} ({np.mean(wall[key][n]):.0f} s)" if n in a else "-"
-                 for n in names]
-        g1 = f"{100 * (a['plaintext'] - a['central']):+.2f}" if {
-            "plaintext", "central"} <= a.keys() else "-"
-        g2 = f"{100 * (a['central'] - a['distributed']):+.2f}" if {
-            "central", "distributed"} <= a.keys() else "-"
-        print(f"| {key[0]} | {key[1]} | {sorted(seeds[key])} | " + " | ".join(cells)
-              + f" | {g1} | {g2} |")
+        a = acc[key]
+        cells = [f"{np.mean(list(a[n].values())):.4f} (n={len(a[n])}, "
+                 f"{np.mean(wall[key][n]):.0f} s)" if n in a else "-" for n in names]
+        g1 = gap(a["plaintext"], a["central"]) if "plaintext" in a and "central" in a else "-"
+        g2 = gap(a["central"], a["distributed"]) if "central" in a and "distributed" in a \
+            else "-"
+        print(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {g1} | {g2} |")
 
 
 if __name__ == "__main__":
