@@ -165,8 +165,8 @@ def ffc_solve(v_sum_packed: np.ndarray, u_sum: np.ndarray, lam: float = 0.0) -> 
 
 #: ``lam="auto"``: eigenvalues of the noisy ``V`` are floored at ``AUTO_FLOOR * sigma * sqrt(d)``
 #: (half the noise's spectral edge 2 sigma sqrt(d)). Chosen on full Fashion-MNIST (random
-#: seeded CNN bodies, centred features, Gaussian noise of the sigma CentralDP and
-#: DistributedDP add at epsilon=1 over two releases, 7.5 and 8.9; 3 noise draws): at d=64 a
+#: seeded CNN bodies, centred features, Gaussian noise of sigma 7.5 (CentralDP at epsilon=1
+#: over two releases) and 8.9 (DistributedDP adds 9.7 in the engine); 3 draws): at d=64 a
 #: floor of 0.75-1.5 was within 0.1 point of the best, 0.5 lost 0.4 points, 0.25 1.5; at
 #: d=96-128 a floor of 1 was the best or within 0.1 point of it; at d=256 0.5 beat 1 by 0.6
 #: point. A ridge ``lambda = c sigma sqrt(d)`` (c = 0.5-4) was 0.3-2 points below the
@@ -260,6 +260,7 @@ class SphereFed(FedAvg):
             (None: True for the public body, False for the trained one).
         channels: the two conv widths of the CNN body for 1x28x28 inputs (None: the
             toolkit's default (16, 32)); ignored for flat inputs.
+        **kwargs: :class:`~algorithms.fedavg.FedAvg`'s arguments.
 
     Public body on full Fashion-MNIST (100 clients, Dirichlet 0.1, epsilon=1, delta=1e-5,
     record level, seeds 0-2, ``benchmarks/results/spherefed_public_fmnist.txt``):
@@ -268,7 +269,6 @@ class SphereFed(FedAvg):
     (0.17 below central) and 0.722 local. Larger d is better without noise (0.785 at
     d=128, 0.807 at d=256 with the default channels) but loses more under noise (gaps 1.6
     and 3.6 points), so d=96 is the widest measured that keeps the gap below 1 point.
-        **kwargs: :class:`~algorithms.fedavg.FedAvg`'s arguments.
 
     Only the body is shared; the fixed head ``W`` (derived from the run seed) is never sent.
     After calibration the head is ``W*`` from the FFC solve; :attr:`accuracy_before_ffc`
