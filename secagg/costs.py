@@ -188,7 +188,8 @@ def he_flops(op: str, poly_modulus_degree: int, n_moduli: int, n_ciphertexts: in
 
 @dataclass(frozen=True)
 class CostRow:
-    """One message.
+    """One message, or one client's local work that sends nothing (stage ``"local"``,
+    sender = receiver = that client, 0 bytes; see :class:`algorithms.base.LocalPhase`).
 
     Attributes:
         round, phase, stage: where in the run it was sent.

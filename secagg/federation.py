@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from secagg.costs import DIRECTIONS, SERVER, HardwareProfile, Ledger, get_profile
+from secagg.costs import DIRECTIONS, SERVER, CostRow, HardwareProfile, Ledger, get_profile
 from secagg.data import ClientData, Dataset, Partition
 from secagg.dropouts import DropoutModel
 from secagg.errors import BudgetExceeded, ConfigurationError, InadmissibleField, SecureSumAborted
@@ -422,6 +422,7 @@ class Federation:
         if callable(plan):  # DP layers calibrate their noise for the run's release count
             plan(sum(1 for r in range(self.rounds)
                      for ph in self.algorithm.phases(r, self.rounds) if ph.spec().fields))
+        header["layer"] = self.layer.describe()  # as planned (noise for the real releases)
         self._check_adjacency()
         self.privacy = self._privacy_arg  # a fresh ledger per run (unless one was given)
         self._unnoised: dict[tuple[str, str], str] = {}  # kept until a ledger exists
@@ -585,8 +586,9 @@ class Federation:
     def _run_local(self, phase: _Phase, cohort: list[int], states: list[ClientState],
                    ctx: RoundContext) -> int:
         """A phase with no upload fields: broadcast, then each selected client's step, booked
-        as a zero-byte ``local`` row (its FLOPs and CPU time); no layer, no server step, no
-        release. Returns the number of clients that ran it."""
+        as a zero-byte ``local`` ledger row (its FLOPs and CPU time; no transcript message,
+        as nothing is sent); no layer, no server step, no release. Returns the number of
+        clients that ran it."""
         bcast = self._broadcast(phase, cohort, ctx)
         for c in cohort:
             t0 = time.process_time()
@@ -597,7 +599,10 @@ class Federation:
                     f"phase {phase.name!r} declares no upload fields but its client step "
                     f"returned {sorted(out)}: a local phase must return {{}}")
             flops = float(phase.client_flops(states[c]))
-            ctx.message(c, c, "local", 0, client_cpu_s=dt, flops=flops, step_flops=flops)
+            # work, not a message: a ledger row of 0 bytes, nothing in the transcript
+            ctx.ledger.record(CostRow(round=ctx.round, phase=ctx.phase, stage="local",
+                                      sender=c, receiver=c, client_cpu_s=dt, flops=flops,
+                                      step_flops=flops))
         return len(cohort)
 
     def _account_local_training(self, phase: _Phase, spec: UploadSpec, ctx: RoundContext) -> None:

@@ -88,7 +88,9 @@ KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "clients": ("int", "number of clients"),
         "alpha": ("float", "Dirichlet concentration; 0 means IID"),
         "train_limit": ("int", "use only the first N training records"),
-        "local_test_fraction": ("float", "local test split per client (default 0.2)"),
+        "local_test_fraction": ("float", "local test split per client, in [0, 1) (default "
+                                "0.2); 0 trains on every record (algorithms scored on the "
+                                "global test set; personalized ones need local test sets)"),
     },
     "grid": {
         "algorithms": ("list[str]", "registered algorithm names (or module:Class)"),
@@ -319,9 +321,15 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any],
         raise _err("data.alpha", f"must be >= 0 (0 means IID), got {data['alpha']}")
     if data.get("train_limit", 1) < 1:
         raise _err("data.train_limit", f"must be >= 1, got {data['train_limit']}")
-    if not 0 < data.get("local_test_fraction", 0.2) < 1:
-        raise _err("data.local_test_fraction", "must be in (0, 1)")
+    if not 0 <= data.get("local_test_fraction", 0.2) < 1:
+        raise _err("data.local_test_fraction", "must be in [0, 1)")
     classes = _resolve(g["algorithms"])
+    if data.get("local_test_fraction", 0.2) == 0:
+        personal = [n for n, c in classes.items() if getattr(c, "personalized", False)]
+        if personal:
+            raise _err("data.local_test_fraction", f"0 leaves no local test sets, and "
+                       f"{', '.join(personal)} is scored on them (personalized); give a "
+                       "fraction in (0, 1), or sweep it separately")
     algo_args: dict[str, dict[str, Any]] = {}
     for algo, kwargs in raw.get("algorithm", {}).items():
         if algo not in g["algorithms"]:

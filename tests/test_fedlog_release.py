@@ -39,6 +39,10 @@ def test_one_release_fedlog_uploads_once_and_personalises_locally(digits_clients
     assert {(r.round, r.phase) for r in local} == {(1, "personalize"), (2, "personalize")}
     assert all(r.wire_bytes == 0 and r.flops > 0 and r.step_flops == r.flops for r in local)
     assert len(local) == 2 * len(digits_clients)
+    # local work is no message: the transcript has only the head's broadcasts there
+    sent = [r for r in res.transcript.records if r.get("type") == "message"
+            and r.get("phase") == "personalize"]
+    assert sent and {r["stage"] for r in sent} == {"broadcast"}
     # the head reaches the clients (downlink) and the bodies learn against it
     downs = [r for r in rows if r.phase == "personalize" and r.direction == "down"]
     assert len(downs) == 2 * len(digits_clients) and all(r.wire_bytes > 0 for r in downs)
@@ -57,6 +61,9 @@ def test_one_release_fedlog_is_record_level_and_its_epsilon_covers_the_whole_run
     layer = CentralDP(Plaintext(), epsilon=1.0, delta=1e-5)
     res = _run(algo, layer, digits_clients, rounds=3)
     assert layer.releases == 1  # local phases are no releases: the budget is not split
+    header = res.transcript.records[0]
+    assert header["layer"]["releases"] == 1  # the header shows the layer as it ran
+    assert header["layer"]["noise_multiplier"] == pytest.approx(layer.noise_multiplier)
     assert len(res.privacy.events) == 1
     assert res.privacy.epsilon() == pytest.approx(1.0, abs=1e-3)
     assert res.privacy.private

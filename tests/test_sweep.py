@@ -43,6 +43,8 @@ def _cfg(**over):
     ("grid", {"clip": [2.0], "algorithms": ["spherefed"]}, "grid.clip"),
     ("sweep", {"dp_rounds": "first"}, "sweep.dp_rounds"),
     ("data", {"clients": 0}, "data.clients"),
+    ("data", {"local_test_fraction": 1.0}, "data.local_test_fraction"),
+    ("data", {"local_test_fraction": 0.0}, "data.local_test_fraction"),  # fedlog: personal
     ("algorithm", {"fedlog": {"no_such_arg": 1}}, "algorithm.fedlog.no_such_arg"),
 ])
 def test_config_errors_are_typed_and_name_the_key(table, values, key):
@@ -328,3 +330,15 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_no_local_test_split_trains_on_every_record():
+    """A global-test algorithm may use every record (local_test_fraction = 0)."""
+    from secagg.sweep import _partition
+
+    cfg = load_config(_cfg(grid={"algorithms": ["spherefed"], "layers": ["plaintext"],
+                                 "epsilon": None},
+                           data={"local_test_fraction": 0.0}, algorithm={"fedlog": None}))
+    part = _partition(cfg.data, 0)
+    assert sum(len(c.y) for c in part) == len(part.dataset.y_train)
+    assert all(c.y_test is None or len(c.y_test) == 0 for c in part)
