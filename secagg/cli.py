@@ -321,9 +321,12 @@ def _make_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help="redraw the plots of a sweep",
                         description="Redraw privacy_utility.{png,svg} and cost_utility.{png,svg} "
-                        "from a sweep's results.jsonl or results.csv.")
-    pl.add_argument("results", type=Path, help="results.jsonl/.csv or the sweep's directory")
-    pl.add_argument("--out", type=Path, default=None, help="where to draw (default: beside)")
+                        "from a sweep's results.jsonl or results.csv (several sweeps: their "
+                        "rows are drawn together, one panel per algorithm).")
+    pl.add_argument("results", type=Path, nargs="+",
+                    help="results.jsonl/.csv or the sweep's directory (repeatable)")
+    pl.add_argument("--out", type=Path, default=None,
+                    help="where to draw (default: beside the first results)")
     return p
 
 
@@ -556,8 +559,10 @@ def _sweep(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from secagg.plots import load_results, plot_results
 
-    out = args.out or (args.results if args.results.is_dir() else args.results.parent)
-    for path in plot_results(load_results(args.results), out).values():
+    first = args.results[0]
+    out = args.out or (first if first.is_dir() else first.parent)
+    rows = [r for path in args.results for r in load_results(path)]
+    for path in plot_results(rows, out).values():
         print(path)
     return 0
 

@@ -251,6 +251,16 @@ def test_cli_sweep_and_plot(tmp_path, capsys):
     (out / "privacy_utility.svg").unlink()
     assert main(["plot", str(out)]) == 0
     assert (out / "privacy_utility.svg").exists()
+    # two sweeps drawn together: each algorithm gets its series
+    other = tmp_path / "other"
+    other.mkdir()
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    (other / "results.jsonl").write_text("".join(
+        json.dumps({**r, "algorithm": "renamed"}) + "\n" for r in rows))
+    both = tmp_path / "both"
+    assert main(["plot", str(out), str(other), "--out", str(both)]) == 0
+    svg = (both / "privacy_utility.svg").read_text()
+    assert "series-fedlog-local-dp" in svg and "series-renamed-local-dp" in svg
     toml.write_text('[grid]\nalgorithms = ["fedlog"]\nlayers = ["local-dp"]\nepsilon = [0]\n')
     assert main(["sweep", str(toml), "--out", str(out)]) == 1
     assert "grid.epsilon[0]" in capsys.readouterr().err
