@@ -449,9 +449,10 @@ class Federation:
         for r in range(self.rounds):
             cohort = self._cohort(rng)
             for phase in self.algorithm.phases(r, self.rounds):
-                local = not phase.spec().fields  # a local-only phase: no layer, no release
-                spec = phase.spec() if local else run_spec(
-                    phase, self.layer, max_records, checked)
+                spec = phase.spec()
+                local = not spec.fields  # a local-only phase: no layer, no release
+                if not local:
+                    spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(
                     r,
                     phase.name,

@@ -277,21 +277,28 @@ def test_clip_axis_sets_the_algorithms_bound():
     assert cfg.cell_id(cells[0]) != cfg.cell_id(cells[1])
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
 def _children(pid: int) -> set[int]:
     """Live child processes of ``pid`` (Linux /proc)."""
     import os
 
     out = set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == pid and fields[0] != "Z":
             out.add(int(entry))
     return out
 
@@ -333,13 +340,6 @@ def test_sigterm_stops_the_workers_and_exits_130(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert not left, f"worker(s) {left} still running after the sweep exited"
 
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_no_local_test_split_trains_on_every_record():

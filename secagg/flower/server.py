@@ -583,6 +583,13 @@ class FlowerFederation:
             self.transport.add(stage, ours=len(msg))
             return out
 
+        def deliver(stage: str, got: Mapping[int, Any], handler: Callable[[bytes], Any],
+                    flops: Callable[[int], float] = lambda u: 0.0) -> None:
+            """Hand each reply's protocol message to the server, booked as it arrives."""
+            for u, rec in got.items():
+                to_server(u, stage, rfield(rec, "msg", bytes), handler,
+                          rfield(rec, "cpu_s", float), flops=flops(u))
+
         def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
             t0 = time.process_time()
             return fn(), time.process_time() - t0
@@ -624,11 +631,9 @@ class FlowerFederation:
         self._maybe_hold(ctx, "advertise")
 
         # stage 2: share keys
-        got = round_trip("share", rosters, dt)
-        for u, rec in got.items():
-            to_server(u, "share", rfield(rec, "msg", bytes), server.receive_shares,
-                      rfield(rec, "cpu_s", float), flops=secure_sum_client_flops(
-                          "share", len(g.neighbours[u]), g.share_threshold))
+        deliver("share", round_trip("share", rosters, dt), server.receive_shares,
+                lambda u: secure_sum_client_flops("share", len(g.neighbours[u]),
+                                                  g.share_threshold))
         forwards, dt = timed(server.close_shares)
         self._maybe_hold(ctx, "share")
 
@@ -660,18 +665,13 @@ class FlowerFederation:
 
         # stage 4: consistency check (each survivor signs the survivor set it was shown;
         # Bonawitz et al.'s active-security round, as the embedded engine runs it)
-        got = round_trip("consistency", survivors, dt)
-        for u, rec in got.items():
-            to_server(u, "consistency", rfield(rec, "msg", bytes), server.receive_signature,
-                      rfield(rec, "cpu_s", float))
+        deliver("consistency", round_trip("consistency", survivors, dt),
+                server.receive_signature)
         requests, dt = timed(server.close_consistency)
         self._maybe_hold(ctx, "consistency")
 
         # stage 5: unmasking
-        got = round_trip("unmask", requests, dt)
-        for u, rec in got.items():
-            to_server(u, "unmask", rfield(rec, "msg", bytes), server.receive_unmask,
-                      rfield(rec, "cpu_s", float))
+        deliver("unmask", round_trip("unmask", requests, dt), server.receive_unmask)
         (total, contributors), _ = timed(server.finish)
         for name, sl in segments.items():
             part = total[sl]
