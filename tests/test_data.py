@@ -114,6 +114,32 @@ def test_digits_shapes_ranges_classes(digits: Dataset) -> None:
     assert np.all(np.abs(te - 0.2 * (tr + te)) <= 1.0)
 
 
+def test_digits_load_without_importing_sklearn_and_equal_its_loader(digits: Dataset) -> None:
+    """The digits are read from scikit-learn's own file without importing scikit-learn (a
+    Flower ClientApp loads them in every message's fresh process), and they are exactly
+    the rows load_digits returns, split as before."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from secagg.data import load_dataset; d = load_dataset('digits'); "
+            "print('sklearn' in sys.modules, d.n_train, d.n_test)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.split() == ["False", str(digits.n_train), str(digits.n_test)]
+    from sklearn.datasets import load_digits
+
+    from secagg.data import _stratified_split
+
+    raw = load_digits()
+    x = (raw.data / 16.0).astype(np.float32)
+    y = raw.target.astype(np.int64)
+    train, test = _stratified_split(y, 0.2, np.random.default_rng(0))
+    np.testing.assert_array_equal(digits.x_train, x[train])
+    np.testing.assert_array_equal(digits.y_train, y[train])
+    np.testing.assert_array_equal(digits.x_test, x[test])
+    np.testing.assert_array_equal(digits.y_test, y[test])
+
+
 def test_digits_split_is_deterministic_and_disjoint(digits: Dataset) -> None:
     from sklearn.datasets import load_digits
 
