@@ -282,3 +282,128 @@ def test_a_local_only_phase_is_refused_before_its_nodes_are_contacted():
     with pytest.raises(ConfigurationError, match="local-only"):
         fed.run(LocalGrid(lambda s, c, r: steps.append(s) or r))
     assert set(steps) == {"hello"}
+
+
+class _RoundSchedule(ScheduledDropouts):
+    """Drop the named clients at (round, stage) only (the embedded twin of a node that is
+    silent in one round)."""
+
+    def __init__(self, plan):
+        super().__init__({})
+        self.plan = {k: set(v) for k, v in plan.items()}
+
+    def survivors(self, stage, clients):
+        gone = self.plan.get((self.round, stage), set())
+        return [c for c in clients if c not in gone]
+
+
+def _sums_by_round(layer, rounds, fraction, dropouts=None):
+    seen = {}
+    inner = layer.aggregate
+
+    def aggregate(uploads, spec, ctx):
+        agg = inner(uploads, spec, ctx)
+        seen[ctx.round] = agg
+        return agg
+
+    layer.aggregate = aggregate
+    result = Federation(_algo(), layer, _partition(), rounds=rounds, seed=0, fraction=fraction,
+                        dropout=dropouts if dropouts is not None else 0.0,
+                        progress=False).run()
+    return seen, result
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_each_session_after_the_first_is_advertised_during_the_previous_unmask(fraction):
+    """Four exchanges per SecureSum session after the first: its ADVERTISE rides on the
+    previous session's unmask (nodes of the next cohort outside that unmask get an
+    instruction of their own in the same exchange) and the client step on its share
+    instruction; the sums, per round, are the embedded engine's bit for bit."""
+    rounds = 3
+    aggs = {}
+    fed = FlowerFederation(_algo(), SecureSum(threshold=0.6), load_dataset("digits"),
+                           rounds=rounds, seed=0, min_nodes=N, stage_timeout=0.5,
+                           fraction=fraction)
+    grid = LocalGrid()
+    result = fed.run(grid, on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    want, embedded = _sums_by_round(SecureSum(threshold=0.6), rounds, fraction)
+    for r in range(rounds):
+        assert aggs[r].contributors == want[r].contributors
+        np.testing.assert_array_equal(aggs[r]["stats"], want[r]["stats"])
+    assert result.history == embedded.history
+    steps = [s for s, _, _ in grid.sent]
+    cohort = len(aggs[0].contributors)
+    assert steps.count("advertise") == cohort  # round 0 only
+    assert steps.count("unmask") == rounds * cohort
+    ahead = steps.count("advertise-next")
+    if fraction == 1.0:
+        assert ahead == 0
+    else:  # next-cohort nodes that were not in the unmask
+        assert ahead == sum(len(set(aggs[r + 1].contributors) - set(aggs[r].contributors))
+                            for r in range(rounds - 1)) > 0
+    # every session's ADVERTISE is booked in its own round, from every cohort node
+    for r in range(rounds):
+        assert {row.sender for row in result.costs.rows if row.round == r
+                and row.stage == "advertise"} == set(aggs[r].contributors)
+
+
+def test_a_node_silent_in_an_unmask_misses_the_next_session_it_was_advertised_for():
+    """Client 2's unmask reply (which carried its next ADVERTISE) is lost in round 0: round
+    0 still sums all four (its masked input is in, its shares are not needed), and round 1
+    runs without it (dropped at advertise), equal to the embedded engine with that
+    schedule."""
+    lost = []
+
+    def fault(step, cid, rep):
+        if step == "unmask" and cid == 2 and not lost:
+            lost.append(cid)
+            return None
+        return rep
+
+    aggs = {}
+    fed = FlowerFederation(_algo(), SecureSum(threshold=3), load_dataset("digits"), rounds=2,
+                           seed=0, min_nodes=N, stage_timeout=0.5)
+    result = fed.run(LocalGrid(fault), on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    assert result.participation == [(0, "stats", 4, 4), (1, "stats", 3, 4)]
+    assert [(r.round, r.sender, r.stage) for r in result.costs.rows
+            if r.stage.startswith("dropped")] == [(0, 2, "dropped:unmask"),
+                                                  (1, 2, "dropped:advertise")]
+    want, _ = _sums_by_round(SecureSum(threshold=3), 2, 1.0,
+                             _RoundSchedule({(0, "unmask"): [2], (1, "advertise"): [2]}))
+    for r in (0, 1):
+        assert aggs[r].contributors == want[r].contributors
+        np.testing.assert_array_equal(aggs[r]["stats"], want[r]["stats"])
+
+
+def test_a_share_with_the_step_needs_a_party_advertised_ahead_for_that_cohort():
+    """A node refuses (typed error, so an error reply: the node drops) a share instruction
+    with the client step when it advertised no party ahead, or one for another cohort
+    size; it never shares keys under thresholds it did not derive for that session."""
+    import json
+
+    from flwr.app import Message
+
+    from secagg.errors import ProtocolError
+    from secagg.flower.records import MESSAGE_TYPE
+
+    layer = SecureSum(threshold=0.6)
+    params = json.dumps({k: getattr(layer, k) for k in ("threshold", "graph", "k", "precision",
+                                                         "ring_bits")})
+    node = _Node(_algo, node_partition_loader(_partition))
+    ctx = Context(run_id=1, node_id=100, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={})
+
+    def send(**fields):
+        return node.handle(Message(content(run="r1", **fields), dst_node_id=100,
+                                   message_type=MESSAGE_TYPE), ctx)
+
+    share = dict(step="share", with_step=True, msg=b"roster", round=1, rounds=2,
+                 phase="stats", seed=0, max_records=1000, on_violation="raise", n=4,
+                 layer=params)
+    with pytest.raises(ProtocolError, match="advertised ahead"):
+        send(**share)
+    rep = read(send(step="advertise-next", next_session=b"s" * 16, next_round=1, next_n=3,
+                    next_layer=params))
+    assert isinstance(rep["next_msg"], bytes) and rep["next_msg"]
+    with pytest.raises(ProtocolError, match="cohort of 4"):
+        send(**share)

@@ -17,6 +17,13 @@ Steps (record field ``step``):
   the stages of :class:`secagg.secure_sum.client.Client` (``consistency``: sign the survivor
   set the server shows); ``advertise`` first runs the client step and encodes the upload
   with the layer's fixed-point plan.
+* Every session after the first is advertised ahead: an ``unmask`` instruction may carry
+  the next session's id, round and cohort size (``next_*`` fields); the node then also
+  draws that session's keys and replies with its ADVERTISE (``next_msg``). A node of the
+  next cohort outside this unmask gets ``advertise-next`` with the same fields. The next
+  session's ``share`` instruction then carries the client step (``with_step``): the node
+  runs and encodes it, fixes its party's vector length and ring from the encoding, and
+  shares its keys. A session thus costs four exchanges instead of five.
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next
@@ -171,16 +178,44 @@ class _Node:
             for k in list(store.keys()):
                 del store[k]
             store["run"] = tag
-        if step in ("upload", "advertise", "he-upload"):
+        if step in ("upload", "advertise", "he-upload") or (
+                step == "share" and rec.get("with_step") is True):
             out = self._client_step(rec, *self._load(context), store)
         elif step == "evaluate":
             out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
                                  *self._load(context), store)
         elif step.startswith("he-"):
             out = _decryptor(step, rec, store)
+        elif step == "advertise-next":
+            out = self._advertise_next(rec, context, store)
         else:
             out = self._secure_sum(step, rec, store)
+            if step == "unmask" and "next_session" in rec:
+                out.update(self._advertise_next(rec, context, store))
         return Message(content(**out), reply_to=msg)
+
+    def _advertise_next(self, rec: ConfigRecord, context: Context,
+                        store: ConfigRecord) -> dict[str, Any]:
+        """ADVERTISE for the next secure-sum session (its session id, round and cohort size
+        in the ``next_*`` fields), sent ahead with this session's unmask: fresh keys, and
+        the party kept in the node's state until that session's share instruction brings
+        the client step (which fixes the vector length and ring)."""
+        for k in ("party", "vector", "party_n"):  # a session this node was dropped from
+            if k in store:
+                del store[k]
+        cid = store["cid"] if "cid" in store else int(self._load(context)[1].id)
+        from secagg.secure_sum import SecureSum
+
+        layer = SecureSum(**json.loads(field(rec, "next_layer", str)))
+        n = field(rec, "next_n", int)
+        t, min_holders = session_bounds(layer, n)
+        t0 = time.process_time()
+        party = Client(int(cid), field(rec, "next_session", bytes), field(rec, "next_round", int),
+                       threshold=t, min_holders=min_holders)
+        msg = party.advertise()
+        store["party"] = _freeze(party)
+        store["party_n"] = n
+        return {"next_msg": msg, "next_cpu_s": time.process_time() - t0}
 
     def _client_step(
         self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord
@@ -222,6 +257,7 @@ class _Node:
             return {**out, **_encrypt(rec, spec, up, store)}
         from secagg.secure_sum import SecureSum
 
+        store["cid"] = int(st.id)
         layer = SecureSum(**json.loads(field(rec, "layer", str)))
         n = field(rec, "n", int)
         plans = layer.plan(spec, n)
@@ -230,12 +266,29 @@ class _Node:
         t0 = time.process_time()
         parts = [p.encode(np.asarray(up[name])) for name, p in plans.items()]
         vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-        # configured as the embedded engine configures its clients (run_secure_sum)
-        party = Client(st.id, field(rec, "session", bytes), rnd, threshold=t,
-                       length=int(vector.size), ring_bits=bits, min_holders=min_holders)
-        out["msg"] = party.advertise()
-        out["cpu_s"] = cpu + time.process_time() - t0
         store["vector"] = pack_arrays({"v": vector})
+        if field(rec, "step", str) == "advertise":
+            # configured as the embedded engine configures its clients (run_secure_sum)
+            party = Client(st.id, field(rec, "session", bytes), rnd, threshold=t,
+                           length=int(vector.size), ring_bits=bits, min_holders=min_holders)
+            out["msg"] = party.advertise()
+            out["cpu_s"] = cpu + time.process_time() - t0
+            store["party"] = _freeze(party)
+            return out
+        # share, with the step: the party advertised ahead (with the previous session's
+        # unmask); its vector length and ring are fixed now, before the ROSTER is read
+        if "party" not in store or store.get("party_n") != n:
+            raise ProtocolError("share with the client step, but no party advertised ahead "
+                                f"for a cohort of {n} on this node")
+        party = _thaw(store["party"])
+        if party.round != rnd or party.stage != "advertised":
+            raise ProtocolError(f"the party advertised ahead is round {party.round}'s "
+                                f"({party.stage}), not round {rnd}'s")
+        party.length, party.ring_bits = int(vector.size), bits
+        out["step_cpu_s"] = cpu + time.process_time() - t0
+        t0 = time.process_time()
+        out["msg"] = party.share_keys(field(rec, "msg", bytes))
+        out["cpu_s"] = time.process_time() - t0
         store["party"] = _freeze(party)
         return out
 
@@ -282,8 +335,9 @@ class _Node:
             raise ProtocolError(f"unknown secagg step {step!r}")
         out["cpu_s"] = time.process_time() - t0
         if step == "unmask":  # the session is over: forget its secrets
-            for k in ("party", "vector"):
-                del store[k]
+            for k in ("party", "vector", "party_n"):
+                if k in store:
+                    del store[k]
         else:
             store["party"] = _freeze(party)
         return out

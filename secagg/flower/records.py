@@ -22,7 +22,7 @@ MESSAGE_TYPE = "train.secagg"
 
 #: Steps a client can be asked to run.
 STEPS = ("hello", "upload", "advertise", "share", "masked-input", "consistency", "unmask",
-         "he-keygen", "he-upload", "he-decrypt", "evaluate")
+         "advertise-next", "he-keygen", "he-upload", "he-decrypt", "evaluate")
 
 
 def content(**values: Any) -> RecordDict:

@@ -7,6 +7,13 @@ runs on the client's own node and every message crosses Flower's Grid. The ledge
 same rows as the embedded engine (our wire bytes); what Flower's envelopes add is kept apart
 in :attr:`FlowerFederation.transport`.
 
+Each SecureSum session after the first starts at its share stage: its ADVERTISE (fresh keys
+for the next session id and round) travels with the previous session's unmask exchange, and
+its client step with its share instruction, so a session costs four exchanges instead of
+five over a Flower transport where every exchange costs seconds. A node whose unmask reply
+is lost has therefore not advertised for the next session and drops out of it at
+``advertise``.
+
 Dropouts are real: a node that does not answer a stage within ``stage_timeout`` seconds (or
 answers with an error) is dropped at that stage. SecureSum then recovers through its dropout
 path (the server rebuilds a dropped client's mask key from the others' shares); every such
@@ -100,6 +107,17 @@ def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float,
     return out
 
 
+def _malformed(rec: Any, needs: Sequence[tuple[str, type]]) -> str | None:
+    """Why a reply record lacks a field ``needs`` names (or has the wrong type); None if
+    it has them all."""
+    try:
+        for name, kind in needs:
+            rfield(rec, name, kind)
+    except ProtocolError as exc:
+        return f"malformed reply: {exc}"
+    return None
+
+
 def check_phase(phase: Any) -> None:
     """Refuse a phase whose spec has no fields (a "local-only" phase: clients compute and
     upload nothing, the layer is not called). The Flower runtime always asks the nodes for
@@ -126,6 +144,20 @@ class _PendingEvaluation:
     ask: list[int]
     sent: set[int] = field(default_factory=set)
     acc: dict[int, tuple[float, bool]] = field(default_factory=dict)
+
+
+@dataclass
+class _PreAdvertised:
+    """The next secure-sum session's ADVERTISE, collected during the current session's
+    unmask exchange: its (round, phase), session id, cohort, and per node either (ADVERTISE
+    bytes, the node's CPU seconds) or why it has none."""
+
+    round: int
+    phase: str
+    session: bytes
+    cohort: tuple[int, ...]
+    adverts: dict[int, tuple[bytes, float]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -254,6 +286,7 @@ class FlowerFederation:
         self._last_drops: dict[str, dict[int, str]] = {}
         self._round_drops: set[int] = set()  # clients dropped in the current round
         self._eval: _PendingEvaluation | None = None
+        self._pre: _PreAdvertised | None = None
         #: wall seconds of each round (its phases and, if any, the nodes' evaluation)
         self.round_wall_s: list[float] = []
         #: wall seconds spent waiting for each stage's replies, summed over the run
@@ -295,15 +328,16 @@ class FlowerFederation:
                 continue
             try:
                 rec = read(rep)
-                for name, kind in needs:
-                    rfield(rec, name, kind)
+                if (bad := _malformed(rec, needs)) is not None:
+                    raise ProtocolError(bad)
                 if "clipped" in rec:
                     clipped = json.loads(rfield(rec, "clipped", str))
                     if not isinstance(clipped, dict) or not all(
                             isinstance(v, int) for v in clipped.values()):
                         raise ProtocolError("'clipped' is not a JSON object of counts")
             except (ProtocolError, ValueError) as exc:
-                failed[c] = f"malformed reply: {exc}"
+                failed[c] = str(exc) if str(exc).startswith("malformed reply") else \
+                    f"malformed reply: {exc}"
                 continue
             got[c] = rec
             self.transport.add(stage, flower=flower_bytes(rep))
@@ -380,25 +414,45 @@ class FlowerFederation:
         )
         self.algorithm.setup(self.dataset, [], self.seed)
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
+        cohorts: list[list[int]] = []
+
+        def cohort_of(r: int) -> list[int]:
+            """Round r's cohort: the embedded engine's draws, in round order, each once (a
+            round's cohort is drawn early when the previous round pre-advertises to it)."""
+            while len(cohorts) <= r:
+                cohorts.append([cids[i] for i in sample_cohort(rng, len(cids), self.fraction)])
+            return cohorts[r]
+
         history: list[float] = []
         clips = ClipReport()
         aborted: list[tuple[int, str, str]] = []
         participation: list[tuple[int, str, int, int]] = []
         checked: set[str] = set()
+        self._pre = None
         for r in range(self.rounds):
             t_round = time.perf_counter()
-            cohort = [cids[i] for i in sample_cohort(rng, len(cids), self.fraction)]
+            cohort = cohort_of(r)
             stopped = False
             self._round_drops = set()
-            for i, phase in enumerate(self.algorithm.phases(r, self.rounds)):
+            phases = list(self.algorithm.phases(r, self.rounds))
+            for i, phase in enumerate(phases):
                 if i > 0:  # round r-1's evaluation rode on this round's first phase
                     self._finish_evaluation(grid, history)
                 check_phase(phase)
                 spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
                                    ledger, transcript, self.dropouts, None)
+                # the session after this one, whose ADVERTISE rides on this one's unmask
+                if i + 1 < len(phases):
+                    nxt: tuple[int, str, list[int]] | None = (r, phases[i + 1].name, cohort)
+                elif r + 1 < self.rounds:
+                    first = list(self.algorithm.phases(r + 1, self.rounds))[:1]
+                    nxt = (r + 1, first[0].name, cohort_of(r + 1)) if first else None
+                else:
+                    nxt = None
                 try:
-                    agg = self._run_phase(grid, phase, spec, cohort, max_records, ctx, clips)
+                    agg = self._run_phase(grid, phase, spec, cohort, max_records, ctx, clips,
+                                          nxt)
                     participation.append((r, phase.name, len(agg.contributors), len(cohort)))
                     if on_aggregate is not None:
                         on_aggregate(r, phase.name, agg)
@@ -493,7 +547,7 @@ class FlowerFederation:
 
     def _run_phase(
         self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
-        ctx: RoundContext, clips: ClipReport,
+        ctx: RoundContext, clips: ClipReport, nxt: tuple[int, str, list[int]] | None = None,
     ) -> Aggregate:
         self._last_drops = {}
         payload = phase.broadcast()
@@ -503,14 +557,13 @@ class FlowerFederation:
             for c in cohort:
                 ctx.message(SERVER, c, "broadcast", len(wire), plaintext_bytes=plain,
                             fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()})
-        if payload:  # the broadcast rides in the stage's instruction to each client
-            first = "advertise" if isinstance(self.layer, SecureSum) else "upload"
-            self.transport.add(first, ours=len(wire) * len(cohort))
+        if payload and not isinstance(self.layer, SecureSum):  # it rides in the upload
+            self.transport.add("upload", ours=len(wire) * len(cohort))
         common = dict(run=self._run_tag, round=ctx.round, rounds=self.rounds, phase=phase.name,
                       seed=self.seed,
                       max_records=max_records, on_violation=self.on_violation, broadcast=wire)
         if isinstance(self.layer, SecureSum):
-            return self._secure_sum(grid, phase, spec, cohort, common, ctx, clips)
+            return self._secure_sum(grid, phase, spec, cohort, common, ctx, clips, nxt)
         if isinstance(self.layer, Homomorphic):
             return self._homomorphic(grid, phase, spec, cohort, common, ctx, clips)
         return self._plaintext(grid, spec, cohort, common, ctx, clips, phase)
@@ -556,19 +609,26 @@ class FlowerFederation:
         while not (d / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
 
-    def _secure_sum(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], common: dict,
-                    ctx: RoundContext, clips: ClipReport) -> Aggregate:
+    def _secure_sum(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int],
+                    common: dict, ctx: RoundContext, clips: ClipReport,
+                    nxt: tuple[int, str, list[int]] | None = None) -> Aggregate:
+        """One SecureSum session over Flower: five exchanges, or four when the previous
+        session's unmask exchange carried this one's ADVERTISE (see :meth:`_unmask`); the
+        client step then rides on the share instruction instead of the advertise one."""
         layer: SecureSum = self.layer  # type: ignore[assignment]
         plans, bits, segments, fields = layer.layout(spec, len(cohort))
         off = sum(f.size for f in spec.additive)
         g = build(cohort, layer.threshold, layer.graph, layer.k, None)
-        session = secrets.token_bytes(ss_wire.SESSION_BYTES)
-        server = Server(session, ctx.round, g, bits, off)
         # what a node needs to rebuild the layer (its identity keys, if any, never travel)
-        params = {k: getattr(layer, k) for k in ("threshold", "graph", "k", "precision",
-                                                  "ring_bits")}
+        params = json.dumps({k: getattr(layer, k) for k in ("threshold", "graph", "k",
+                                                             "precision", "ring_bits")})
         dropped: dict[str, dict[int, str]] = {}
         word = (bits + 7) // 8
+        wire = common.get("broadcast", b"")
+        pre, self._pre = self._pre, None
+        if pre is not None and (pre.round, pre.phase, pre.cohort) != (
+                ctx.round, ctx.phase, tuple(cohort)):
+            pre = None  # not this session's (the nodes' parties are replaced below)
 
         def to_server(u: int, stage: str, msg: bytes, handler: Callable[[bytes], Any],
                       cpu: float, **row: Any) -> Any:
@@ -594,46 +654,83 @@ class FlowerFederation:
             t0 = time.process_time()
             return fn(), time.process_time() - t0
 
-        def round_trip(stage: str, inbox: Mapping[int, bytes], close_s: float,
-                       needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
-                       **extra: Any) -> dict[int, Any]:
+        def book_out(stage: str, inbox: Mapping[int, bytes], close_s: float) -> None:
             share = close_s / max(len(inbox), 1)
             for v, m in inbox.items():
                 ctx.message(SERVER, v, stage, m, server_cpu_s=share)
                 self.transport.add(stage, ours=len(m))
-            got, failed = self._exchange(
-                grid, stage, ctx, {v: content(step=stage, msg=m, run=self._run_tag, **extra)
-                                   for v, m in inbox.items()}, needs=needs)
+
+        def survive(stage: str, got: Mapping[int, Any], failed: dict[int, str]
+                    ) -> dict[int, Any]:
             live = set(ctx.dropouts.survivors(stage, sorted(got)))
             failed.update({c: "injected dropout" for c in got if c not in live})
             self._book_drops(ctx, stage, failed, dropped)
             return {c: got[c] for c in sorted(live)}
 
-        # stage 1: the client step, encoding and ADVERTISE in one message
-        got, failed = self._exchange(grid, "advertise", ctx, {
-            c: content(step="advertise", session=session, n=len(cohort),
-                       layer=json.dumps(params), **common, **self._evaluation_fields(c))
-            for c in cohort},
-            needs=_STEP_REPLY, timeout=self.step_timeout)
-        self._collect_evaluation(got)
-        live = set(ctx.dropouts.survivors("advertise", sorted(got)))
-        failed.update({c: "injected dropout" for c in got if c not in live})
-        self._book_drops(ctx, "advertise", failed, dropped)
-        costs: dict[int, tuple[float, float]] = {}
-        for u in sorted(live):
-            rec = got[u]
-            costs[u] = (rfield(rec, "cpu_s", float), rfield(rec, "flops", float))
+        def round_trip(stage: str, inbox: Mapping[int, bytes], close_s: float,
+                       needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
+                       timeout: float | None = None,
+                       per_node: Callable[[int], dict[str, Any]] = lambda v: {},
+                       ) -> dict[int, Any]:
+            book_out(stage, inbox, close_s)
+            got, failed = self._exchange(
+                grid, stage, ctx, {v: content(**{"run": self._run_tag, **per_node(v),
+                                                 "step": stage, "msg": m})
+                                   for v, m in inbox.items()}, needs=needs, timeout=timeout)
+            return survive(stage, got, failed)
+
+        def stepped(u: int, rec: Any, cpu_field: str) -> None:
+            """Keep a client step's costs (booked with its masked input) and clip counts."""
+            costs[u] = (rfield(rec, cpu_field, float), rfield(rec, "flops", float))
             clips.counts.update({k: clips.counts.get(k, 0) + v
                                  for k, v in json.loads(rfield(rec, "clipped", str)).items()})
-            to_server(u, "advertise", rfield(rec, "msg", bytes), server.receive_advertise, 0.0,
+
+        # stage 1: ADVERTISE -- with the client step and encoding in one message, or
+        # already collected during the previous session's unmask exchange
+        costs: dict[int, tuple[float, float]] = {}
+        if pre is None:
+            session = secrets.token_bytes(ss_wire.SESSION_BYTES)
+            if wire:
+                self.transport.add("advertise", ours=len(wire) * len(cohort))
+            got, failed = self._exchange(grid, "advertise", ctx, {
+                c: content(step="advertise", session=session, n=len(cohort), layer=params,
+                           **common, **self._evaluation_fields(c))
+                for c in cohort},
+                needs=_STEP_REPLY, timeout=self.step_timeout)
+            self._collect_evaluation(got)
+            got = survive("advertise", got, failed)
+            for u, rec in got.items():
+                stepped(u, rec, "cpu_s")
+            adverts = {u: (rfield(rec, "msg", bytes), 0.0) for u, rec in got.items()}
+        else:
+            session = pre.session
+            adverts = survive("advertise", pre.adverts, dict(pre.failed))
+        server = Server(session, ctx.round, g, bits, off)
+        for u, (msg, cpu) in adverts.items():
+            to_server(u, "advertise", msg, server.receive_advertise, cpu,
                       flops=secure_sum_client_flops("advertise", len(g.neighbours[u])))
         rosters, dt = timed(server.close_advertise)
         self._maybe_hold(ctx, "advertise")
 
-        # stage 2: share keys
-        deliver("share", round_trip("share", rosters, dt), server.receive_shares,
-                lambda u: secure_sum_client_flops("share", len(g.neighbours[u]),
-                                                  g.share_threshold))
+        # stage 2: share keys (with the client step when ADVERTISE came early)
+        def share_flops(u: int) -> float:
+            return secure_sum_client_flops("share", len(g.neighbours[u]), g.share_threshold)
+
+        if pre is None:
+            deliver("share", round_trip("share", rosters, dt), server.receive_shares,
+                    share_flops)
+        else:
+            if wire:
+                self.transport.add("share", ours=len(wire) * len(rosters))
+            got = round_trip(
+                "share", rosters, dt, needs=(*_STEP_REPLY, ("step_cpu_s", float)),
+                timeout=self.step_timeout,
+                per_node=lambda v: dict(with_step=True, n=len(cohort), layer=params, **common,
+                                        **self._evaluation_fields(v)))
+            self._collect_evaluation(got)
+            for u, rec in got.items():
+                stepped(u, rec, "step_cpu_s")
+            deliver("share", got, server.receive_shares, share_flops)
         forwards, dt = timed(server.close_shares)
         self._maybe_hold(ctx, "share")
 
@@ -670,8 +767,39 @@ class FlowerFederation:
         requests, dt = timed(server.close_consistency)
         self._maybe_hold(ctx, "consistency")
 
-        # stage 5: unmasking
-        deliver("unmask", round_trip("unmask", requests, dt), server.receive_unmask)
+        # stage 5: unmasking, with the next session's ADVERTISE in the same exchange (a node
+        # of the next cohort that is not asked to unmask gets an instruction of its own,
+        # sent alongside): the next session then starts at its share stage
+        book_out("unmask", requests, dt)
+        ahead = None if nxt is None else _PreAdvertised(
+            nxt[0], nxt[1], secrets.token_bytes(ss_wire.SESSION_BYTES), tuple(nxt[2]))
+        payloads = {v: content(step="unmask", msg=m, run=self._run_tag)
+                    for v, m in requests.items()}
+        if ahead is not None:
+            nf = dict(next_session=ahead.session, next_round=ahead.round,
+                      next_n=len(ahead.cohort), next_layer=params, run=self._run_tag)
+            for v in ahead.cohort:
+                payloads[v] = (content(step="unmask", msg=requests[v], **nf) if v in requests
+                               else content(step="advertise-next", **nf))
+        got, failed = self._exchange(grid, "unmask", ctx, payloads, needs=())
+        mine = {v: rec for v, rec in got.items() if v in requests}
+        why = {v: w for v, w in failed.items() if v in requests}
+        for v in list(mine):
+            if (bad := _malformed(mine[v], (("msg", bytes), ("cpu_s", float)))) is not None:
+                why[v] = bad
+                del mine[v]
+        deliver("unmask", survive("unmask", mine, why), server.receive_unmask)
+        if ahead is not None:
+            for v in ahead.cohort:
+                if v not in got:
+                    ahead.failed[v] = failed.get(v, "no reply")
+                elif (bad := _malformed(got[v], (("next_msg", bytes),
+                                                 ("next_cpu_s", float)))) is not None:
+                    ahead.failed[v] = bad
+                else:
+                    ahead.adverts[v] = (rfield(got[v], "next_msg", bytes),
+                                        rfield(got[v], "next_cpu_s", float))
+            self._pre = ahead
         (total, contributors), _ = timed(server.finish)
         for name, sl in segments.items():
             part = total[sl]
