@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,16 +28,16 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
     pytest.skip("needs flwr: pip install 'secagg[flower]' (always runs under CI=true)",
                 allow_module_level=True)
 
-# The issue's target is 2 rounds in under 120 s; it is NOT met yet: on a quiet 2-core box
-# the run took 134 s (2026-11-23; README, Running across machines). Per message a SuperNode
-# sleeps 3 s when it finds nothing to pull (flwr 1.41, fixed) and starts one ClientApp
-# process, so each protocol stage costs ~8 s whatever we send. The test therefore prints
-# the time and warns above the target; it asserts a bound only when SECAGG_LOOPBACK_LIMIT_S
-# is set. HANG_S stops a run that hangs.
+# The issue's target: 2 rounds in under 120 s, asserted here. SECAGG_LOOPBACK_LIMIT_S
+# replaces the bound on a machine slower than the 2-core reference (README, Running across
+# machines: 94-101 s there). Per message a SuperNode sleeps 3 s when it finds nothing to
+# pull (flwr 1.41, fixed) and starts one ClientApp process, so a stage costs ~6 s whatever
+# we send, and the run is CPU-bound: every ClientApp process imports flwr (~1.7 CPU-s).
+# HANG_S stops a run that hangs.
 TARGET_S = 120.0
 LIMIT_ENV = os.environ.get("SECAGG_LOOPBACK_LIMIT_S")
-LIMIT_S = float(LIMIT_ENV) if LIMIT_ENV else None
-HANG_S = max(480.0, 2 * (LIMIT_S or TARGET_S))  # 2 rounds took 284 s at load average 10-12
+LIMIT_S = float(LIMIT_ENV) if LIMIT_ENV else TARGET_S
+HANG_S = max(480.0, 2 * LIMIT_S)  # 2 rounds took 284 s at load average 10-12 (before)
 SCALE = float(os.environ.get("SECAGG_LOOPBACK_SCALE", "1"))  # stage timeouts, slow machines
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "examples" / "flower"
@@ -80,11 +79,13 @@ class Deployment:
         # one BLAS/OpenMP thread, as the test process (conftest): float training is then
         # bit-for-bit the embedded engine's
         # FLWR_SUPEREXEC_TASK_POLL_INTERVAL: how often the SuperExec that each SuperNode
-        # (and the SuperLink) starts looks for a task to launch as an app process (flwr
-        # 1.41's default is 1 s, a wait in every message; see README, Running across
-        # machines)
+        # (and the SuperLink) starts looks for a task to launch as an app process. flwr
+        # 1.41's default, 1 s, is a wait in every message; 0.1 s costs more than it saves
+        # (the four idle SuperExecs then burn a quarter of two cores: the run is CPU-bound).
+        # FLWR_TELEMETRY_ENABLED=0: no process waits on a telemetry post at exit.
         self.env = dict(os.environ, FLWR_HOME=str(self.home), OMP_NUM_THREADS="1",
-                        MKL_NUM_THREADS="1", FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1",
+                        MKL_NUM_THREADS="1", FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.5",
+                        FLWR_TELEMETRY_ENABLED="0",
                         PYTHONPATH=os.pathsep.join([str(ROOT), str(APP)]))
         self.procs: list[subprocess.Popen] = []
         self.nodes: list[subprocess.Popen] = []
@@ -216,11 +217,8 @@ def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
           f"{TARGET_S:g} s, load average {load:.2f} at the start); per round "
           f"{[round(t, 1) for t in timing['round_wall_s']]} s; waiting on each stage "
           f"{ {k: round(v, 1) for k, v in timing['stage_wall_s'].items()} } s")
-    if LIMIT_S is not None:
-        assert wall < LIMIT_S, f"loopback run took {wall:.1f} s (limit {LIMIT_S:g} s)"
-    elif wall >= TARGET_S:
-        warnings.warn(f"loopback took {wall:.1f} s, over the {TARGET_S:g} s target (load "
-                      f"average {load:.2f} on {os.cpu_count()} cores)", stacklevel=1)
+    assert wall < LIMIT_S, (f"loopback run took {wall:.1f} s (limit {LIMIT_S:g} s; load "
+                            f"average {load:.2f} on {os.cpu_count()} cores at the start)")
 
 
 def test_loopback_supernode_killed_mid_round(deployment, tmp_path):
