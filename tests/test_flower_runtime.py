@@ -108,7 +108,7 @@ def task_identity():
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
-def _embedded(layer, schedule):
+def _sums_by_round(layer, rounds, fraction, dropouts=None):
     seen = {}
     inner = layer.aggregate
 
@@ -118,9 +118,14 @@ def _embedded(layer, schedule):
         return agg
 
     layer.aggregate = aggregate
-    Federation(_algo(), layer, _partition(), rounds=1, seed=0,
-               dropout=ScheduledDropouts(schedule), progress=False).run()
-    return seen[0]
+    result = Federation(_algo(), layer, _partition(), rounds=rounds, seed=0, fraction=fraction,
+                        dropout=dropouts if dropouts is not None else 0.0,
+                        progress=False).run()
+    return seen, result
+
+
+def _embedded(layer, schedule):
+    return _sums_by_round(layer, 1, 1.0, ScheduledDropouts(schedule))[0][0]
 
 
 def _run(layer, fault):
@@ -295,22 +300,6 @@ class _RoundSchedule(ScheduledDropouts):
     def survivors(self, stage, clients):
         gone = self.plan.get((self.round, stage), set())
         return [c for c in clients if c not in gone]
-
-
-def _sums_by_round(layer, rounds, fraction, dropouts=None):
-    seen = {}
-    inner = layer.aggregate
-
-    def aggregate(uploads, spec, ctx):
-        agg = inner(uploads, spec, ctx)
-        seen[ctx.round] = agg
-        return agg
-
-    layer.aggregate = aggregate
-    result = Federation(_algo(), layer, _partition(), rounds=rounds, seed=0, fraction=fraction,
-                        dropout=dropouts if dropouts is not None else 0.0,
-                        progress=False).run()
-    return seen, result
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.5])

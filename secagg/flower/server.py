@@ -328,16 +328,16 @@ class FlowerFederation:
                 continue
             try:
                 rec = read(rep)
-                if (bad := _malformed(rec, needs)) is not None:
-                    raise ProtocolError(bad)
-                if "clipped" in rec:
+                bad = _malformed(rec, needs)
+                if bad is None and "clipped" in rec:
                     clipped = json.loads(rfield(rec, "clipped", str))
                     if not isinstance(clipped, dict) or not all(
                             isinstance(v, int) for v in clipped.values()):
-                        raise ProtocolError("'clipped' is not a JSON object of counts")
+                        bad = "malformed reply: 'clipped' is not a JSON object of counts"
             except (ProtocolError, ValueError) as exc:
-                failed[c] = str(exc) if str(exc).startswith("malformed reply") else \
-                    f"malformed reply: {exc}"
+                bad = f"malformed reply: {exc}"
+            if bad is not None:
+                failed[c] = bad
                 continue
             got[c] = rec
             self.transport.add(stage, flower=flower_bytes(rep))
@@ -613,8 +613,9 @@ class FlowerFederation:
                     common: dict, ctx: RoundContext, clips: ClipReport,
                     nxt: tuple[int, str, list[int]] | None = None) -> Aggregate:
         """One SecureSum session over Flower: five exchanges, or four when the previous
-        session's unmask exchange carried this one's ADVERTISE (see :meth:`_unmask`); the
-        client step then rides on the share instruction instead of the advertise one."""
+        session's unmask exchange carried this one's ADVERTISE (``nxt`` names the session
+        after this one, to advertise for in stage 5); the client step then rides on the
+        share instruction instead of the advertise one."""
         layer: SecureSum = self.layer  # type: ignore[assignment]
         plans, bits, segments, fields = layer.layout(spec, len(cohort))
         off = sum(f.size for f in spec.additive)
