@@ -14,8 +14,9 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -268,6 +269,31 @@ def run_spec(phase: _Phase, layer: Layer, max_records: int, checked: set[str]) -
     return spec
 
 
+def guard_phase(
+    step: Callable[[], int], round: int, phase: str, cohort: int, on_abort: str,
+    aborted: list[tuple[int, str, str]], participation: list[tuple[int, str, int, int]],
+) -> bool:
+    """Run one phase's ``step`` (which returns how many uploads its aggregate holds) and
+    book the outcome, as every runtime does: its participation; or, for an aborted secure
+    sum, the abort (re-raised when ``on_abort="raise"``, else recorded with 0 uploads); or,
+    when the privacy guard refused a release before it happened, the refusal. Returns False
+    when the run must stop there (the refusal), True otherwise."""
+    try:
+        got = step()
+    except SecureSumAborted as exc:
+        if on_abort == "raise":
+            raise
+        aborted.append((round, phase, str(exc)))
+        participation.append((round, phase, 0, cohort))
+        return True
+    except BudgetExceeded as exc:
+        # the guard refused a release before it happened: stop here, keep results
+        aborted.append((round, phase, str(exc)))
+        return False
+    participation.append((round, phase, got, cohort))
+    return True
+
+
 def _progress_wanted() -> bool:
     return sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("true", "1")
 
@@ -466,17 +492,9 @@ class Federation:
                     got = self._run_local(phase, cohort, states, ctx)
                     participation.append((r, phase.name, got, len(cohort)))
                     continue
-                try:
-                    got = self._run_phase(phase, spec, cohort, states, ctx, clips)
-                    participation.append((r, phase.name, got, len(cohort)))
-                except SecureSumAborted as exc:
-                    if self.on_abort == "raise":
-                        raise
-                    aborted.append((r, phase.name, str(exc)))
-                    participation.append((r, phase.name, 0, len(cohort)))
-                except BudgetExceeded as exc:
-                    # the guard refused a release before it happened: stop here, keep results
-                    aborted.append((r, phase.name, str(exc)))
+                if not guard_phase(
+                        partial(self._run_phase, phase, spec, cohort, states, ctx, clips),
+                        r, phase.name, len(cohort), self.on_abort, aborted, participation):
                     stopped = True
                     break
             history.append(float(self.algorithm.evaluate(dataset, states)))

@@ -396,3 +396,34 @@ def test_a_share_with_the_step_needs_a_party_advertised_ahead_for_that_cohort():
     assert isinstance(rep["next_msg"], bytes) and rep["next_msg"]
     with pytest.raises(ProtocolError, match="cohort of 4"):
         send(**share)
+
+
+@pytest.mark.parametrize("on_abort", ["raise", "skip"])
+def test_a_session_below_threshold_aborts_and_names_the_nodes_lost(on_abort):
+    """Two of four nodes silent at share under t=3: the session aborts. on_abort="raise"
+    raises SecureSumAborted with a note naming the nodes lost; "skip" records the abort,
+    books the phase with no uploads, and the next round runs (and advertises afresh)."""
+    from secagg.errors import SecureSumAborted
+
+    lost = set()
+
+    def fault(step, cid, rep):  # silent at round 0's share only
+        if step == "share" and cid in (1, 2) and cid not in lost:
+            lost.add(cid)
+            return None
+        return rep
+
+    ran = []
+    fed = FlowerFederation(_algo(), SecureSum(threshold=3), load_dataset("digits"), rounds=2,
+                           seed=0, min_nodes=N, stage_timeout=0.5, on_abort=on_abort)
+    grid = LocalGrid(fault)
+    if on_abort == "raise":
+        with pytest.raises(SecureSumAborted) as info:
+            fed.run(grid)
+        assert any("nodes lost" in n and "'share'" in n for n in info.value.__notes__)
+        return
+    result = fed.run(grid, on_aggregate=lambda r, p, a: ran.append(r))
+    assert [(r, p) for r, p, _ in result.aborted] == [(0, "stats")]
+    assert result.participation == [(0, "stats", 0, 4), (1, "stats", 4, 4)]
+    assert ran == [1]
+    assert [s for s, _, _ in grid.sent].count("advertise") == 2 * N  # nothing ahead to use

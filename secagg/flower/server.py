@@ -28,6 +28,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,13 +40,19 @@ from secagg.costs import SERVER, Ledger, he_flops, secure_sum_client_flops
 from secagg.data import Dataset
 from secagg.dropouts import DropoutModel
 from secagg.errors import (
-    BudgetExceeded,
     ConfigurationError,
     ProtocolError,
     SecureSumAborted,
     UploadError,
 )
-from secagg.federation import AlgorithmLike, Result, derive_seed, run_spec, sample_cohort
+from secagg.federation import (
+    AlgorithmLike,
+    Result,
+    derive_seed,
+    guard_phase,
+    run_spec,
+    sample_cohort,
+)
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
 from secagg.homomorphic import Homomorphic
@@ -450,22 +457,10 @@ class FlowerFederation:
                     nxt = (r + 1, first[0].name, cohort_of(r + 1)) if first else None
                 else:
                     nxt = None
-                try:
-                    agg = self._run_phase(grid, phase, spec, cohort, max_records, ctx, clips,
-                                          nxt)
-                    participation.append((r, phase.name, len(agg.contributors), len(cohort)))
-                    if on_aggregate is not None:
-                        on_aggregate(r, phase.name, agg)
-                except SecureSumAborted as exc:
-                    if self.on_abort == "raise":
-                        if hasattr(exc, "add_note") and self._last_drops:
-                            exc.add_note(f"nodes lost (stage -> client -> why): "
-                                         f"{self._last_drops}")
-                        raise
-                    aborted.append((r, phase.name, str(exc)))
-                    participation.append((r, phase.name, 0, len(cohort)))
-                except BudgetExceeded as exc:
-                    aborted.append((r, phase.name, str(exc)))
+                step = partial(self._guarded_phase, grid, phase, spec, cohort, max_records,
+                               ctx, clips, nxt, on_aggregate)
+                if not guard_phase(step, r, phase.name, len(cohort), self.on_abort, aborted,
+                                   participation):
                     stopped = True
                     break
             self._finish_evaluation(grid, history)
@@ -544,6 +539,23 @@ class FlowerFederation:
         accs = [ev.acc[c][0] for c in sorted(ev.acc) if ev.acc[c][1]]
         # as the personalized evaluate's mean over clients with a local test set
         history[ev.round] = float(np.mean(accs)) if accs else float("nan")
+
+    def _guarded_phase(
+        self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
+        ctx: RoundContext, clips: ClipReport, nxt: tuple[int, str, list[int]] | None,
+        on_aggregate: Callable[[int, str, Aggregate], None] | None,
+    ) -> int:
+        """Run one phase (for :func:`~secagg.federation.guard_phase`): an aborted secure sum
+        carries a note of the nodes lost; returns how many uploads the aggregate holds."""
+        try:
+            agg = self._run_phase(grid, phase, spec, cohort, max_records, ctx, clips, nxt)
+        except SecureSumAborted as exc:
+            if self._last_drops and hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note(f"nodes lost (stage -> client -> why): {self._last_drops}")
+            raise
+        if on_aggregate is not None:
+            on_aggregate(ctx.round, phase.name, agg)
+        return len(agg.contributors)
 
     def _run_phase(
         self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,
