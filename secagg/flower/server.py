@@ -842,7 +842,7 @@ class FlowerFederation:
         import dataclasses
 
         from secagg.homomorphic.keys import Aggregator
-        from secagg.homomorphic.layer import DECRYPTOR
+        from secagg.homomorphic.layer import DECRYPTOR, decode_sums
         from secagg.homomorphic.packing import Packing
         from secagg.transcript import digest
 
@@ -968,15 +968,7 @@ class FlowerFederation:
                                                + packing.n_ciphertexts)
             raw = rfield(got[dec], "msg", bytes)
             flat = unpack_arrays(raw)["flat"]
-            parts = packing.unflatten(flat)
-            for f in spec.additive:
-                if fps is not None:
-                    ring = parts[f.name].ravel().view(np.uint64)
-                    sums[f.name] = fps[f.name].decode_sum(ring).reshape(f.shape)
-                elif f.is_integer:
-                    sums[f.name] = np.rint(parts[f.name]).astype(np.int64)
-                else:
-                    sums[f.name] = parts[f.name]
+            sums.update(decode_sums(flat, packing, spec, fps))
             ctx.message(DECRYPTOR, SERVER, "result", wire_bytes=len(raw),
                         plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
                         fields={k: int(v.nbytes) for k, v in sums.items()},

@@ -42,6 +42,24 @@ DECRYPTOR = "decryptor"
 PROVISIONER = "provisioner"
 
 
+def decode_sums(flat: np.ndarray, packing: Packing, spec: UploadSpec,
+                fps: Mapping[str, FixedPoint] | None) -> dict[str, np.ndarray]:
+    """The decrypted flat sum ``flat`` as one array per additive field of ``spec``: BFV
+    (``fps``, the fields' fixed-point plans) decodes each field's ring elements; CKKS
+    rounds integer fields and keeps float fields as decrypted."""
+    parts = packing.unflatten(flat)
+    sums: dict[str, np.ndarray] = {}
+    for f in spec.additive:
+        if fps is not None:
+            ring = parts[f.name].ravel().view(np.uint64)
+            sums[f.name] = fps[f.name].decode_sum(ring).reshape(f.shape)
+        elif f.is_integer:
+            sums[f.name] = np.rint(parts[f.name]).astype(np.int64)
+        else:
+            sums[f.name] = parts[f.name]
+    return sums
+
+
 @dataclass
 class _Keyset:
     """One generation of keys and the parties holding it."""
@@ -347,15 +365,7 @@ class Homomorphic(Layer):
 
         t0 = time.process_time()
         flat = ks.holder.decrypt(agg_wire, packing)
-        parts = packing.unflatten(flat)
-        for f in spec.additive:
-            if fps is not None:
-                ring = parts[f.name].ravel().view(np.uint64)
-                sums[f.name] = fps[f.name].decode_sum(ring).reshape(f.shape)
-            elif f.is_integer:
-                sums[f.name] = np.rint(parts[f.name]).astype(np.int64)
-            else:
-                sums[f.name] = parts[f.name]
+        sums.update(decode_sums(flat, packing, spec, fps))
         decrypt_s = time.process_time() - t0
         result = pack_arrays(sums)
         ctx.message(party, SERVER, "result", wire_bytes=len(result),
