@@ -11,11 +11,10 @@ What runs:
   unmodified, driven in-process through a minimal in-memory ``Grid`` that serialises every
   message with Flower's own protobuf serde (bytes counted on the wire, parse time charged to
   the receiver). Same n, same neighbour count (num_shares = k + 1) and reconstruction
-  threshold, Flower's default quantisation (2^22 levels, modulus 2^32). flwr 1.41 pins
-  cryptography>=50, which conflicts with this project's cryptography 48, so Flower lives in
-  its own venv (default /opt/flwr-venv, ``python -m venv /opt/flwr-venv &&
-  /opt/flwr-venv/bin/pip install flwr==1.41.0 numpy``) and this script runs itself there as a
-  subprocess (``--flower-driver``), in the same run.
+  threshold, Flower's default quantisation (2^22 levels, modulus 2^32). The Flower side runs
+  as a subprocess of this script (``--flower-driver``), in the same run, under this
+  interpreter when flwr imports here (the ``flower`` extra: ``pip install -e ".[flower]"``),
+  else under ``$FLWR_PYTHON`` (a separate environment with flwr==1.41.0 and numpy).
 * **floor**: what any SecAgg+ client must do, timed here: 2k X25519 agreements (share-channel
   and mask keys), k + 1 AES-256-CTR expansions of m 32-bit words and k + 1 modular additions.
 
@@ -40,6 +39,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -50,7 +50,9 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-FLOWER_PYTHON = os.environ.get("FLWR_PYTHON", "/opt/flwr-venv/bin/python")
+FLOWER_PYTHON = os.environ.get("FLWR_PYTHON") or (
+    sys.executable if importlib.util.find_spec("flwr") is not None
+    else "/opt/flwr-venv/bin/python")
 NODE_BASE = 1000  # Flower reserves small node ids (SUPERLINK_NODE_ID = 1)
 
 
@@ -412,7 +414,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     with_flower = not a.no_flower and os.path.exists(FLOWER_PYTHON)
     if not with_flower and not a.no_flower:
-        print(f"(Flower venv not found at {FLOWER_PYTHON}; set FLWR_PYTHON)")
+        print(f"(flwr not importable here and no Python at {FLOWER_PYTHON}: install the "
+              "flower extra or set FLWR_PYTHON; Flower skipped)")
     results = []
     for n in a.n:
         for m in a.m:
