@@ -4,7 +4,8 @@ FedLog on digits over Flower's simulation runtime (``flwr.simulation.run_simulat
 Ray start), under Plaintext, SecureSum and BFV, then the same runs in the embedded
 :class:`~secagg.federation.Federation` in the same process. Per layer and stage it prints the
 Flower messages (both ways), secagg's own wire bytes, Flower's serialized message bytes
-(its Message, RecordDict and records, before HTTP/gRPC framing) and their ratio; then the
+(its Message, RecordDict and records, before HTTP/gRPC framing) and their ratio (SecureSum's
+ADVERTISEs have no message of their own: they ride in the hello and unmask messages); then the
 wall seconds per round on Flower's simulation and embedded, and that ratio. The cost ledger
 books the same rows either way (tests/test_flower_simulation.py checks it); this table is
 what a deployment pays on top.
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         _, fed = runs[name]
         for stage, v in fed.transport.to_dict().items():
             ours, flw = v["secagg_wire_bytes"], v["flower_message_bytes"]
-            ratio = f"{flw / ours:.2f}" if ours else "-"
+            ratio = f"{flw / ours:.2f}" if ours and flw else "-"
             lines.append(f"{name:<10} {stage:<13} {v['messages']:>11,} {ours:>11,} "
                          f"{flw:>12,} {ratio:>11}")
     lines += ["", f"{'layer':<10} {'Flower s/round':>14} {'embedded s/round':>16} "

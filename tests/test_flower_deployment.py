@@ -30,7 +30,7 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
 
 # The target: 2 rounds in under 120 s, asserted here. SECAGG_LOOPBACK_LIMIT_S
 # replaces the bound on a machine slower than the 2-core reference (README, Running across
-# machines: 96-107 s there). Per message a SuperNode sleeps 3 s when it finds nothing to
+# machines: 99-103 s there). Per message a SuperNode sleeps 3 s when it finds nothing to
 # pull (flwr 1.41, fixed) and starts one ClientApp process, so a stage costs ~6 s whatever
 # we send, and the run is CPU-bound: every ClientApp process imports flwr (~1.7 CPU-s).
 # HANG_S stops a run that hangs.

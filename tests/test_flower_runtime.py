@@ -303,11 +303,11 @@ class _RoundSchedule(ScheduledDropouts):
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
-def test_each_session_after_the_first_is_advertised_during_the_previous_unmask(fraction):
-    """Four exchanges per SecureSum session after the first: its ADVERTISE rides on the
-    previous session's unmask (nodes of the next cohort outside that unmask get an
-    instruction of their own in the same exchange) and the client step on its share
-    instruction; the sums, per round, are the embedded engine's bit for bit."""
+def test_every_session_is_advertised_ahead_with_the_hello_or_the_previous_unmask(fraction):
+    """Four exchanges per SecureSum session: its ADVERTISE rides on the hello (the first
+    session) or on the previous session's unmask (nodes of the next cohort outside that
+    unmask get an instruction of their own in the same exchange), and the client step on
+    its share instruction; the sums, per round, are the embedded engine's bit for bit."""
     rounds = 3
     aggs = {}
     fed = FlowerFederation(_algo(), SecureSum(threshold=0.6), load_dataset("digits"),
@@ -322,7 +322,7 @@ def test_each_session_after_the_first_is_advertised_during_the_previous_unmask(f
     assert result.history == embedded.history
     steps = [s for s, _, _ in grid.sent]
     cohort = len(aggs[0].contributors)
-    assert steps.count("advertise") == cohort  # round 0 only
+    assert steps.count("advertise") == 0 and steps.count("hello") == N
     assert steps.count("unmask") == rounds * cohort
     ahead = steps.count("advertise-next")
     if fraction == 1.0:
@@ -426,4 +426,24 @@ def test_a_session_below_threshold_aborts_and_names_the_nodes_lost(on_abort):
     assert [(r, p) for r, p, _ in result.aborted] == [(0, "stats")]
     assert result.participation == [(0, "stats", 0, 4), (1, "stats", 4, 4)]
     assert ran == [1]
-    assert [s for s, _, _ in grid.sent].count("advertise") == 2 * N  # nothing ahead to use
+    # round 0 was advertised with the hello; round 0 aborted before its unmask, so round
+    # 1 had nothing advertised ahead and advertised afresh
+    assert [s for s, _, _ in grid.sent].count("advertise") == N
+
+
+def test_a_cohort_other_than_the_hello_announced_is_advertised_afresh():
+    """Node 3 does not answer the hello: the cohort is 3, not the 4 the hello announced to
+    the others, so their early ADVERTISE (sized for 4) is not used; round 0 advertises
+    afresh and completes with the three."""
+    def fault(step, cid, rep):
+        return None if step == "hello" and cid == 3 else rep
+
+    grid = LocalGrid(fault)
+    fed = FlowerFederation(_algo(), SecureSum(threshold=0.6), load_dataset("digits"),
+                           rounds=2, seed=0, min_nodes=3, stage_timeout=0.5,
+                           connect_timeout=0.5)
+    result = fed.run(grid)
+    assert result.participation == [(0, "stats", 3, 3), (1, "stats", 3, 3)]
+    steps = [(s, c) for s, c, _ in grid.sent]
+    assert [c for s, c in steps if s == "advertise"] == [0, 1, 2]  # round 0 only
+    assert not [r for r in result.costs.rows if r.stage.startswith("dropped")]

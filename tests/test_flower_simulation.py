@@ -124,9 +124,16 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
     assert _ledger(result) == _ledger(want_result)
     ups = [r for r in result.costs.rows if r.direction == "up" and r.sender != "decryptor"]
     assert {r.sender for r in ups} == set(range(N_NODES))
-    # and Flower's envelopes are measured beside our bytes
+    # and Flower's envelopes are measured beside our bytes; SecureSum's ADVERTISEs travel
+    # inside the hello and the previous unmask messages (our bytes, no message of their own)
     t = fed.transport.to_dict()
-    assert all(v["flower_message_bytes"] > 0 and v["secagg_wire_bytes"] > 0 for v in t.values())
+    assert t["hello"]["messages"] == 2 * N_NODES and t["hello"]["secagg_wire_bytes"] == 0
+    for stage, v in t.items():
+        if stage == "advertise":
+            assert v["messages"] == v["flower_message_bytes"] == 0 < v["secagg_wire_bytes"]
+        elif stage != "hello":
+            assert v["flower_message_bytes"] > 0 and v["secagg_wire_bytes"] > 0, stage
+    assert ("advertise" in t) == (name == "secure-sum")
     if name != "plaintext":  # the server saw only masked/encrypted uploads and the sum
         forms = {o["form"] for o in result.transcript.observations() if o["party"] == "server"}
         assert forms == {"masked" if name == "secure-sum" else "encrypted", "clear"}

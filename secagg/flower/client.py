@@ -17,13 +17,14 @@ Steps (record field ``step``):
   the stages of :class:`secagg.secure_sum.client.Client` (``consistency``: sign the survivor
   set the server shows); ``advertise`` first runs the client step and encodes the upload
   with the layer's fixed-point plan.
-* Every session after the first is advertised ahead: an ``unmask`` instruction may carry
-  the next session's id, round and cohort size (``next_*`` fields); the node then also
-  draws that session's keys and replies with its ADVERTISE (``next_msg``). A node of the
-  next cohort outside this unmask gets ``advertise-next`` with the same fields. The next
-  session's ``share`` instruction then carries the client step (``with_step``): the node
-  runs and encodes it, fixes its party's vector length and ring from the encoding, and
-  shares its keys. A session thus costs four exchanges instead of five.
+* Sessions are advertised ahead: the ``hello`` (for the run's first session) or an
+  ``unmask`` instruction (for the next one) may carry a session's id, round and cohort
+  size (``next_*`` fields); the node then also draws that session's keys and replies with
+  its ADVERTISE (``next_msg``). A node of the next cohort outside this unmask gets
+  ``advertise-next`` with the same fields. The session's ``share`` instruction then
+  carries the client step (``with_step``): the node runs and encodes it, fixes its
+  party's vector length and ring from the encoding, and shares its keys. A session thus
+  costs four exchanges instead of five.
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next
@@ -169,7 +170,7 @@ class _Node:
     def handle(self, msg: Message, context: Context) -> Message:
         rec = read(msg)
         step = field(rec, "step", str)
-        if step == "hello":
+        if step == "hello" and "next_session" not in rec:
             _, data = self._load(context)
             return Message(content(cid=int(data.id), n_records=len(data.y)), reply_to=msg)
         store = self._store(context)
@@ -178,6 +179,12 @@ class _Node:
             for k in list(store.keys()):
                 del store[k]
             store["run"] = tag
+        if step == "hello":  # and ADVERTISE for the run's first secure-sum session
+            _, data = self._load(context)
+            store["cid"] = int(data.id)
+            out = {"cid": int(data.id), "n_records": len(data.y),
+                   **self._advertise_next(rec, context, store)}
+            return Message(content(**out), reply_to=msg)
         if step in ("upload", "advertise", "he-upload") or (
                 step == "share" and rec.get("with_step") is True):
             out = self._client_step(rec, *self._load(context), store)

@@ -7,12 +7,13 @@ runs on the client's own node and every message crosses Flower's Grid. The ledge
 same rows as the embedded engine (our wire bytes); what Flower's envelopes add is kept apart
 in :attr:`FlowerFederation.transport`.
 
-Each SecureSum session after the first starts at its share stage: its ADVERTISE (fresh keys
-for the next session id and round) travels with the previous session's unmask exchange, and
-its client step with its share instruction, so a session costs four exchanges instead of
-five over a Flower transport where every exchange costs seconds. A node whose unmask reply
-is lost has therefore not advertised for the next session and drops out of it at
-``advertise``.
+Each SecureSum session starts at its share stage: its ADVERTISE (fresh keys for its own
+session id and round) travels with the previous exchange -- the ``hello`` for the run's first
+session, the previous session's unmask for the others -- and its client step with its share
+instruction, so a session costs four exchanges instead of five over a Flower transport where
+every exchange costs seconds. A node whose unmask reply is lost has therefore not advertised
+for the next session and drops out of it at ``advertise``. (When the cohort turns out other
+than announced, e.g. a node missed the hello, the session advertises afresh.)
 
 Dropouts are real: a node that does not answer a stage within ``stage_timeout`` seconds (or
 answers with an error) is dropped at that stage. SecureSum then recovers through its dropout
@@ -363,7 +364,17 @@ class FlowerFederation:
             dropped.setdefault(stage, {})[c] = why
         self._last_drops = dropped
 
-    def _connect(self, grid: Grid) -> None:
+    def _ss_params(self) -> str:
+        """What a node needs to rebuild the SecureSum layer, as JSON (its identity keys, if
+        any, never travel)."""
+        return json.dumps({k: getattr(self.layer, k) for k in ("threshold", "graph", "k",
+                                                                "precision", "ring_bits")})
+
+    def _connect(self, grid: Grid, ahead: _PreAdvertised | None = None) -> int:
+        """Wait for ``min_nodes`` SuperNodes and ask each for its client id and record
+        count (``hello``). With ``ahead`` (SecureSum), the hello also asks every node to
+        advertise for the first session, sized for the cohort that as many nodes give;
+        the ADVERTISEs are kept in ``ahead.adverts``. Returns that cohort size."""
         deadline = time.monotonic() + self.connect_timeout
         ids = list(grid.get_node_ids())
         while len(ids) < self.min_nodes:
@@ -375,13 +386,21 @@ class FlowerFederation:
             time.sleep(0.5)
             ids = list(grid.get_node_ids())
         self.nodes = {}
-        msgs = [Message(content(step="hello"), dst_node_id=n, message_type=MESSAGE_TYPE,
-                        group_id="hello") for n in ids]
+        n = max(1, int(round(self.fraction * len(ids))))  # sample_cohort's size
+        fields: dict[str, Any] = {}
+        if ahead is not None:
+            fields = dict(run=self._run_tag, next_session=ahead.session, next_round=ahead.round,
+                          next_n=n, next_layer=self._ss_params())
+        msgs = [Message(content(step="hello", **fields), dst_node_id=node,
+                        message_type=MESSAGE_TYPE, group_id="hello") for node in ids]
+        for m in msgs:
+            self.transport.add("hello", flower=flower_bytes(m))
         errors = []
         for rep in send_and_receive(grid, msgs, self.connect_timeout, self.poll_interval):
             if rep.has_error():
                 errors.append(rep.error.reason)
                 continue
+            self.transport.add("hello", flower=flower_bytes(rep))
             rec = read(rep)
             cid = rfield(rec, "cid", int)
             if cid in self.nodes:
@@ -390,12 +409,20 @@ class FlowerFederation:
                 )
             self.nodes[cid] = int(rep.metadata.src_node_id)
             self.n_records[cid] = rfield(rec, "n_records", int)
+            if ahead is not None:
+                if (bad := _malformed(rec, (("next_msg", bytes),
+                                            ("next_cpu_s", float)))) is not None:
+                    ahead.failed[cid] = bad
+                else:
+                    ahead.adverts[cid] = (rfield(rec, "next_msg", bytes),
+                                          rfield(rec, "next_cpu_s", float))
         if len(self.nodes) < self.min_nodes:
             raise ConfigurationError(
                 f"only {len(self.nodes)} of min_nodes={self.min_nodes} SuperNodes answered "
                 f"within {self.connect_timeout:g} s"
                 + (f" (first error reply: {errors[0]})" if errors else "")
             )
+        return n
 
     # ---------------------------------------------------------------- the run
 
@@ -410,8 +437,14 @@ class FlowerFederation:
             ConfigurationError: too few nodes connected, or duplicate client ids.
         """
         t_start = time.perf_counter()
-        self._connect(grid)
         self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
+        self.algorithm.setup(self.dataset, [], self.seed)
+        # SecureSum: the first session's ADVERTISE rides on the hello
+        first = (list(self.algorithm.phases(0, self.rounds))[:1]
+                 if isinstance(self.layer, SecureSum) else [])
+        ahead = (_PreAdvertised(0, first[0].name, secrets.token_bytes(ss_wire.SESSION_BYTES),
+                                ()) if first else None)
+        announced = self._connect(grid, ahead)
         ledger, transcript = Ledger(), Transcript(self.include_values)
         cids = sorted(self.nodes)
         max_records = max(self.n_records.values())
@@ -419,7 +452,6 @@ class FlowerFederation:
             algorithm=self.algorithm.describe(), layer=self.layer.describe(), seed=self.seed,
             rounds=self.rounds, clients=len(cids), fraction=self.fraction, runtime="flower",
         )
-        self.algorithm.setup(self.dataset, [], self.seed)
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
         cohorts: list[list[int]] = []
 
@@ -436,6 +468,11 @@ class FlowerFederation:
         participation: list[tuple[int, str, int, int]] = []
         checked: set[str] = set()
         self._pre = None
+        if ahead is not None and len(cohort_of(0)) == announced:  # else: advertise afresh
+            ahead.cohort = tuple(cohort_of(0))
+            ahead.failed = {c: why for c, why in ahead.failed.items() if c in ahead.cohort}
+            ahead.adverts = {c: a for c, a in ahead.adverts.items() if c in ahead.cohort}
+            self._pre = ahead
         for r in range(self.rounds):
             t_round = time.perf_counter()
             cohort = cohort_of(r)
@@ -632,9 +669,7 @@ class FlowerFederation:
         plans, bits, segments, fields = layer.layout(spec, len(cohort))
         off = sum(f.size for f in spec.additive)
         g = build(cohort, layer.threshold, layer.graph, layer.k, None)
-        # what a node needs to rebuild the layer (its identity keys, if any, never travel)
-        params = json.dumps({k: getattr(layer, k) for k in ("threshold", "graph", "k",
-                                                             "precision", "ring_bits")})
+        params = self._ss_params()
         dropped: dict[str, dict[int, str]] = {}
         word = (bits + 7) // 8
         wire = common.get("broadcast", b"")
