@@ -204,9 +204,9 @@ class _Node:
     def _advertise_next(self, rec: ConfigRecord, context: Context,
                         store: ConfigRecord) -> dict[str, Any]:
         """ADVERTISE for the next secure-sum session (its session id, round and cohort size
-        in the ``next_*`` fields), sent ahead with this session's unmask: fresh keys, and
-        the party kept in the node's state until that session's share instruction brings
-        the client step (which fixes the vector length and ring)."""
+        in the ``next_*`` fields), sent ahead with the hello or the current session's
+        unmask: fresh keys, and the party kept in the node's state until that session's
+        share instruction brings the client step (which fixes the vector length and ring)."""
         for k in ("party", "vector", "party_n"):  # a session this node was dropped from
             if k in store:
                 del store[k]
@@ -282,8 +282,9 @@ class _Node:
             out["cpu_s"] = cpu + time.process_time() - t0
             store["party"] = _freeze(party)
             return out
-        # share, with the step: the party advertised ahead (with the previous session's
-        # unmask); its vector length and ring are fixed now, before the ROSTER is read
+        # share, with the step: the party advertised ahead (with the hello or the previous
+        # session's unmask); its vector length and ring are fixed now, before the ROSTER is
+        # read (which must announce the same)
         if "party" not in store or store.get("party_n") != n:
             raise ProtocolError("share with the client step, but no party advertised ahead "
                                 f"for a cohort of {n} on this node")
