@@ -38,11 +38,16 @@ def derive_seed(*parts: int | str) -> int:
     return int(np.random.SeedSequence(words).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
 
 
+def cohort_size(n: int, fraction: float) -> int:
+    """How many of ``n`` clients one round samples: max(1, round(fraction * n))."""
+    return max(1, int(round(fraction * n)))
+
+
 def sample_cohort(rng: np.random.Generator, n: int, fraction: float) -> list[int]:
-    """The indices (sorted) of one round's cohort: max(1, round(fraction * n)) of n clients
-    drawn without replacement from ``rng`` (all of them when that is n). Shared by the
-    embedded engine and :mod:`secagg.flower`, so both sample the same cohorts."""
-    k = max(1, int(round(fraction * n)))
+    """The indices (sorted) of one round's cohort: :func:`cohort_size` of n clients drawn
+    without replacement from ``rng`` (all of them when that is n). Shared by the embedded
+    engine and :mod:`secagg.flower`, so both sample the same cohorts."""
+    k = cohort_size(n, fraction)
     if k == n:
         return list(range(n))
     return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
@@ -401,7 +406,7 @@ class Federation:
                     spec = ph.spec()
                     specs[ph.name] = spec if spec.max_records is not None else replace(
                         spec, max_records=max_records)
-        cohort = max(1, int(round(self.fraction * len(self.partition))))
+        cohort = cohort_size(len(self.partition), self.fraction)
         verdicts = self.threat.check(self.algorithm, self.layer, specs, n_clients=cohort)
         leaks = [v for v in verdicts if not v.ok]
         if leaks and not self.allow_leaks:

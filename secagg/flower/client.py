@@ -170,20 +170,18 @@ class _Node:
     def handle(self, msg: Message, context: Context) -> Message:
         rec = read(msg)
         step = field(rec, "step", str)
-        if step == "hello" and "next_session" not in rec:
-            _, data = self._load(context)
-            return Message(content(cid=int(data.id), n_records=len(data.y)), reply_to=msg)
         store = self._store(context)
         tag = field(rec, "run", str)
         if store.get("run") != tag:  # a new run: forget the previous run's private state
             for k in list(store.keys()):
                 del store[k]
             store["run"] = tag
-        if step == "hello":  # and ADVERTISE for the run's first secure-sum session
+        if step == "hello":  # with SecureSum, ADVERTISE for the run's first session too
             _, data = self._load(context)
             store["cid"] = int(data.id)
-            out = {"cid": int(data.id), "n_records": len(data.y),
-                   **self._advertise_next(rec, context, store)}
+            out = {"cid": int(data.id), "n_records": len(data.y)}
+            if "next_session" in rec:
+                out.update(self._advertise_next(rec, context, store))
             return Message(content(**out), reply_to=msg)
         if step in ("upload", "advertise", "he-upload") or (
                 step == "share" and rec.get("with_step") is True):

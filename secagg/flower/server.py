@@ -49,6 +49,7 @@ from secagg.errors import (
 from secagg.federation import (
     AlgorithmLike,
     Result,
+    cohort_size,
     derive_seed,
     guard_phase,
     run_spec,
@@ -386,11 +387,11 @@ class FlowerFederation:
             time.sleep(0.5)
             ids = list(grid.get_node_ids())
         self.nodes = {}
-        n = max(1, int(round(self.fraction * len(ids))))  # sample_cohort's size
-        fields: dict[str, Any] = {}
+        n = cohort_size(len(ids), self.fraction)
+        fields: dict[str, Any] = {"run": self._run_tag}
         if ahead is not None:
-            fields = dict(run=self._run_tag, next_session=ahead.session, next_round=ahead.round,
-                          next_n=n, next_layer=self._ss_params())
+            fields.update(next_session=ahead.session, next_round=ahead.round, next_n=n,
+                          next_layer=self._ss_params())
         msgs = [Message(content(step="hello", **fields), dst_node_id=node,
                         message_type=MESSAGE_TYPE, group_id="hello") for node in ids]
         for m in msgs:
