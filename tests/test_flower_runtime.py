@@ -18,7 +18,8 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
     pytest.skip("needs flwr: pip install 'secagg[flower]' (always runs under CI=true)",
                 allow_module_level=True)
 
-from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
@@ -31,7 +32,7 @@ from secagg import (  # noqa: E402
     SecureSum,
 )
 from secagg.data import dirichlet_split, load_dataset  # noqa: E402
-from secagg.errors import ConfigurationError  # noqa: E402
+from secagg.errors import ConfigurationError, UploadError  # noqa: E402
 from secagg.flower.client import _Node, node_partition_loader  # noqa: E402
 from secagg.flower.records import RECORD, content, read  # noqa: E402
 from secagg.flower.server import FlowerFederation  # noqa: E402
@@ -82,7 +83,11 @@ class LocalGrid(Grid):
             rec = read(m)
             self.sent.append((rec["step"], m.metadata.dst_node_id - 100,
                               rec.get("evaluate", False)))
-            rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
+            try:
+                rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
+            except Exception as exc:  # as Flower's ClientApp runtime: an error reply
+                rep = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                    reason=f"{type(exc)}:<'{exc}'>"), reply_to=m)
             rep = self.fault(read(m)["step"], m.metadata.dst_node_id - 100, rep)
             ids.append(m.metadata.message_id)
             if rep is not None:
@@ -447,3 +452,74 @@ def test_a_cohort_other_than_the_hello_announced_is_advertised_afresh():
     steps = [(s, c) for s, c, _ in grid.sent]
     assert [c for s, c in steps if s == "advertise"] == [0, 1, 2]  # round 0 only
     assert not [r for r in result.costs.rows if r.stage.startswith("dropped")]
+
+
+def test_the_hello_reveals_no_record_count_and_plans_come_from_the_public_bound():
+    """A node's record count is private: the hello carries its client id only, and the
+    fixed-point plan comes from the public max_records (default or given), never from the
+    largest node's size. FedLog with a per-record bound (client_l2=None) under SecureSum:
+    the sums equal Federation's with the same public bound, bit for bit (the old runtime
+    planned from the largest node's reported size, so its scale and sums differed)."""
+    hellos = []
+
+    def fault(step, cid, rep):
+        if step == "hello":
+            hellos.append(set(read(rep).keys()))
+        return rep
+
+    def algo():
+        return FedLog(feature_dim=4, local_epochs=1, client_l2=None)
+
+    for max_records in (None, 600):
+        aggs = {}
+        hellos.clear()
+        grid = LocalGrid(fault)
+        grid.node = _Node(algo, node_partition_loader(_partition))
+        # at precision 1e-5 the ring is 40 bits for 10,000 records a client (the default
+        # bound), 32 for 600 -- and 32 for 470, the largest node's size
+        fed = FlowerFederation(algo(), SecureSum(threshold=3, precision=1e-5),
+                               load_dataset("digits"), rounds=1, seed=0, min_nodes=N,
+                               stage_timeout=0.5, max_records=max_records)
+        result = fed.run(grid, on_aggregate=lambda r, p, a, aggs=aggs: aggs.__setitem__(r, a))
+        assert hellos and all(keys <= {"cid", "next_msg", "next_cpu_s"} for keys in hellos)
+        want, embedded = _run_embedded(algo(), SecureSum(threshold=3, precision=1e-5),
+                                       max_records)
+        assert aggs[0].notes["secure_sum"]["ring_bits"] == \
+            want[0].notes["secure_sum"]["ring_bits"] == (40 if max_records is None else 32)
+        np.testing.assert_array_equal(aggs[0]["stats"], want[0]["stats"])
+        masked = [[r.wire_bytes for r in res.costs.rows if r.stage == "masked-input"
+                   and r.direction == "up"] for res in (result, embedded)]
+        assert masked[0] == masked[1]
+
+
+def test_a_node_above_the_public_max_records_refuses_its_upload():
+    """Client 0 holds 470 records, the others 195-254: under max_records=300 client 0
+    refuses its own upload (an error reply naming the bound, so it drops) and the round
+    sums the other three, as the embedded engine refuses such a client."""
+    assert [len(c.y) for c in _partition()] == [470, 195, 254, 230]
+    aggs = {}
+    fed = FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), rounds=1, seed=0,
+                           min_nodes=N, stage_timeout=0.5, max_records=300)
+    result = fed.run(LocalGrid(), on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    assert result.participation == [(0, "stats", 3, 4)]
+    assert "max_records=300" in aggs[0].notes["dropped"]["upload"][0]
+    with pytest.raises(UploadError, match="max_records=300"):
+        Federation(_algo(), Plaintext(), _partition(), rounds=1, seed=0, progress=False,
+                   max_records=300).run()
+    with pytest.raises(ConfigurationError, match="max_records"):
+        FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), max_records=0)
+
+
+def _run_embedded(algo, layer, max_records):
+    seen = {}
+    inner = layer.aggregate
+
+    def aggregate(uploads, spec, ctx):
+        agg = inner(uploads, spec, ctx)
+        seen[ctx.round] = agg
+        return agg
+
+    layer.aggregate = aggregate
+    result = Federation(algo, layer, _partition(), rounds=1, seed=0, progress=False,
+                        max_records=max_records).run()
+    return seen, result

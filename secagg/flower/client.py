@@ -9,8 +9,9 @@ with secagg's wire bytes.
 
 Steps (record field ``step``):
 
-* ``hello``: the client id (its partition id) and its number of training records (public,
-  as the embedded engine's ``max_records`` bound).
+* ``hello``: the client id (its partition id) only. A node's number of records stays on
+  the node: every step message carries the run's public ``max_records`` bound, and the
+  node refuses its own upload when it holds more (as the embedded engine refuses it).
 * ``upload`` (Plaintext): the phase's client step, ``Upload.validate``, and the upload
   packed with :func:`secagg.wire.pack_arrays`.
 * ``advertise`` / ``share`` / ``masked-input`` / ``consistency`` / ``unmask`` (SecureSum):
@@ -179,7 +180,7 @@ class _Node:
         if step == "hello":  # with SecureSum, ADVERTISE for the run's first session too
             _, data = self._load(context)
             store["cid"] = int(data.id)
-            out = {"cid": int(data.id), "n_records": len(data.y)}
+            out: dict[str, Any] = {"cid": int(data.id)}  # no record count: it is private
             if "next_session" in rec:
                 out.update(self._advertise_next(rec, context, store))
             return Message(content(**out), reply_to=msg)

@@ -60,7 +60,7 @@ from secagg.flower.records import field as rfield
 from secagg.homomorphic import Homomorphic
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.layers.plaintext import Plaintext
-from secagg.messages import ClipReport, Upload, UploadSpec
+from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
 from secagg.secure_sum import SecureSum
 from secagg.secure_sum import wire as ss_wire
 from secagg.secure_sum.graph import build
@@ -198,8 +198,11 @@ class FlowerFederation:
             with ``key_holder="decryptor"`` (others raise ConfigurationError).
         dataset: the data set description the server's ``algorithm.setup`` needs (classes,
             input shape; its global test set for non-personalized evaluation).
-        rounds, fraction, seed, on_violation, on_abort, include_values: as
-            :class:`~secagg.federation.Federation`.
+        rounds, fraction, seed, on_violation, on_abort, include_values, max_records: as
+            :class:`~secagg.federation.Federation`. ``max_records`` is the public bound on
+            records per client that fixed-point plans and client-level sensitivities are
+            derived from (default :data:`~secagg.messages.DEFAULT_MAX_RECORDS`); nodes never
+            report their record counts, and a node holding more refuses its upload.
         min_nodes: wait until this many nodes are connected (default: 1).
         connect_timeout: seconds to wait for them.
         stage_timeout: seconds a stage waits for replies; nodes silent past it are dropped.
@@ -251,8 +254,13 @@ class FlowerFederation:
         poll_interval: float = 0.2,
         node_evaluation: bool = True,
         step_timeout: float | None = None,
+        max_records: int | None = None,
     ) -> None:
         check_layer(layer)
+        if max_records is not None and (isinstance(max_records, bool)
+                                        or not isinstance(max_records, int) or max_records < 1):
+            raise ConfigurationError(
+                f"max_records must be a positive integer (a public bound), got {max_records!r}")
         self.node_evaluation = node_evaluation and bool(getattr(algorithm, "personalized",
                                                                 False))
         if self.node_evaluation and not (
@@ -289,7 +297,7 @@ class FlowerFederation:
         self.dropouts = DropoutModel(0.0, seed).for_stages(layer.dropout_stages())
         self.transport = _Transport()
         self.nodes: dict[int, int] = {}  # client id -> Flower node id
-        self.n_records: dict[int, int] = {}
+        self.max_records = max_records
         self._held = False
         self._run_tag = ""
         self._last_drops: dict[str, dict[int, str]] = {}
@@ -372,10 +380,11 @@ class FlowerFederation:
                                                                 "precision", "ring_bits")})
 
     def _connect(self, grid: Grid, ahead: _PreAdvertised | None = None) -> int:
-        """Wait for ``min_nodes`` SuperNodes and ask each for its client id and record
-        count (``hello``). With ``ahead`` (SecureSum), the hello also asks every node to
-        advertise for the first session, sized for the cohort that as many nodes give;
-        the ADVERTISEs are kept in ``ahead.adverts``. Returns that cohort size."""
+        """Wait for ``min_nodes`` SuperNodes and ask each for its client id (``hello``; a
+        node's record count is private and never asked for). With ``ahead`` (SecureSum),
+        the hello also asks every node to advertise for the first session, sized for the
+        cohort that as many nodes give; the ADVERTISEs are kept in ``ahead.adverts``.
+        Returns that cohort size."""
         deadline = time.monotonic() + self.connect_timeout
         ids = list(grid.get_node_ids())
         while len(ids) < self.min_nodes:
@@ -409,7 +418,6 @@ class FlowerFederation:
                     f"two SuperNodes report client id {cid}; give each node its own partition"
                 )
             self.nodes[cid] = int(rep.metadata.src_node_id)
-            self.n_records[cid] = rfield(rec, "n_records", int)
             if ahead is not None:
                 if (bad := _malformed(rec, (("next_msg", bytes),
                                             ("next_cpu_s", float)))) is not None:
@@ -448,7 +456,8 @@ class FlowerFederation:
         announced = self._connect(grid, ahead)
         ledger, transcript = Ledger(), Transcript(self.include_values)
         cids = sorted(self.nodes)
-        max_records = max(self.n_records.values())
+        # public, never derived from the nodes' data (issue 10's rule for the embedded engine)
+        max_records = DEFAULT_MAX_RECORDS if self.max_records is None else self.max_records
         transcript.meta(
             algorithm=self.algorithm.describe(), layer=self.layer.describe(), seed=self.seed,
             rounds=self.rounds, clients=len(cids), fraction=self.fraction, runtime="flower",
@@ -631,10 +640,12 @@ class FlowerFederation:
         for c, rec in sorted(got.items()):
             raw = rfield(rec, "msg", bytes)
             self.transport.add("upload", ours=len(raw))
-            # the server re-checks what arrived against the spec (a node may be hostile);
-            # an upload that breaks it is refused and its client counted as dropped
+            # the server re-checks what arrived against the spec (a node may be hostile)
+            # with the public per-client bound (the spec's max_records records: a node's own
+            # count is private); an upload that breaks it is refused, its client dropped
             try:
-                up = Upload.validate(spec, unpack_arrays(raw), c, self.n_records[c], "raise")
+                up = Upload.validate(spec, unpack_arrays(raw), c, int(spec.max_records or 1),
+                                     "raise")
             except (ProtocolError, UploadError) as exc:
                 self._book_drops(ctx, "upload", {c: f"refused: {exc}"}, dropped)
                 continue
