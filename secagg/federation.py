@@ -299,6 +299,42 @@ def guard_phase(
     return True
 
 
+def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
+                 max_records_given: bool) -> Any | None:
+    """What every runtime does before round 0 of a run: a DP layer calibrates its noise for
+    the run's real release count (every phase with upload fields, in every round:
+    ``plan_releases``), every phase's DP sensitivity is checked against what its clients
+    trained (:func:`~secagg.privacy.sensitivity.check_training_adjacency`; a per-record
+    bound on trained uploads is refused here, before anything is released), and the run
+    gets a fresh privacy ledger from the layer (None for a layer that adds no DP noise).
+
+    Args:
+        max_records_given: whether a public max_records bound was given (client-level DP
+            on a record-level bound needs one).
+    """
+    plan = getattr(layer, "plan_releases", None)
+    if callable(plan):  # DP layers calibrate their noise for the run's release count
+        plan(sum(1 for r in range(rounds)
+                 for ph in algorithm.phases(r, rounds) if ph.spec().fields))
+    from secagg.privacy.sensitivity import check_training_adjacency, dp_adjacency
+
+    seen: set[tuple[Any, ...]] = set()
+    for r in range(rounds):
+        for phase in algorithm.phases(r, rounds):
+            trained = tuple(getattr(phase, "trained_fields", lambda: ())())
+            dpsgd = bool(getattr(phase, "trained_with_dpsgd", lambda: False)())
+            if (phase.name, trained, dpsgd) in seen:
+                continue
+            seen.add((phase.name, trained, dpsgd))
+            spec = phase.spec()
+            check_training_adjacency(
+                phase.name, spec, trained, dp_adjacency(layer, spec), dpsgd,
+                getattr(phase, "training_note", ""),
+                max_records_given or spec.max_records is not None)
+    maker = getattr(layer, "make_privacy_ledger", None)
+    return maker() if callable(maker) else None
+
+
 def _progress_wanted() -> bool:
     return sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("true", "1")
 
@@ -449,17 +485,12 @@ class Federation:
         self.algorithm.setup(dataset, states, self.seed)
         if self.threat is not None:
             header["leaks"] = self._check_threat(max_records)
-        plan = getattr(self.layer, "plan_releases", None)
-        if callable(plan):  # DP layers calibrate their noise for the run's release count
-            plan(sum(1 for r in range(self.rounds)
-                     for ph in self.algorithm.phases(r, self.rounds) if ph.spec().fields))
+        made = plan_privacy(self.algorithm, self.layer, self.rounds,
+                            self.max_records is not None)
         header["layer"] = self.layer.describe()  # as planned (noise for the real releases)
-        self._check_adjacency()
-        self.privacy = self._privacy_arg  # a fresh ledger per run (unless one was given)
+        # a fresh ledger per run (unless one was given)
+        self.privacy = self._privacy_arg if self._privacy_arg is not None else made
         self._unnoised: dict[tuple[str, str], str] = {}  # kept until a ledger exists
-        if self.privacy is None:
-            maker = getattr(self.layer, "make_privacy_ledger", None)
-            self.privacy = maker() if callable(maker) else None
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
         history: list[float] = []
         clips = ClipReport()
@@ -532,25 +563,6 @@ class Federation:
             n_clients=len(states),
             wall_s=time.perf_counter() - t_start,
         )
-
-    def _check_adjacency(self) -> None:
-        """Before any round: refuse a DP sensitivity that does not hold for some phase
-        (:func:`secagg.privacy.sensitivity.check_training_adjacency`)."""
-        from secagg.privacy.sensitivity import check_training_adjacency, dp_adjacency
-
-        seen: set[tuple[Any, ...]] = set()
-        for r in range(self.rounds):
-            for phase in self.algorithm.phases(r, self.rounds):
-                trained = tuple(getattr(phase, "trained_fields", lambda: ())())
-                dpsgd = bool(getattr(phase, "trained_with_dpsgd", lambda: False)())
-                if (phase.name, trained, dpsgd) in seen:
-                    continue
-                seen.add((phase.name, trained, dpsgd))
-                spec = phase.spec()
-                check_training_adjacency(
-                    phase.name, spec, trained, dp_adjacency(self.layer, spec), dpsgd,
-                    getattr(phase, "training_note", ""),
-                    self.max_records is not None or spec.max_records is not None)
 
     def _broadcast(
         self, phase: _Phase, cohort: list[int], ctx: RoundContext

@@ -25,8 +25,11 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from algorithms import FedLog  # noqa: E402
 from secagg import (  # noqa: E402
+    CentralDP,
+    DistributedDP,
     Federation,
     Homomorphic,
+    LocalDP,
     Plaintext,
     ScheduledDropouts,
     SecureSum,
@@ -62,6 +65,7 @@ class LocalGrid(Grid):
         self.fault = fault or (lambda step, cid, rep: rep)
         self.replies = []
         self.sent = []  # (step, client, asked to evaluate first) per message
+        self.dp_fields = {}  # record field -> messages that carried it ("dp": noise params)
 
     def set_run(self, run):
         raise NotImplementedError
@@ -83,6 +87,8 @@ class LocalGrid(Grid):
             rec = read(m)
             self.sent.append((rec["step"], m.metadata.dst_node_id - 100,
                               rec.get("evaluate", False)))
+            if "dp" in rec:
+                self.dp_fields["dp"] = self.dp_fields.get("dp", 0) + 1
             try:
                 rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
             except Exception as exc:  # as Flower's ClientApp runtime: an error reply
@@ -523,3 +529,149 @@ def _run_embedded(algo, layer, max_records):
     result = Federation(algo, layer, _partition(), rounds=1, seed=0, progress=False,
                         max_records=max_records).run()
     return seen, result
+
+
+# DP layers over Flower: each party's part runs where it belongs (LocalDP and DistributedDP
+# noise on the nodes, CentralDP at the server). With a user seed every party's noise stream
+# is reproducible (and the run is reported not private), so the sums must equal the embedded
+# engine's bit for bit; without one the run is private and its epsilon the embedded run's.
+_DP = {
+    "central-dp/secure-sum": lambda seed: CentralDP(SecureSum(threshold=3), epsilon=4.0,
+                                                    delta=1e-5, adjacency="client", seed=seed),
+    "local-dp/plaintext": lambda seed: LocalDP(Plaintext(), epsilon=4.0, delta=1e-5,
+                                               adjacency="client", seed=seed),
+    "local-dp/secure-sum": lambda seed: LocalDP(SecureSum(threshold=3), epsilon=4.0,
+                                                delta=1e-5, adjacency="client", seed=seed),
+    "distributed-dp/secure-sum": lambda seed: DistributedDP(
+        SecureSum(threshold=3), epsilon=4.0, delta=1e-5, adjacency="client", seed=seed),
+    "distributed-dp/skellam": lambda seed: DistributedDP(
+        SecureSum(threshold=3), mechanism="skellam", epsilon=4.0, delta=1e-5,
+        adjacency="client", seed=seed),
+}
+
+
+def _dp_runs(name, seed, rounds=2, fault=None):
+    aggs = {}
+    fed = FlowerFederation(_algo(), _DP[name](seed), load_dataset("digits"), rounds=rounds,
+                           seed=0, min_nodes=N, stage_timeout=0.5)
+    grid = LocalGrid(fault)
+    result = fed.run(grid, on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    want, embedded = _sums_by_round(_DP[name](seed), rounds, 1.0)
+    return aggs, result, want, embedded, grid
+
+
+@pytest.mark.parametrize("name", sorted(_DP))
+def test_seeded_dp_over_flower_equals_the_embedded_engine(name):
+    aggs, result, want, embedded, grid = _dp_runs(name, seed=7)
+    plain, _ = _sums_by_round(Plaintext(), 2, 1.0)
+    for r in (0, 1):
+        assert aggs[r].contributors == want[r].contributors == tuple(range(N))
+        np.testing.assert_array_equal(aggs[r]["stats"], want[r]["stats"])
+        assert not np.array_equal(aggs[r]["stats"], plain[r]["stats"])  # noise was added
+        assert aggs[r].notes["dp"]["noise_multiplier"] == want[r].notes["dp"]["noise_multiplier"]
+    assert result.history == embedded.history
+    # the same ledger of privacy events, and the same verdict: a user seed is not private
+    assert result.privacy.epsilon(delta=1e-5) == embedded.privacy.epsilon(delta=1e-5) <= 4.0
+    assert not result.privacy.private and not embedded.privacy.private
+    assert _ledger_keys(result) == _ledger_keys(embedded)
+    # the nodes were told to noise exactly when the layer's noise is theirs to add
+    told = {s for s, _, _ in grid.sent if s in ("upload", "share")}
+    assert told
+    if name.startswith("central-dp"):
+        assert "dp" not in grid.dp_fields
+    else:
+        assert grid.dp_fields["dp"] > 0
+
+
+@pytest.mark.parametrize("name", ["local-dp/secure-sum", "distributed-dp/secure-sum",
+                                  "central-dp/secure-sum"])
+def test_dp_over_flower_is_private_and_the_server_never_sees_an_unnoised_sum(name):
+    aggs, result, want, embedded, _ = _dp_runs(name, seed=None)
+    assert result.privacy.private and embedded.privacy.private
+    assert result.privacy.epsilon(delta=1e-5) == pytest.approx(
+        embedded.privacy.epsilon(delta=1e-5), rel=1e-9)
+    assert result.privacy.epsilon(delta=1e-5) <= 4.0
+    plain, _ = _sums_by_round(Plaintext(), 2, 1.0)
+    forms = {(o["stage"], o["form"]) for o in result.transcript.observations()
+             if o["party"] == "server" and o["field"] == "stats"}
+    if name.startswith("central-dp"):  # the aggregator sees the sum, then noises it
+        assert ("unmask", "clear") in forms and ("dp-noise", "noised") in forms
+    else:  # noise added on the nodes: no form the server saw is clear
+        assert all(form in ("masked", "noised") for _, form in forms), forms
+    for r in (0, 1):
+        gap = np.abs(aggs[r]["stats"] - plain[r]["stats"])
+        sigma = max(aggs[r].notes["dp"]["fields"]["stats"]["sigma"],
+                    aggs[r].notes["dp"].get("sum_sigma", {}).get("stats", 0.0))
+        assert 0 < gap.max() < 8 * sigma  # noised, at the scale the ledger accounts for
+    # the transcript closes with the run's DP guarantee, as the embedded engine's
+    assert [p for p in result.transcript.records if p.get("type") == "privacy"]
+
+
+def test_distributed_dp_over_flower_accounts_for_a_node_that_drops():
+    """Node 2 is silent after sharing its keys: the sum holds 3 noise shares, not 4; the
+    ledger spends the events of the noise actually added, as the embedded engine does with
+    the same dropout, and the sums are bit-equal under a user seed."""
+    def fault(step, cid, rep):
+        return None if cid == 2 and step in ("masked-input", "unmask") else rep
+
+    aggs = {}
+    fed = FlowerFederation(_algo(), _DP["distributed-dp/secure-sum"](3), load_dataset("digits"),
+                           rounds=1, seed=0, min_nodes=N, stage_timeout=0.5)
+    result = fed.run(LocalGrid(fault), on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    want, embedded = _sums_by_round(_DP["distributed-dp/secure-sum"](3), 1, 1.0,
+                                    ScheduledDropouts({"masked-input": [2]}))
+    assert aggs[0].contributors == want[0].contributors == (0, 1, 3)
+    assert aggs[0].notes["dp"]["survivors"] == 3 and aggs[0].notes["dp"]["min_survivors"] == 3
+    np.testing.assert_array_equal(aggs[0]["stats"], want[0]["stats"])
+    assert result.privacy.epsilon(delta=1e-5) == embedded.privacy.epsilon(delta=1e-5)
+
+
+def test_a_node_refuses_dp_parameters_it_cannot_check():
+    """Parameters the node cannot rebuild a noise layer from (an unknown layer, a negative
+    multiplier) are refused with a typed error, so the node drops; it never uploads
+    without the noise it was asked for."""
+    import json
+
+    from flwr.app import Message
+
+    from secagg.errors import ProtocolError
+    from secagg.flower.records import MESSAGE_TYPE
+
+    node = _Node(_algo, node_partition_loader(_partition))
+    ctx = Context(run_id=1, node_id=100, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={})
+    base = dict(run="r1", step="upload", round=0, rounds=1, phase="stats", seed=0,
+                max_records=1000, on_violation="raise")
+    good = _DP["local-dp/plaintext"](None)
+    good.plan_releases(1)
+    for bad in ({**good.node_params(), "layer": "central-dp"},
+                {**good.node_params(), "noise_multiplier": -1.0},
+                {**good.node_params(), "sigma": 0.0}):
+        with pytest.raises(ProtocolError, match="DP parameters refused"):
+            node.handle(Message(content(**base, dp=json.dumps(bad)), dst_node_id=100,
+                                message_type=MESSAGE_TYPE), ctx)
+    rep = read(node.handle(Message(content(**base, dp=json.dumps(good.node_params())),
+                                   dst_node_id=100, message_type=MESSAGE_TYPE), ctx))
+    assert isinstance(rep["msg"], bytes)
+
+
+def test_layers_flower_cannot_carry_yet_are_refused_with_the_reason():
+    from secagg.layers.per_group import PerGroup
+
+    with pytest.raises(ConfigurationError, match="DistributedDP around"):
+        FlowerFederation(_algo(), DistributedDP(_FakeSum(), epsilon=1.0, delta=1e-5),
+                         load_dataset("digits"))
+    with pytest.raises(ConfigurationError, match="does not run on Flower"):
+        FlowerFederation(_algo(), PerGroup({"default": Plaintext()}), load_dataset("digits"))
+
+
+class _FakeSum(SecureSum):
+    """A SecureSum subclass (not SecureSum itself): refused by the exact-type check."""
+
+
+def _ledger_keys(result):
+    out = {}
+    for r in result.costs.rows:
+        key = (r.round, r.stage, r.sender, r.receiver, r.direction)
+        out[key] = out.get(key, 0) + 1
+    return out

@@ -4,7 +4,10 @@ One ``flwr.simulation.run_simulation`` (one Ray start) runs FedLog for 2 rounds 
 Plaintext and then under SecureSum; every (round, phase) aggregate must equal the one
 ``Federation`` computes for the same seed bit for bit (all three are exact), and so must
 the server's FedLog head, and so must the per-round accuracy (FedLog is personalized: it is
-computed on the nodes). Then BFV (Homomorphic, a designated decryptor node) likewise.
+computed on the nodes). Then BFV (Homomorphic, a designated decryptor node) likewise, and
+DistributedDP around SecureSum: every node adds its own noise share to its encoded vector
+before masking; with a user seed (reproducible noise, reported not private) the noised sums
+equal the embedded engine's bit for bit, and so does the privacy ledger's epsilon.
 Layers without a Flower port are refused before any node is contacted.
 """
 
@@ -19,7 +22,7 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
                 allow_module_level=True)
 
 from algorithms import FedLog  # noqa: E402
-from secagg import Federation, Homomorphic, LocalDP, Plaintext, SecureSum  # noqa: E402
+from secagg import DistributedDP, Federation, Homomorphic, Plaintext, SecureSum  # noqa: E402
 from secagg.data import dirichlet_split, load_dataset  # noqa: E402
 from secagg.errors import ConfigurationError  # noqa: E402
 
@@ -37,7 +40,9 @@ def _algo():
 
 def _layers():
     return {"plaintext": Plaintext(), "secure-sum": SecureSum(threshold=0.7),
-            "bfv": Homomorphic(scheme="bfv")}
+            "bfv": Homomorphic(scheme="bfv"),
+            "distributed-dp": DistributedDP(SecureSum(threshold=0.7), epsilon=4.0, delta=1e-5,
+                                            adjacency="client", seed=5)}
 
 
 def _embedded(layer):
@@ -95,7 +100,7 @@ def flower_runs():
     return out
 
 
-@pytest.mark.parametrize("name", ["plaintext", "secure-sum", "bfv"])
+@pytest.mark.parametrize("name", ["plaintext", "secure-sum", "bfv", "distributed-dp"])
 def test_simulation_20_nodes_equals_federation(flower_runs, name):
     assert name in flower_runs, "the ServerApp did not finish this layer's run"
     aggs, eta, result, fed = flower_runs[name]
@@ -113,10 +118,9 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
                                     (1, "stats", N_NODES, N_NODES)]
     # the ledger books real messages: every client sends in each stage of each round
     stages = {r.stage for r in result.costs.rows if r.direction == "up"}
-    assert stages == {"plaintext": {"upload"},
-                      "secure-sum": {"advertise", "share", "masked-input", "consistency",
-                                     "unmask"},
-                      "bfv": {"upload"}}[name]
+    secure = {"advertise", "share", "masked-input", "consistency", "unmask"}
+    assert stages == {"plaintext": {"upload"}, "secure-sum": secure, "bfv": {"upload"},
+                      "distributed-dp": secure}[name]
     if name == "bfv":  # the decryptor is a party, not a client: its messages are internal
         assert {r.stage for r in result.costs.rows if r.direction == "internal"
                 and r.sender == "decryptor"} == {"keys", "result"}
@@ -133,13 +137,20 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
             assert v["messages"] == v["flower_message_bytes"] == 0 < v["secagg_wire_bytes"]
         elif stage != "hello":
             assert v["flower_message_bytes"] > 0 and v["secagg_wire_bytes"] > 0, stage
-    assert ("advertise" in t) == (name == "secure-sum")
+    assert ("advertise" in t) == (name in ("secure-sum", "distributed-dp"))
     if name != "plaintext":  # the server saw only masked/encrypted uploads and the sum
         forms = {o["form"] for o in result.transcript.observations() if o["party"] == "server"}
-        assert forms == {"masked" if name == "secure-sum" else "encrypted", "clear"}
+        assert forms == {"secure-sum": {"masked", "clear"}, "bfv": {"encrypted", "clear"},
+                         # noise added on the nodes: not even the sum was clear
+                         "distributed-dp": {"masked", "noised"}}[name]
         clear = [o for o in result.transcript.observations()
                  if o["party"] == "server" and o["form"] == "clear"]
         assert all(o["what"] == "sum" for o in clear)
+    if name == "distributed-dp":  # one ledger of DP events, as the embedded run's
+        assert result.privacy.epsilon(delta=1e-5) == want_result.privacy.epsilon(delta=1e-5)
+        assert not result.privacy.private  # the user seed: reproducible, so not private
+        plain, _, _ = _embedded(Plaintext())
+        assert not np.array_equal(aggs[(0, "stats")]["stats"], plain[(0, "stats")]["stats"])
 
 
 def test_bfv_decryptor_is_a_node_and_the_server_holds_no_secret_key(flower_runs):
@@ -160,5 +171,9 @@ def test_layers_without_a_flower_port_are_refused():
         server_app(_algo(), Homomorphic(scheme="bfv", key_holder="clients"),
                    load_dataset("digits"))
     with pytest.raises(ConfigurationError, match="does not run on Flower yet"):
-        server_app(_algo(), LocalDP(Plaintext(), noise_multiplier=1.0),
+        server_app(_algo(), DistributedDP(_NotSecureSum(), noise_multiplier=1.0),
                    load_dataset("digits"))
+
+
+class _NotSecureSum(SecureSum):
+    """Not the SecureSum the nodes rebuild (a subclass): refused."""

@@ -254,6 +254,21 @@ class _Node:
         store["client_state"] = pickle.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
                                "clipped": json.dumps(up.clipped), **scored}
+        # DP noise added here, on the node, from the node's own noise stream: LocalDP
+        # noises the upload before it leaves (the inner layer then carries the widened
+        # spec); DistributedDP adds this node's noise share to its encoded vector below
+        noiser, rng = None, None
+        if "dp" in rec:  # (imported here: a node's messages without DP skip the accountant)
+            from secagg.privacy.layers import LocalDP, noise_source
+
+            t0 = time.process_time()
+            noiser = self._noiser(rec)
+            rng = noise_source(noiser.seed, rnd, name, int(st.id)).rng
+            if isinstance(noiser, LocalDP):
+                sigmas, wide = noiser.noise_plan(spec)
+                if sigmas:
+                    up, spec = noiser.noise_upload(up, spec, sigmas, wide, rng), wide
+            out["cpu_s"] = cpu = cpu + time.process_time() - t0
         if field(rec, "step", str) == "upload":
             t0 = time.process_time()
             out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
@@ -266,12 +281,16 @@ class _Node:
         store["cid"] = int(st.id)
         layer = SecureSum(**json.loads(field(rec, "layer", str)))
         n = field(rec, "n", int)
-        plans = layer.plan(spec, n)
-        bits = next(iter(plans.values())).ring_bits if plans else 8
         t, min_holders = session_bounds(layer, n)
         t0 = time.process_time()
-        parts = [p.encode(np.asarray(up[name])) for name, p in plans.items()]
-        vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        if noiser is not None and hasattr(noiser, "release_plan"):  # DistributedDP: the
+            release = noiser.release_plan(spec, n)  # server's release plan, derived here
+            vector, bits = noiser.encode_noised(release, up, rng), release.ring_bits
+        else:
+            plans = layer.plan(spec, n)
+            bits = next(iter(plans.values())).ring_bits if plans else 8
+            parts = [p.encode(np.asarray(up[f])) for f, p in plans.items()]
+            vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
         store["vector"] = pack_arrays({"v": vector})
         if field(rec, "step", str) == "advertise":
             # configured as the embedded engine configures its clients (run_secure_sum)
@@ -298,6 +317,25 @@ class _Node:
         out["cpu_s"] = time.process_time() - t0
         store["party"] = _freeze(party)
         return out
+
+    @staticmethod
+    def _noiser(rec: ConfigRecord) -> Any:
+        """The noise side of the run's DP layer, rebuilt from the instruction's ``dp``
+        parameters (:func:`secagg.privacy.layers.node_layer`; DistributedDP around the
+        session's SecureSum, whose threshold sizes each share); parameters the node cannot
+        check are a ProtocolError (an error reply: the node drops, it never noises less)."""
+        from secagg.errors import PrivacyError
+        from secagg.layers.plaintext import Plaintext
+        from secagg.privacy.layers import DistributedDP, node_layer
+        from secagg.secure_sum import SecureSum
+
+        try:
+            params = json.loads(field(rec, "dp", str))
+            inner = (SecureSum(**json.loads(field(rec, "layer", str))) if "layer" in rec
+                     and params.get("layer") == DistributedDP.name else Plaintext())
+            return node_layer(params, inner)
+        except (PrivacyError, ConfigurationError, ValueError, TypeError, AttributeError) as exc:
+            raise ProtocolError(f"DP parameters refused: {exc}") from None
 
     def _evaluate(
         self, raw: bytes, seed: int, dataset: Dataset, data: ClientData, store: ConfigRecord

@@ -52,6 +52,7 @@ from secagg.federation import (
     cohort_size,
     derive_seed,
     guard_phase,
+    plan_privacy,
     run_spec,
     sample_cohort,
 )
@@ -61,6 +62,7 @@ from secagg.homomorphic import Homomorphic
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.layers.plaintext import Plaintext
 from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
+from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP, relabel
 from secagg.secure_sum import SecureSum
 from secagg.secure_sum import wire as ss_wire
 from secagg.secure_sum.graph import build
@@ -69,18 +71,34 @@ from secagg.transcript import Transcript
 from secagg.wire import pack_arrays, unpack_arrays
 
 SUPPORTED_LAYERS = (Plaintext, SecureSum, Homomorphic)
+#: DP wrappers carried, each with the inner layers it may wrap over Flower
+DP_LAYERS: dict[type, tuple[type, ...]] = {
+    CentralDP: SUPPORTED_LAYERS, LocalDP: SUPPORTED_LAYERS, DistributedDP: (SecureSum,)}
 
 # what a reply to a client-step instruction must carry
 _STEP_REPLY = (("msg", bytes), ("cpu_s", float), ("flops", float), ("clipped", str))
 
 
 def check_layer(layer: Layer) -> None:
-    """Refuse a layer the Flower runtime cannot carry yet (with what can be used)."""
+    """Refuse a layer the Flower runtime cannot carry yet (with what can be used): carried
+    are Plaintext, SecureSum (without pinned identities), Homomorphic with a decryptor
+    node, and CentralDP / LocalDP around any of them or DistributedDP around SecureSum."""
+    inners = DP_LAYERS.get(type(layer))
+    if inners is not None:
+        inner = layer.inner  # type: ignore[attr-defined]
+        if type(inner) not in inners:
+            raise ConfigurationError(
+                f"{type(layer).__name__} around {type(inner).__name__} does not run on "
+                f"Flower yet: its inner layer must be one of "
+                f"{[t.__name__ for t in inners]} there")
+        check_layer(inner)
+        return
     if type(layer) not in SUPPORTED_LAYERS:
         raise ConfigurationError(
             f"layer {getattr(layer, 'name', type(layer).__name__)!r} "
             f"({type(layer).__name__}) does not run on Flower yet: its client side would "
-            "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there, or the "
+            "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there (alone "
+            "or inside CentralDP, LocalDP, or DistributedDP around SecureSum), or the "
             "embedded Federation"
         )
     if isinstance(layer, SecureSum) and layer.identities is not None:
@@ -287,6 +305,11 @@ class FlowerFederation:
                 or poll_interval <= 0):
             raise ConfigurationError("min_nodes >= 1 and positive timeouts are required")
         self.algorithm, self.layer, self.dataset = algorithm, layer, dataset
+        #: the DP wrapper (CentralDP, LocalDP or DistributedDP), or None
+        self.dp: CentralDP | LocalDP | DistributedDP | None = (
+            layer if type(layer) in DP_LAYERS else None)  # type: ignore[assignment]
+        #: the layer that carries the uploads (the DP wrapper's inner layer, or the layer)
+        self.carrier: Layer = layer.inner if self.dp is not None else layer  # type: ignore
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
         self.on_violation, self.on_abort = on_violation, on_abort
         self.include_values = include_values
@@ -376,7 +399,7 @@ class FlowerFederation:
     def _ss_params(self) -> str:
         """What a node needs to rebuild the SecureSum layer, as JSON (its identity keys, if
         any, never travel)."""
-        return json.dumps({k: getattr(self.layer, k) for k in ("threshold", "graph", "k",
+        return json.dumps({k: getattr(self.carrier, k) for k in ("threshold", "graph", "k",
                                                                 "precision", "ring_bits")})
 
     def _connect(self, grid: Grid, ahead: _PreAdvertised | None = None) -> int:
@@ -448,9 +471,13 @@ class FlowerFederation:
         t_start = time.perf_counter()
         self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
         self.algorithm.setup(self.dataset, [], self.seed)
+        # before any node is contacted: noise calibrated for the run's releases, DP
+        # sensitivities checked against what the clients train, the run's privacy ledger
+        privacy = plan_privacy(self.algorithm, self.layer, self.rounds,
+                               self.max_records is not None)
         # SecureSum: the first session's ADVERTISE rides on the hello
         first = (list(self.algorithm.phases(0, self.rounds))[:1]
-                 if isinstance(self.layer, SecureSum) else [])
+                 if isinstance(self.carrier, SecureSum) else [])
         ahead = (_PreAdvertised(0, first[0].name, secrets.token_bytes(ss_wire.SESSION_BYTES),
                                 ()) if first else None)
         announced = self._connect(grid, ahead)
@@ -495,7 +522,10 @@ class FlowerFederation:
                 check_phase(phase)
                 spec = run_spec(phase, self.layer, max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
-                                   ledger, transcript, self.dropouts, None)
+                                   ledger, transcript, self.dropouts, privacy)
+                if privacy is not None:  # fields the layer releases without DP noise
+                    for name, why in self.layer.unnoised_fields(spec).items():
+                        privacy.mark_unnoised(name, phase.name, why)
                 # the session after this one, whose ADVERTISE rides on this one's unmask
                 if i + 1 < len(phases):
                     nxt: tuple[int, str, list[int]] | None = (r, phases[i + 1].name, cohort)
@@ -519,12 +549,14 @@ class FlowerFederation:
         self._finish_evaluation(grid, history)  # the last round's: a message of its own
         if self.round_wall_s:
             self.round_wall_s[-1] += time.perf_counter() - t_eval
+        if privacy is not None:
+            privacy.record_in(transcript)
         kind = ("mean local test" if getattr(self.algorithm, "personalized", False)
                 else "global test")
         return Result(
             algorithm=self.algorithm.describe(), layer=self.layer.describe(),
             rounds=len(history), seed=self.seed, accuracy=history[-1], accuracy_kind=kind,
-            history=history, costs=ledger, transcript=transcript, privacy=None,
+            history=history, costs=ledger, transcript=transcript, privacy=privacy,
             clips=dict(clips.counts), aborted=aborted, participation=participation,
             n_clients=len(cids), wall_s=time.perf_counter() - t_start,
         )
@@ -616,19 +648,69 @@ class FlowerFederation:
             for c in cohort:
                 ctx.message(SERVER, c, "broadcast", len(wire), plaintext_bytes=plain,
                             fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()})
-        if payload and not isinstance(self.layer, SecureSum):  # it rides in the upload
+        carrier, dp = self.carrier, self.dp
+        if payload and not isinstance(carrier, SecureSum):  # it rides in the upload
             self.transport.add("upload", ours=len(wire) * len(cohort))
+        # the DP layer's parts, each where it belongs (the embedded layer's order): the
+        # aggregator begins the release; LocalDP: the nodes noise their uploads (the inner
+        # layer carries the widened spec); DistributedDP: the nodes add noise shares to their
+        # encoded vectors before masking (the worst case checked against the budget first);
+        # CentralDP: the aggregator noises the inner layer's sums
+        ledger = dp.begin(spec, ctx) if dp is not None else None
+        carried, inner_ctx = spec, ctx
+        node_dp: dict[str, Any] | None = None
+        sigmas: dict[str, float] = {}
+        release = None
+        if isinstance(dp, LocalDP):
+            sigmas, carried = dp.noise_plan(spec)
+            if sigmas:
+                dp.spend(ledger, sigmas, ctx)  # type: ignore[arg-type]
+                dp.mark_seeded(ledger, list(sigmas))  # type: ignore[arg-type]
+                inner_ctx, node_dp = relabel(ctx, list(sigmas)), dp.node_params()
+        elif isinstance(dp, DistributedDP):
+            release = dp.release_plan(spec, len(cohort))
+            ledger.check(*release.planned)  # type: ignore[union-attr]
+            names = [f.name for f in release.noised]
+            dp.mark_seeded(ledger, names)  # type: ignore[arg-type]
+            inner_ctx = relabel(ctx, names)
+            node_dp = dp.node_params(release.z) if names else None
         common = dict(run=self._run_tag, round=ctx.round, rounds=self.rounds, phase=phase.name,
-                      seed=self.seed,
-                      max_records=max_records, on_violation=self.on_violation, broadcast=wire)
-        if isinstance(self.layer, SecureSum):
-            return self._secure_sum(grid, phase, spec, cohort, common, ctx, clips, nxt)
-        if isinstance(self.layer, Homomorphic):
-            return self._homomorphic(grid, phase, spec, cohort, common, ctx, clips)
-        return self._plaintext(grid, spec, cohort, common, ctx, clips, phase)
+                      seed=self.seed, max_records=max_records, on_violation=self.on_violation,
+                      broadcast=wire, dp=None if node_dp is None else json.dumps(node_dp))
+        if isinstance(carrier, SecureSum):
+            if release is None:
+                plans, bits, segments, fields = carrier.layout(carried, len(cohort))
+            else:
+                plans, bits = {}, release.ring_bits
+                segments = release.segments
+                fields = {f.name: f.nbytes for f in release.additive}
+            total, contributors, notes = self._secure_sum(
+                grid, cohort, common, inner_ctx, clips, nxt, bits, segments, fields)
+            if release is None:
+                sums = {f.name: plans[f.name].decode_sum(total[segments[f.name]]).reshape(f.shape)
+                        for f in carried.additive}
+                notes["secure_sum"]["scale_bits"] = {n: p.scale_bits for n, p in plans.items()}
+                agg = Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
+            else:
+                agg = dp.finish(release, spec, total, contributors, ctx,  # type: ignore
+                                ledger, dp.seed is None)  # type: ignore[union-attr]
+                agg.notes.update(notes)
+        elif isinstance(carrier, Homomorphic):
+            agg = self._homomorphic(grid, carried, cohort, common, inner_ctx, clips)
+        else:
+            agg = self._plaintext(grid, carried, cohort, common, inner_ctx, clips)
+        if isinstance(dp, CentralDP):
+            agg = dp.release(agg, spec, ctx, ledger)  # type: ignore[arg-type]
+        elif isinstance(dp, LocalDP) and sigmas:
+            agg.notes["dp"] = dp.release_notes(spec, sigmas, dp.seed is None,
+                                               len(agg.contributors))
+        t0 = time.process_time()
+        phase.server_step(agg)
+        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        return agg
 
     def _plaintext(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
-                   ctx: RoundContext, clips: ClipReport, phase: Any) -> Aggregate:
+                   ctx: RoundContext, clips: ClipReport) -> Aggregate:
         got, failed = self._exchange(
             grid, "upload", ctx, {c: content(step="upload", **common,
                                              **self._evaluation_fields(c)) for c in cohort},
@@ -653,11 +735,8 @@ class FlowerFederation:
             up.clipped = json.loads(rfield(rec, "clipped", str))
             clips.add(up)
             uploads[c] = up
-        agg = self.layer.aggregate(uploads, spec, ctx)
+        agg = self.carrier.aggregate(uploads, spec, ctx)
         agg.notes["dropped"] = dropped
-        t0 = time.process_time()
-        phase.server_step(agg)
-        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
         return agg
 
     def _maybe_hold(self, ctx: RoundContext, stage: str) -> None:
@@ -670,16 +749,18 @@ class FlowerFederation:
         while not (d / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
 
-    def _secure_sum(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int],
-                    common: dict, ctx: RoundContext, clips: ClipReport,
-                    nxt: tuple[int, str, list[int]] | None = None) -> Aggregate:
+    def _secure_sum(self, grid: Grid, cohort: list[int], common: dict, ctx: RoundContext,
+                    clips: ClipReport, nxt: tuple[int, str, list[int]] | None, bits: int,
+                    segments: Mapping[str, slice], fields: Mapping[str, int],
+                    ) -> tuple[np.ndarray, tuple[int, ...], dict[str, Any]]:
         """One SecureSum session over Flower: five exchanges, or four when the previous
         session's unmask exchange carried this one's ADVERTISE (``nxt`` names the session
         after this one, to advertise for in stage 5); the client step then rides on the
-        share instruction instead of the advertise one."""
-        layer: SecureSum = self.layer  # type: ignore[assignment]
-        plans, bits, segments, fields = layer.layout(spec, len(cohort))
-        off = sum(f.size for f in spec.additive)
+        share instruction instead of the advertise one. The nodes' vectors are ``bits``-bit
+        ring elements, one slice per field (``segments``; ``fields``: plaintext bytes per
+        field). Returns (the ring sum, the contributors, the aggregate's notes)."""
+        layer: SecureSum = self.carrier  # type: ignore[assignment]
+        off = sum(sl.stop - sl.start for sl in segments.values())
         g = build(cohort, layer.threshold, layer.graph, layer.k, None)
         params = self._ss_params()
         dropped: dict[str, dict[int, str]] = {}
@@ -865,24 +946,17 @@ class FlowerFederation:
             part = total[sl]
             ctx.observe(SERVER, SERVER, "unmask", name, "clear", part, what="sum",
                         nbytes=int(part.size) * word)
-        sums = {f.name: plans[f.name].decode_sum(total[segments[f.name]]).reshape(f.shape)
-                for f in spec.additive}
         notes = {"secure_sum": {
             "ring_bits": bits, "graph": g.kind, "k": g.k, "threshold": g.threshold,
             "share_threshold": g.share_threshold, "live": dict(server.live),
             "excluded": sorted(server.excluded), "recovered": sorted(server.dropped),
-            "scale_bits": {n: p.scale_bits for n, p in plans.items()},
             "refused": dict(server.refused), "server_model": "honest-but-curious",
         }, "dropped": dropped}
-        agg = Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
-        t0 = time.process_time()
-        phase.server_step(agg)
-        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
-        return agg
+        return total, tuple(contributors), notes
 
 
-    def _homomorphic(self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int],
-                     common: dict, ctx: RoundContext, clips: ClipReport) -> Aggregate:
+    def _homomorphic(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
+                     ctx: RoundContext, clips: ClipReport) -> Aggregate:
         """Keys from the decryptor node (once per parameter set), encrypted uploads from
         the clients, the sum of ciphertexts here (public context only), the clear sum from
         the decryptor."""
@@ -893,7 +967,7 @@ class FlowerFederation:
         from secagg.homomorphic.packing import Packing
         from secagg.transcript import digest
 
-        layer: Homomorphic = self.layer  # type: ignore[assignment]
+        layer: Homomorphic = self.carrier  # type: ignore[assignment]
         layer.check(spec)
         n_plan = layer.planned_clients(len(cohort))
         params = layer.params_for(spec, n_plan)
@@ -1029,11 +1103,7 @@ class FlowerFederation:
                             what="sum")
                 ctx.observe(SERVER, DECRYPTOR, "result", f.name, "clear", sums[f.name],
                             what="sum")
-        out = Aggregate(ctx.phase, ctx.round, sums, {}, tuple(contributors), notes)
-        t0 = time.process_time()
-        phase.server_step(out)
-        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
-        return out
+        return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(contributors), notes)
 
 
 def server_app(

@@ -26,6 +26,16 @@ reproducible and marks the fields it noised as not private.
 Before every release the layer asks the run's :class:`PrivacyLedger` (``ctx.privacy``, or
 the layer's own) to :meth:`~PrivacyLedger.spend` the event; a release that would exceed
 the budget raises :class:`BudgetExceeded` and nothing is released.
+
+Each layer's work is split by party, so that a runtime whose clients run elsewhere (the
+Flower runtime, :mod:`secagg.flower`) runs each part where it belongs and gets the embedded
+engine's numbers: :meth:`_DPLayer.begin` (the aggregator, before a release),
+:meth:`CentralDP.release` (the aggregator, after the inner layer),
+:meth:`LocalDP.noise_plan` / :meth:`LocalDP.noise_upload` (a client, before its upload
+leaves), :meth:`DistributedDP.release_plan` / :meth:`DistributedDP.encode_noised` (a
+client, before masking) and :meth:`DistributedDP.finish` (the aggregator, on the ring sum).
+:meth:`_DPLayer.node_params` is what a client needs to rebuild the noise side
+(:func:`node_layer`); :func:`noise_source` gives every party its own noise stream.
 """
 
 from __future__ import annotations
@@ -61,7 +71,8 @@ from secagg.privacy.samplers import (
 )
 from secagg.privacy.sensitivity import field_l1, field_l2
 
-__all__ = ["CentralDP", "DistributedDP", "LocalDP", "noise_tail"]
+__all__ = ["CentralDP", "DistributedDP", "DistributedRelease", "LocalDP", "node_layer",
+           "noise_source", "noise_tail"]
 
 DEFAULT_DELTA = 1e-5
 #: Probability that the noise of one release exceeds the headroom planned for it.
@@ -104,6 +115,16 @@ def _derived_seed(seed: int, *parts: Any) -> int:
     return int(np.random.SeedSequence(words).generate_state(2, np.uint64).view(np.uint64)[0])
 
 
+def noise_source(seed: int | None, round: int, phase: str, party: Any) -> NoiseSource:
+    """The noise stream of ``party`` (a client id, or the aggregator) for one release:
+    secret (a fresh OS-keyed AES-CTR generator) when ``seed`` is None; with a user seed, a
+    reproducible stream derived from (seed, round, phase, party) -- the same wherever the
+    party runs, and not private."""
+    if seed is None:
+        return noise_generator()
+    return noise_generator(_derived_seed(seed, round, phase, party))
+
+
 class _RelabelContext(RoundContext):
     """A RoundContext whose observations of noised fields are recorded as ``"noised"``."""
 
@@ -118,7 +139,9 @@ class _RelabelContext(RoundContext):
         super().observe(party, sender, stage, field, form, value, what, nbytes)
 
 
-def _relabel(ctx: RoundContext, noised: Sequence[str]) -> RoundContext:
+def relabel(ctx: RoundContext, noised: Sequence[str]) -> RoundContext:
+    """``ctx``, with what any party observes in the clear of the ``noised`` fields recorded
+    as ``"noised"`` (the inner layer of a DP layer carries noised values)."""
     new = _RelabelContext(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)})
     new._noised = frozenset(noised)
     return new
@@ -304,21 +327,35 @@ class _DPLayer(Layer):
             self._own_ledger = self.make_privacy_ledger()
         return self._own_ledger
 
+    def mark_seeded(self, ledger: PrivacyLedger, fields: Sequence[str]) -> None:
+        """With a user seed, mark ``fields`` as not private in ``ledger`` (their noise is
+        reproducible by anyone who knows the seed); nothing otherwise."""
+        if self.seed is not None:
+            ledger.mark_not_private(
+                f"{self.name}: noise seed fixed by the user (seed={self.seed})",
+                fields=tuple(fields))
+
     def _source(self, ctx: RoundContext, party: Any, ledger: PrivacyLedger,
                 fields: Sequence[str] = ()) -> NoiseSource:
-        """The noise generator for ``party``'s noise on ``fields``: secret, or (user seed)
-        reproducible, and then those fields are marked not private."""
-        if self.seed is None:
-            return noise_generator()
-        ledger.mark_not_private(f"{self.name}: noise seed fixed by the user (seed={self.seed})",
-                                fields=tuple(fields))
-        return noise_generator(_derived_seed(self.seed, ctx.round, ctx.phase, party))
+        """The noise generator for ``party``'s noise on ``fields`` (:func:`noise_source`);
+        with a user seed those fields are marked not private."""
+        self.mark_seeded(ledger, fields)
+        return noise_source(self.seed, ctx.round, ctx.phase, party)
 
-    def _start(self, spec: UploadSpec, ctx: RoundContext) -> PrivacyLedger:
-        """What every release starts with: check the spec, record the public fields in the
-        transcript, and return the ledger the release is spent on. On the layer's own
-        ledger (no run ledger) the public fields are marked as released without noise; in a
-        federation the engine marks them (it knows which fields DP-SGD covers)."""
+    def node_params(self, noise_multiplier: float | None = None) -> dict[str, Any]:
+        """What a client needs to add this layer's noise itself (JSON-able; see
+        :func:`node_layer`): the noise multiplier (``noise_multiplier``, e.g. one calibrated
+        for a phase, or the layer's), delta, adjacency, public fields and user seed."""
+        z = self.noise_multiplier if noise_multiplier is None else float(noise_multiplier)
+        return {"layer": self.name, "noise_multiplier": z, "delta": self.delta,
+                "adjacency": self.adjacency, "public": list(self.public), "seed": self.seed}
+
+    def begin(self, spec: UploadSpec, ctx: RoundContext) -> PrivacyLedger:
+        """What every release starts with (the aggregator's side): check the spec, record
+        the public fields in the transcript, and return the ledger the release is spent on.
+        On the layer's own ledger (no run ledger) the public fields are marked as released
+        without noise; in a federation the engine marks them (it knows which fields DP-SGD
+        covers)."""
         self.check(spec)
         self._record_public(spec, ctx)
         ledger = self.ledger(ctx)
@@ -361,9 +398,14 @@ class CentralDP(_DPLayer):
     def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
                   ctx: RoundContext) -> Aggregate:
         """Run the inner layer, spend one Gaussian event, noise every non-public sum."""
-        ledger = self._start(spec, ctx)
+        ledger = self.begin(spec, ctx)
+        return self.release(self.inner.aggregate(uploads, spec, ctx), spec, ctx, ledger)
+
+    def release(self, agg: Aggregate, spec: UploadSpec, ctx: RoundContext,
+                ledger: PrivacyLedger) -> Aggregate:
+        """The aggregator's release of ``agg`` (the inner layer's sums; ``ledger`` from
+        :meth:`begin`): spend one Gaussian event, noise every non-public sum in place."""
         noised = self._noised(spec)
-        agg = self.inner.aggregate(uploads, spec, ctx)
         if not noised:
             return agg
         sigmas = self._sigmas(spec, noised)
@@ -411,38 +453,105 @@ class LocalDP(_DPLayer):
             return
         self.inner.check(self._wide_spec(spec, self._sigmas(spec, noised)))
 
+    def noise_plan(self, spec: UploadSpec) -> tuple[dict[str, float], UploadSpec]:
+        """(sigma per noised field, the spec the inner layer carries: bounds widened by the
+        noise's tail). Both sides compute it: a client to noise its upload, the aggregator
+        to run the inner layer. No noised field: ({}, ``spec``)."""
+        noised = self._noised(spec)
+        if not noised:
+            return {}, spec
+        sigmas = self._sigmas(spec, noised)
+        return sigmas, self._wide_spec(spec, sigmas)
+
+    def noise_upload(self, up: Upload, spec: UploadSpec, sigmas: Mapping[str, float],
+                     wide: UploadSpec, rng: np.random.Generator) -> Upload:
+        """One client's noised upload (its side, before the upload leaves): Gaussian noise
+        of ``sigmas`` on each noised field (rounded for integer fields), checked against
+        the widened spec ``wide``."""
+        values: dict[str, np.ndarray] = {}
+        for f in spec.fields:
+            v = np.asarray(up[f.name])
+            if f.name in sigmas:
+                v = v + gaussian(sigmas[f.name], f.shape, rng)
+                v = np.rint(v).astype(np.int64) if f.is_integer else v.astype(f.dtype)
+            values[f.name] = v
+        nu = up.derive(values, wide)
+        nu.cpu_s, nu.flops = up.cpu_s, up.flops
+        return nu
+
+    def spend(self, ledger: PrivacyLedger, sigmas: Mapping[str, float],
+              ctx: RoundContext) -> None:
+        """The aggregator's accounting of one release: one Gaussian event (every client's
+        upload is by itself a Gaussian mechanism of multiplier z)."""
+        ledger.spend(GaussianEvent(noise_multiplier=self.noise_multiplier, round=ctx.round,
+                                   phase=ctx.phase, fields=tuple(sigmas), label=self.name))
+
+    def release_notes(self, spec: UploadSpec, sigmas: Mapping[str, float], private: bool,
+                      contributors: int) -> dict[str, Any]:
+        """The aggregate's ``notes["dp"]`` for a release summed over ``contributors``."""
+        return self._notes(spec, sigmas, "gaussian", private,
+                           sum_sigma={f: s * math.sqrt(contributors) for f, s in sigmas.items()})
+
     def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
                   ctx: RoundContext) -> Aggregate:
         """Spend one Gaussian event, noise each client's upload, run the inner layer."""
-        ledger = self._start(spec, ctx)
-        noised = self._noised(spec)
-        if not noised:
+        ledger = self.begin(spec, ctx)
+        sigmas, wide = self.noise_plan(spec)
+        if not sigmas:
             return self.inner.aggregate(uploads, spec, ctx)
-        sigmas = self._sigmas(spec, noised)
-        event = GaussianEvent(noise_multiplier=self.noise_multiplier, round=ctx.round,
-                              phase=ctx.phase, fields=tuple(sigmas), label=self.name)
-        ledger.spend(event)
-        wide = self._wide_spec(spec, sigmas)
+        self.spend(ledger, sigmas, ctx)
         private = True
         noisy_uploads: dict[int, Upload] = {}
         for c, up in uploads.items():
             src = self._source(ctx, c, ledger, tuple(sigmas))
             private = private and src.private
-            values: dict[str, np.ndarray] = {}
-            for f in spec.fields:
-                v = np.asarray(up[f.name])
-                if f.name in sigmas:
-                    v = v + gaussian(sigmas[f.name], f.shape, src.rng)
-                    v = np.rint(v).astype(np.int64) if f.is_integer else v.astype(f.dtype)
-                values[f.name] = v
-            nu = up.derive(values, wide)
-            nu.cpu_s, nu.flops = up.cpu_s, up.flops
-            noisy_uploads[c] = nu
-        agg = self.inner.aggregate(noisy_uploads, wide, _relabel(ctx, list(sigmas)))
-        agg.notes["dp"] = self._notes(spec, sigmas, "gaussian", private,
-                                      sum_sigma={f: s * math.sqrt(len(agg.contributors))
-                                                 for f, s in sigmas.items()})
+            noisy_uploads[c] = self.noise_upload(up, spec, sigmas, wide, src.rng)
+        agg = self.inner.aggregate(noisy_uploads, wide, relabel(ctx, list(sigmas)))
+        agg.notes["dp"] = self.release_notes(spec, sigmas, private, len(agg.contributors))
         return agg
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedRelease:
+    """How one distributed-DP release is encoded and noised (:meth:`DistributedDP.release_plan`).
+
+    Attributes:
+        additive: the summed fields, in vector order (noised integer fields as float64).
+        integer: names of the fields that are integers in the spec (rounded back).
+        noised: the summed fields that get noise (the non-public ones).
+        worst: the fewest survivors the secure sum accepts; each share is sized for them.
+        scales: fixed-point scale bits per field, before the noise's headroom.
+        z: the noise multiplier (calibrated for the integer mechanism at ``worst``).
+        share_std: per noised field, one client's noise standard deviation (integer units).
+        plans: per field, the fixed-point plan with room for the noise.
+        ring_bits: the ring Z_2^k the vectors are summed in (whole bytes).
+        planned: the privacy events of the worst case (checked before any noise is added).
+    """
+
+    additive: tuple[Field, ...]
+    integer: frozenset[str]
+    noised: tuple[Field, ...]
+    worst: int
+    scales: dict[str, int]
+    z: float
+    share_std: dict[str, float]
+    plans: dict[str, FixedPoint]
+    ring_bits: int
+    planned: tuple[PrivacyEvent, ...]
+
+    @property
+    def label(self) -> str:
+        """The name the concatenated vector is transcripted under."""
+        return "+".join(f.name for f in self.additive) + " (dp-noised)"
+
+    @property
+    def segments(self) -> dict[str, slice]:
+        """Each summed field's slice of the vector."""
+        out, off = {}, 0
+        for f in self.additive:
+            out[f.name] = slice(off, off + f.size)
+            off += f.size
+        return out
 
 
 class DistributedDP(_DPLayer):
@@ -559,63 +668,69 @@ class DistributedDP(_DPLayer):
                 event=lambda z: self._events(z, spec, noised, scales, worst, worst))
         return self._cal[key]
 
-    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
-                  ctx: RoundContext) -> Aggregate:
-        """Encode, add noise shares, secure-sum, account the achieved noise, decode."""
-        ledger = self._start(spec, ctx)
-        clients = sorted(uploads)
-        n = len(clients)
+    def node_params(self, noise_multiplier: float | None = None) -> dict[str, Any]:
+        """As :meth:`_DPLayer.node_params`, with the integer mechanism and precision."""
+        return {**super().node_params(noise_multiplier), "mechanism": self.mechanism,
+                "precision": self.precision}
+
+    def release_plan(self, spec: UploadSpec, n: int) -> DistributedRelease:
+        """How a cohort of ``n`` encodes and noises one release (a pure function of the
+        spec, n and this layer's parameters, so each client computes the aggregator's plan
+        itself): the summed fields, fixed-point scales, z (for the integer mechanism at the
+        fewest survivors the secure sum accepts), each client's noise std, the plans with
+        room for the noise, the ring, and the events of the worst case."""
         # Noised integer fields (counts) travel as fixed point too: with scale 2^s their
         # sensitivity, hence the per-share noise, is large, which keeps the discrete
         # Gaussian sum bound tight (tau ~ 0); the noised sum is rounded back (post-processing).
-        additive = [dataclasses.replace(f, dtype="float64")
-                    if f.is_integer and f.name not in self.public else f for f in spec.additive]
-        integer = {f.name for f in spec.additive if f.is_integer}
-        noised = [f for f in additive if f.name not in self.public]
+        additive = tuple(dataclasses.replace(f, dtype="float64")
+                         if f.is_integer and f.name not in self.public else f
+                         for f in spec.additive)
+        integer = frozenset(f.name for f in spec.additive if f.is_integer)
+        noised = tuple(f for f in additive if f.name not in self.public)
         worst = max(1, min(self.min_survivors(n), n))
-        sub = UploadSpec(tuple(additive), spec.max_records)
+        sub = UploadSpec(additive, spec.max_records)
         base = plan(sub, n, self.precision, 64)
         scales = {name: fp.scale_bits for name, fp in base.items()}
         z = self._calibrated(spec, noised, scales, worst) if noised else 0.0
-        planned = self._events(z, spec, noised, scales, worst, worst) if noised else []
-        ledger.check(*planned)  # the worst case fits the budget, before anyone adds noise
+        planned = tuple(self._events(z, spec, noised, scales, worst, worst) if noised else [])
         share_std = self._share_stds(z, spec, noised, scales, worst) if noised else {}
         extra = {f.name: noise_tail(share_std[f.name] * math.sqrt(n), f.size, self.mechanism)
                  / 2.0 ** scales[f.name] for f in noised}
         plans64 = plan(sub, n, self.precision, 64, extra_bound=extra)
         ring_bits = min(64, 8 * math.ceil(plan_ring_bits(plans64) / 8))  # whole bytes
         plans = plan(sub, n, self.precision, ring_bits, extra_bound=extra)
-        mask = np.uint64((1 << ring_bits) - 1) if ring_bits < 64 else np.uint64(2**64 - 1)
-        vectors: dict[int, np.ndarray] = {}
-        encode_s: dict[int, float] = {}
-        private = True
-        for c in clients:
-            t0 = time.process_time()
-            src = self._source(ctx, c, ledger, [f.name for f in noised])
-            private = private and src.private
-            parts = []
-            for f in additive:
-                enc = plans[f.name].encode(np.asarray(uploads[c][f.name]))
-                if f.name in share_std:
-                    noise = self._draw(share_std[f.name], f.size, src.rng)
-                    enc = (enc + noise.view(np.uint64)) & mask
-                parts.append(enc)
-            vectors[c] = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-            encode_s[c] = time.process_time() - t0
-        label = "+".join(f.name for f in additive) + " (dp-noised)"
-        # The secure sum transcripts the ring sum under ``label``; it carries the noise.
-        # each client's step (and its encoding and noise draw) is booked on its masked-input
-        # row, as under every other layer
-        costs = {c: (float(uploads[c].cpu_s) + encode_s[c], float(uploads[c].flops))
-                 for c in clients}
-        ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
-            vectors, ring_bits, _relabel(ctx, [label] if noised else []), label,
-            upload_costs=costs)
+        return DistributedRelease(additive, integer, noised, worst, scales, z, share_std,
+                                  plans, ring_bits, planned)
+
+    def encode_noised(self, release: DistributedRelease, upload: Upload,
+                      rng: np.random.Generator) -> np.ndarray:
+        """One client's ring vector (its side, before masking): each summed field encoded
+        with the release's plan, plus this client's noise share on the noised fields."""
+        mask = np.uint64((1 << release.ring_bits) - 1) if release.ring_bits < 64 \
+            else np.uint64(2**64 - 1)
+        parts = []
+        for f in release.additive:
+            enc = release.plans[f.name].encode(np.asarray(upload[f.name]))
+            if f.name in release.share_std:
+                noise = self._draw(release.share_std[f.name], f.size, rng)
+                enc = (enc + noise.view(np.uint64)) & mask
+            parts.append(enc)
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+    def finish(self, release: DistributedRelease, spec: UploadSpec, ring_sum: np.ndarray,
+               contributors: Sequence[int], ctx: RoundContext, ledger: PrivacyLedger,
+               private: bool) -> Aggregate:
+        """The aggregator's side after the secure sum: spend the events of the noise the
+        ``contributors`` actually added (fewer survivors, less noise), decode the noised
+        sums, and return the aggregate with its ``notes["dp"]``."""
         contributors = tuple(sorted(int(c) for c in contributors))
+        z, scales, share_std = release.z, release.scales, release.share_std
+        noised, worst = release.noised, release.worst
         achieved = self._events(z, spec, noised, scales, len(contributors), worst, ctx)
         ledger.spend(*achieved)  # what actually happened: fewer survivors, less noise
-        sums = _split_decode(np.asarray(ring_sum, dtype=np.uint64), additive, plans)
-        for name in integer:
+        sums = _split_decode(np.asarray(ring_sum, dtype=np.uint64), release.additive,
+                             release.plans)
+        for name in release.integer:
             sums[name] = np.rint(sums[name]).astype(np.int64)
         for f in noised:
             ctx.observe(SERVER, SERVER, "dp-sum", f.name, "noised", sums[f.name], what="sum")
@@ -625,9 +740,37 @@ class DistributedDP(_DPLayer):
                   for f in noised}
         notes = self._notes(spec, real, self.mechanism, private, z=z,
                             target_sigma=target, survivors=len(contributors),
-                            min_survivors=worst, ring_bits=ring_bits,
+                            min_survivors=worst, ring_bits=release.ring_bits,
                             scale_bits=dict(scales), tail_probability=TAIL_PROBABILITY)
         return Aggregate(ctx.phase, ctx.round, sums, {}, contributors, {"dp": notes})
+
+    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
+                  ctx: RoundContext) -> Aggregate:
+        """Encode, add noise shares, secure-sum, account the achieved noise, decode."""
+        ledger = self.begin(spec, ctx)
+        clients = sorted(uploads)
+        release = self.release_plan(spec, len(clients))
+        ledger.check(*release.planned)  # the worst case fits the budget, before any noise
+        names = [f.name for f in release.noised]
+        vectors: dict[int, np.ndarray] = {}
+        encode_s: dict[int, float] = {}
+        private = True
+        for c in clients:
+            t0 = time.process_time()
+            src = self._source(ctx, c, ledger, names)
+            private = private and src.private
+            vectors[c] = self.encode_noised(release, uploads[c], src.rng)
+            encode_s[c] = time.process_time() - t0
+        label = release.label
+        # The secure sum transcripts the ring sum under ``label``; it carries the noise.
+        # each client's step (and its encoding and noise draw) is booked on its masked-input
+        # row, as under every other layer
+        costs = {c: (float(uploads[c].cpu_s) + encode_s[c], float(uploads[c].flops))
+                 for c in clients}
+        ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
+            vectors, release.ring_bits, relabel(ctx, [label] if names else []), label,
+            upload_costs=costs)
+        return self.finish(release, spec, ring_sum, contributors, ctx, ledger, private)
 
     def _draw(self, std: float, size: int, rng: np.random.Generator) -> np.ndarray:
         if self.mechanism == "discrete_gaussian":
@@ -646,3 +789,39 @@ def _split_decode(ring_sum: np.ndarray, fields: Sequence[Field],
     if pos != ring_sum.size:
         raise PrivacyError(f"secure sum returned {ring_sum.size} entries, expected {pos}")
     return out
+
+
+def node_layer(params: Mapping[str, Any], inner: Layer) -> LocalDP | DistributedDP:
+    """The noise side of a DP layer, rebuilt on a client from :meth:`_DPLayer.node_params`
+    (a runtime whose clients run elsewhere sends those; ``inner`` is the client's copy of
+    the inner layer). Only the layers whose clients add noise can be rebuilt: ``local-dp``
+    and ``distributed-dp``.
+
+    Raises:
+        PrivacyError: an unknown layer, or a parameter of the wrong type or out of range
+            (a client never noises with parameters it cannot check).
+    """
+    if not isinstance(params, Mapping):
+        raise PrivacyError(f"DP parameters must be a mapping, got {type(params).__name__}")
+    kinds: dict[str, type[LocalDP] | type[DistributedDP]] = {
+        LocalDP.name: LocalDP, DistributedDP.name: DistributedDP}
+    kind = kinds.get(params.get("layer"))  # type: ignore[arg-type]
+    if kind is None:
+        raise PrivacyError(f"a client adds noise for {sorted(kinds)} only, got "
+                           f"{params.get('layer')!r}")
+    known = {"layer", "noise_multiplier", "delta", "adjacency", "public", "seed"}
+    if kind is DistributedDP:
+        known |= {"mechanism", "precision"}
+    if set(params) - known:
+        raise PrivacyError(f"unknown DP parameters {sorted(set(params) - known)}")
+    public = params.get("public", [])
+    seed = params.get("seed")
+    if not isinstance(public, list) or (seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int))):
+        raise PrivacyError("DP parameters: public must be a list of names, seed an int or None")
+    extra: dict[str, Any] = {}
+    if kind is DistributedDP:
+        extra = {"mechanism": params.get("mechanism"), "precision": params.get("precision")}
+    return kind(inner, noise_multiplier=params.get("noise_multiplier"),
+                delta=params.get("delta"), adjacency=params.get("adjacency"),
+                public=tuple(public), seed=seed, **extra)
