@@ -1,7 +1,8 @@
 """What Flower's transport adds to secagg's messages, and its time, beside the embedded engine.
 
 FedLog on digits over Flower's simulation runtime (``flwr.simulation.run_simulation``, one
-Ray start), under Plaintext, SecureSum and BFV, then the same runs in the embedded
+Ray start), under Plaintext, SecureSum, BFV and DistributedDP around SecureSum, then the
+same runs in the embedded
 :class:`~secagg.federation.Federation` in the same process. Per layer and stage it prints the
 Flower messages (both ways), secagg's own wire bytes, Flower's serialized message bytes
 (its Message, RecordDict and records, before HTTP/gRPC framing) and their ratio (SecureSum's
@@ -30,13 +31,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from algorithms import FedLog  # noqa: E402
-from secagg import Federation, Homomorphic, Plaintext, SecureSum  # noqa: E402
+from secagg import (  # noqa: E402
+    DistributedDP,
+    Federation,
+    Homomorphic,
+    Plaintext,
+    SecureSum,
+)
 from secagg.data import dirichlet_split, load_dataset  # noqa: E402
 
 
 def _layers() -> dict:
     return {"Plaintext": Plaintext(), "SecureSum": SecureSum(threshold=0.7),
-            "BFV": Homomorphic(scheme="bfv")}
+            "BFV": Homomorphic(scheme="bfv"),
+            # a user seed: reproducible noise, so the histories are comparable (not private)
+            "DistDP": DistributedDP(SecureSum(threshold=0.7), epsilon=4.0, delta=1e-5,
+                                    adjacency="client", seed=5)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         flw = float(np.mean(fed.round_wall_s))
         lines.append(f"{name:<10} {flw:>14.3f} {emb:>16.3f} {flw / emb:>15.1f} "
                      f"{str(result.history == want.history):>12}")
+    lines += ["", "DistDP: DistributedDP around SecureSum, epsilon 4 (delta 1e-5, client-level), "
+              "noise shares added on the nodes; user seed 5 (reproducible, so not private)"]
     text = "\n".join(lines)
     print(text)
     if args.out is not None:

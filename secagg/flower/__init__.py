@@ -10,9 +10,17 @@ Flower ``Message`` whose ``RecordDict`` carries this toolkit's own wire bytes; t
 returns the same :class:`~secagg.federation.Result`, cost ledger and transcript as the
 embedded engine.
 
-Layers carried: :class:`~secagg.layers.plaintext.Plaintext` and
-:class:`~secagg.secure_sum.SecureSum`; any other layer is refused with
-:class:`~secagg.errors.ConfigurationError` naming it.
+Layers carried: :class:`~secagg.layers.plaintext.Plaintext`,
+:class:`~secagg.secure_sum.SecureSum` (without pinned identities),
+:class:`~secagg.homomorphic.Homomorphic` with a decryptor node, and the DP layers around
+them: :class:`~secagg.privacy.layers.CentralDP` (the ServerApp noises the sums),
+:class:`~secagg.privacy.layers.LocalDP` (each node noises its own upload) and
+:class:`~secagg.privacy.layers.DistributedDP` around SecureSum (each node adds its noise share
+before masking). Any other layer is refused with :class:`~secagg.errors.ConfigurationError`
+naming it. The server model is honest-but-curious: the ServerApp sends the nodes the
+parameters of their noise (as it ships their ClientApp code, unless the SuperNodes verify
+apps), so the DP guarantee holds against a server that follows the protocol and against
+everyone who sees only what it releases.
 
 flwr is imported only here, never by ``import secagg``.
 """

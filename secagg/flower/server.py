@@ -15,6 +15,15 @@ every exchange costs seconds. A node whose unmask reply is lost has therefore no
 for the next session and drops out of it at ``advertise``. (When the cohort turns out other
 than announced, e.g. a node missed the hello, the session advertises afresh.)
 
+DP layers run each party's part where it belongs: CentralDP's noise is added here to the
+inner layer's sums; LocalDP's by each node to its own upload before it leaves (the inner
+layer carries the widened spec); DistributedDP's by each node to its encoded vector before
+masking, sized from the release plan the node derives itself from the layer's parameters
+(:meth:`~secagg.privacy.layers.DistributedDP.release_plan`), so the server never sees an
+un-noised sum. The ledger books the events the embedded layer books, with the survivors
+that actually contributed. The nodes draw from their own secret noise streams (a user seed
+makes them reproducible, and the run is then reported not private).
+
 Dropouts are real: a node that does not answer a stage within ``stage_timeout`` seconds (or
 answers with an error) is dropped at that stage. SecureSum then recovers through its dropout
 path (the server rebuilds a dropped client's mask key from the others' shares); every such
@@ -212,8 +221,12 @@ class FlowerFederation:
     Args:
         algorithm: the algorithm (server side; the nodes run their own copies).
         layer: :class:`~secagg.layers.plaintext.Plaintext`,
-            :class:`~secagg.secure_sum.SecureSum` or :class:`~secagg.homomorphic.Homomorphic`
-            with ``key_holder="decryptor"`` (others raise ConfigurationError).
+            :class:`~secagg.secure_sum.SecureSum`, :class:`~secagg.homomorphic.Homomorphic`
+            with ``key_holder="decryptor"``, or CentralDP / LocalDP around one of them, or
+            DistributedDP around SecureSum (others raise ConfigurationError, see
+            :func:`check_layer`). A DP layer's run has a privacy ledger
+            (``Result.privacy``), planned and checked before any node is contacted; its
+            noise is added where the embedded layer adds it (module docstring).
         dataset: the data set description the server's ``algorithm.setup`` needs (classes,
             input shape; its global test set for non-personalized evaluation).
         rounds, fraction, seed, on_violation, on_abort, include_values, max_records: as

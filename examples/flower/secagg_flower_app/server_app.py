@@ -22,10 +22,12 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     hold = (str(cfg["hold-stage"]), str(cfg["hold-dir"])) if cfg["hold-stage"] else None
     fed = FlowerFederation(
-        make_algorithm(), make_layer(str(cfg["layer"]), int(cfg["threshold"])),
+        make_algorithm(),
+        make_layer(str(cfg["layer"]), int(cfg["threshold"]), float(cfg.get("epsilon", 4.0))),
         load_dataset("digits"), rounds=int(cfg["rounds"]), seed=int(cfg["seed"]),
         min_nodes=int(cfg["min-nodes"]), stage_timeout=float(cfg["stage-timeout"]),
         step_timeout=float(cfg.get("step-timeout", 0.0)) or None,
+        max_records=int(cfg.get("max-records", 0)) or None,
         hold=hold,
     )
     sums: dict[str, np.ndarray] = {}
@@ -36,6 +38,9 @@ def main(grid: Grid, context: Context) -> None:
     if out is not None:  # the aggregates the server computed, to check against Federation
         np.savez(Path(out, "aggregates.npz"), **sums)
     print(result.table())
+    if result.privacy is not None:  # a DP layer: the run's guarantee
+        print(f"DP: epsilon {result.privacy.epsilon(delta=1e-5):.3f} at delta 1e-5; "
+              f"private: {'yes' if result.privacy.private else 'NO'}")
     for r, p, got, asked in result.participation:
         print(f"round {r} phase {p}: {got}/{asked} uploads in the aggregate")
     dropped = sorted({(row.round, row.sender, row.stage) for row in result.costs.rows

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from secagg import Plaintext, SecureSum
+from secagg import CentralDP, DistributedDP, Homomorphic, LocalDP, Plaintext, SecureSum
 from secagg.data import Partition, dirichlet_split, load_dataset
 from secagg.layers.base import Layer
+
+#: run-config ``layer`` values (the DP layers wrap SecureSum; noise for ``epsilon``)
+LAYERS = ("plaintext", "secure-sum", "bfv", "central-dp", "local-dp", "distributed-dp")
 
 
 def make_algorithm() -> Any:
@@ -22,6 +25,18 @@ def make_partition(n: int) -> Partition:
     return dirichlet_split(load_dataset("digits"), n, 0.5, seed=0, local_test_fraction=0.2)
 
 
-def make_layer(name: str, threshold: int) -> Layer:
-    """The privacy layer named in the run config."""
-    return SecureSum(threshold=threshold) if name == "secure-sum" else Plaintext()
+def make_layer(name: str, threshold: int, epsilon: float = 4.0) -> Layer:
+    """The privacy layer named in the run config: ``plaintext``, ``secure-sum``, ``bfv``
+    (Homomorphic with a decryptor node), or a DP layer around SecureSum at ``epsilon``
+    (delta 1e-5, client-level: FedLog's bound is one client's whole statistic)."""
+    if name not in LAYERS:
+        raise ValueError(f"layer must be one of {LAYERS}, got {name!r}")
+    if name == "plaintext":
+        return Plaintext()
+    if name == "bfv":
+        return Homomorphic(scheme="bfv")
+    inner = SecureSum(threshold=threshold)
+    dp = {"central-dp": CentralDP, "local-dp": LocalDP, "distributed-dp": DistributedDP}
+    if name in dp:
+        return dp[name](inner, epsilon=epsilon, delta=1e-5, adjacency="client")
+    return inner
