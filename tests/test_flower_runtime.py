@@ -675,3 +675,24 @@ def _ledger_keys(result):
         key = (r.round, r.stage, r.sender, r.receiver, r.direction)
         out[key] = out.get(key, 0) + 1
     return out
+
+
+def test_a_clientapp_process_imports_no_heavy_module_until_a_message_needs_it():
+    """Flower starts one ClientApp process per message, so its imports are paid in every
+    protocol stage (on the 2-core reference the loopback run is CPU-bound): loading the
+    example app must not import torch (only client steps need it), the DP accountant
+    (dp_accounting: 0.8 CPU-s; only DP steps need the noise side) or TenSEAL."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, secagg_flower_app.client_app; "
+            "print(sorted(m for m in ('torch', 'dp_accounting', 'tenseal', 'sklearn') "
+            "if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "examples" /
+                                                                        "flower")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from secagg import CentralDP, DistributedDP, Homomorphic, LocalDP, Plaintext, SecureSum
 from secagg.data import Partition, dirichlet_split, load_dataset
 from secagg.layers.base import Layer
 
@@ -28,7 +27,10 @@ def make_partition(n: int) -> Partition:
 def make_layer(name: str, threshold: int, epsilon: float = 4.0) -> Layer:
     """The privacy layer named in the run config: ``plaintext``, ``secure-sum``, ``bfv``
     (Homomorphic with a decryptor node), or a DP layer around SecureSum at ``epsilon``
-    (delta 1e-5, client-level: FedLog's bound is one client's whole statistic)."""
+    (delta 1e-5, client-level: FedLog's bound is one client's whole statistic). Imported
+    here: a ClientApp process (one per message) then skips the DP accountant and TenSEAL."""
+    from secagg import CentralDP, DistributedDP, Homomorphic, LocalDP, Plaintext, SecureSum
+
     if name not in LAYERS:
         raise ValueError(f"layer must be one of {LAYERS}, got {name!r}")
     if name == "plaintext":
