@@ -119,7 +119,8 @@ def task_identity():
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
-def _sums_by_round(layer, rounds, fraction, dropouts=None):
+def _sums_by_round(layer, rounds, fraction, dropouts=None, algo=None, max_records=None):
+    """The embedded engine's aggregate per round, and its Result."""
     seen = {}
     inner = layer.aggregate
 
@@ -129,9 +130,9 @@ def _sums_by_round(layer, rounds, fraction, dropouts=None):
         return agg
 
     layer.aggregate = aggregate
-    result = Federation(_algo(), layer, _partition(), rounds=rounds, seed=0, fraction=fraction,
-                        dropout=dropouts if dropouts is not None else 0.0,
-                        progress=False).run()
+    result = Federation(algo or _algo(), layer, _partition(), rounds=rounds, seed=0,
+                        fraction=fraction, dropout=dropouts if dropouts is not None else 0.0,
+                        progress=False, max_records=max_records).run()
     return seen, result
 
 
@@ -488,8 +489,8 @@ def test_the_hello_reveals_no_record_count_and_plans_come_from_the_public_bound(
                                stage_timeout=0.5, max_records=max_records)
         result = fed.run(grid, on_aggregate=lambda r, p, a, aggs=aggs: aggs.__setitem__(r, a))
         assert hellos and all(keys <= {"cid", "next_msg", "next_cpu_s"} for keys in hellos)
-        want, embedded = _run_embedded(algo(), SecureSum(threshold=3, precision=1e-5),
-                                       max_records)
+        want, embedded = _sums_by_round(SecureSum(threshold=3, precision=1e-5), 1, 1.0,
+                                        algo=algo(), max_records=max_records)
         assert aggs[0].notes["secure_sum"]["ring_bits"] == \
             want[0].notes["secure_sum"]["ring_bits"] == (40 if max_records is None else 32)
         np.testing.assert_array_equal(aggs[0]["stats"], want[0]["stats"])
@@ -514,21 +515,6 @@ def test_a_node_above_the_public_max_records_refuses_its_upload():
                    max_records=300).run()
     with pytest.raises(ConfigurationError, match="max_records"):
         FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), max_records=0)
-
-
-def _run_embedded(algo, layer, max_records):
-    seen = {}
-    inner = layer.aggregate
-
-    def aggregate(uploads, spec, ctx):
-        agg = inner(uploads, spec, ctx)
-        seen[ctx.round] = agg
-        return agg
-
-    layer.aggregate = aggregate
-    result = Federation(algo, layer, _partition(), rounds=1, seed=0, progress=False,
-                        max_records=max_records).run()
-    return seen, result
 
 
 # DP layers over Flower: each party's part runs where it belongs (LocalDP and DistributedDP
