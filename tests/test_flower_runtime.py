@@ -530,6 +530,10 @@ _DP = {
                                                 delta=1e-5, adjacency="client", seed=seed),
     "distributed-dp/secure-sum": lambda seed: DistributedDP(
         SecureSum(threshold=3), epsilon=4.0, delta=1e-5, adjacency="client", seed=seed),
+    "central-dp/plaintext": lambda seed: CentralDP(Plaintext(), epsilon=4.0, delta=1e-5,
+                                                   adjacency="client", seed=seed),
+    "local-dp/bfv": lambda seed: LocalDP(Homomorphic(scheme="bfv"), epsilon=4.0, delta=1e-5,
+                                         adjacency="client", seed=seed),
     "distributed-dp/skellam": lambda seed: DistributedDP(
         SecureSum(threshold=3), mechanism="skellam", epsilon=4.0, delta=1e-5,
         adjacency="client", seed=seed),
@@ -561,7 +565,7 @@ def test_seeded_dp_over_flower_equals_the_embedded_engine(name):
     assert not result.privacy.private and not embedded.privacy.private
     assert _ledger_keys(result) == _ledger_keys(embedded)
     # the nodes were told to noise exactly when the layer's noise is theirs to add
-    told = {s for s, _, _ in grid.sent if s in ("upload", "share")}
+    told = {s for s, _, _ in grid.sent if s in ("upload", "share", "he-upload")}
     assert told
     if name.startswith("central-dp"):
         assert "dp" not in grid.dp_fields

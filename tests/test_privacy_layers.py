@@ -142,6 +142,25 @@ def test_local_dp_noises_each_upload() -> None:
     assert math.isclose(ledger.epsilon(), epsilon_for(2.0, DELTA), rel_tol=1e-9)
 
 
+def test_local_dp_around_homomorphic_encrypts_the_noised_uploads() -> None:
+    """LocalDP(Homomorphic): the server holds only ciphertexts of noised uploads and the
+    decrypted noised sum (the relabelling context crashed on the HE layer's digests)."""
+    from secagg.homomorphic import Homomorphic
+
+    spec = _spec(d=40)
+    ups = _uploads(spec, 4)
+    ledger = PrivacyLedger(delta=DELTA)
+    layer = LocalDP(Homomorphic(scheme="bfv"), noise_multiplier=2.0, rounds=1, seed=3)
+    ctx = _ctx(0, ledger)
+    agg = layer.aggregate(ups, spec, ctx)
+    forms = {(r["party"], r["form"]) for r in ctx.transcript.observations()}
+    assert ("server", "encrypted") in forms and ("server", "clear") not in forms
+    sig = 2.0 * math.sqrt(2)
+    gap = np.asarray(agg["x"]) - _truth(ups, range(4))
+    assert 0 < np.abs(gap).max() < 8 * sig * 2  # the noise of 4 uploads, sigma each
+    assert math.isclose(ledger.epsilon(), epsilon_for(2.0, DELTA), rel_tol=1e-9)
+
+
 @pytest.mark.parametrize("mechanism", ["discrete_gaussian", "skellam"])
 def test_distributed_dp_dropouts_down_to_threshold(mechanism: str) -> None:
     spec = _spec(d=300)

@@ -131,12 +131,12 @@ class _RelabelContext(RoundContext):
     _noised: frozenset[str] = frozenset()
 
     def observe(self, party: str, sender: Any, stage: str, field: str, form: str,
-                value: np.ndarray | bytes, what: str = "upload",
-                nbytes: int | None = None) -> None:
+                value: Any, what: str = "upload", nbytes: int | None = None,
+                value_digest: str | None = None) -> None:
         """Record an observation; ``"clear"`` becomes ``"noised"`` for noised fields."""
         if form == "clear" and field in self._noised:
             form = "noised"
-        super().observe(party, sender, stage, field, form, value, what, nbytes)
+        super().observe(party, sender, stage, field, form, value, what, nbytes, value_digest)
 
 
 def relabel(ctx: RoundContext, noised: Sequence[str]) -> RoundContext:
