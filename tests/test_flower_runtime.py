@@ -540,10 +540,11 @@ _DP = {
 }
 
 
-def _dp_runs(name, seed, rounds=2, fault=None):
+def _dp_runs(name, seed, rounds=2, fault=None, node_evaluation=None):
     aggs = {}
     fed = FlowerFederation(_algo(), _DP[name](seed), load_dataset("digits"), rounds=rounds,
-                           seed=0, min_nodes=N, stage_timeout=0.5)
+                           seed=0, min_nodes=N, stage_timeout=0.5,
+                           node_evaluation=node_evaluation)
     grid = LocalGrid(fault)
     result = fed.run(grid, on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
     want, embedded = _sums_by_round(_DP[name](seed), rounds, 1.0)
@@ -552,7 +553,8 @@ def _dp_runs(name, seed, rounds=2, fault=None):
 
 @pytest.mark.parametrize("name", sorted(_DP))
 def test_seeded_dp_over_flower_equals_the_embedded_engine(name):
-    aggs, result, want, embedded, grid = _dp_runs(name, seed=7)
+    # node evaluation on (off by default under DP): the accuracies are compared too
+    aggs, result, want, embedded, grid = _dp_runs(name, seed=7, node_evaluation=True)
     plain, _ = _sums_by_round(Plaintext(), 2, 1.0)
     for r in (0, 1):
         assert aggs[r].contributors == want[r].contributors == tuple(range(N))
@@ -576,8 +578,10 @@ def test_seeded_dp_over_flower_equals_the_embedded_engine(name):
 @pytest.mark.parametrize("name", ["local-dp/secure-sum", "distributed-dp/secure-sum",
                                   "central-dp/secure-sum"])
 def test_dp_over_flower_is_private_and_the_server_never_sees_an_unnoised_sum(name):
-    aggs, result, want, embedded, _ = _dp_runs(name, seed=None)
+    aggs, result, want, embedded, grid = _dp_runs(name, seed=None)
     assert result.privacy.private and embedded.privacy.private
+    # node evaluation is off by default under DP: no node's accuracy reaches the server
+    assert "evaluate" not in {s for s, _, _ in grid.sent} and np.isnan(result.history).all()
     assert result.privacy.epsilon(delta=1e-5) == pytest.approx(
         embedded.privacy.epsilon(delta=1e-5), rel=1e-9)
     assert result.privacy.epsilon(delta=1e-5) <= 4.0
@@ -686,3 +690,32 @@ def test_a_clientapp_process_imports_no_heavy_module_until_a_message_needs_it():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("layer", ["secure-sum", "distributed-dp"])
+def test_node_evaluation_is_on_the_record_and_not_private(layer):
+    """Each node's local test accuracy reaches the server in the clear: the transcript
+    records it (one clear observation per node and round, which the audit reads back as
+    clear uploads) and, under a DP layer, the ledger marks it released without DP noise,
+    so a run that asks for node evaluation is not reported private."""
+    from secagg.audit import audit
+    from secagg.flower.server import EVALUATION_FIELD, EVALUATION_PHASE
+
+    made = (SecureSum(threshold=3) if layer == "secure-sum"
+            else _DP["distributed-dp/secure-sum"](None))
+    fed = FlowerFederation(_algo(), made, load_dataset("digits"), rounds=2, seed=0,
+                           min_nodes=N, stage_timeout=0.5, node_evaluation=True)
+    result = fed.run(LocalGrid())
+    seen = [o for o in result.transcript.observations() if o["phase"] == EVALUATION_PHASE]
+    assert sorted((o["round"], o["sender"]) for o in seen) == [(r, c) for r in (0, 1)
+                                                               for c in range(N)]
+    assert {(o["party"], o["form"], o["field"]) for o in seen} == {
+        ("server", "clear", EVALUATION_FIELD)}
+    row = next(e for e in audit(result.transcript)["fields"]
+               if e["phase"] == EVALUATION_PHASE)
+    assert row["clear_individual_uploads"] == 2 * N and row["dp"]["private"] is False
+    if layer == "distributed-dp":
+        assert not result.privacy.private
+        assert any("node evaluation" in r for r in result.privacy.not_private_reasons)
+        # the statistics themselves keep their guarantee: only the accuracy is unnoised
+        assert result.privacy.field_guarantee("stats")["private"] is True

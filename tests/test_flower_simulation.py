@@ -87,9 +87,10 @@ def flower_runs():
         for name, layer in _layers().items():
             algo = _algo()
             aggs = {}
+            # node evaluation also under DP (off by default there), to compare accuracies
             fed = FlowerFederation(algo, layer, load_dataset("digits"), rounds=ROUNDS, seed=0,
                                    min_nodes=N_NODES, stage_timeout=300,
-                                   connect_timeout=300)
+                                   connect_timeout=300, node_evaluation=True)
             result = fed.run(grid, on_aggregate=lambda r, p, a, aggs=aggs: aggs.__setitem__(
                 (r, p), a))
             out[name] = (aggs, algo.eta, result, fed)
@@ -138,13 +139,18 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
         elif stage != "hello":
             assert v["flower_message_bytes"] > 0 and v["secagg_wire_bytes"] > 0, stage
     assert ("advertise" in t) == (name in ("secure-sum", "distributed-dp"))
+    observed = list(result.transcript.observations())
+    # the nodes' evaluation is on the record: each node's accuracy, in the clear
+    assert sorted((o["round"], o["sender"]) for o in observed if o["phase"] == "evaluate"
+                  and o["form"] == "clear") == [(r, c) for r in range(ROUNDS)
+                                                for c in range(N_NODES)]
+    observed = [o for o in observed if o["phase"] == "stats"]
     if name != "plaintext":  # the server saw only masked/encrypted uploads and the sum
-        forms = {o["form"] for o in result.transcript.observations() if o["party"] == "server"}
+        forms = {o["form"] for o in observed if o["party"] == "server"}
         assert forms == {"secure-sum": {"masked", "clear"}, "bfv": {"encrypted", "clear"},
                          # noise added on the nodes: not even the sum was clear
                          "distributed-dp": {"masked", "noised"}}[name]
-        clear = [o for o in result.transcript.observations()
-                 if o["party"] == "server" and o["form"] == "clear"]
+        clear = [o for o in observed if o["party"] == "server" and o["form"] == "clear"]
         assert all(o["what"] == "sum" for o in clear)
     if name == "distributed-dp":  # one ledger of DP events, as the embedded run's
         assert result.privacy.epsilon(delta=1e-5) == want_result.privacy.epsilon(delta=1e-5)

@@ -84,6 +84,9 @@ SUPPORTED_LAYERS = (Plaintext, SecureSum, Homomorphic)
 DP_LAYERS: dict[type, tuple[type, ...]] = {
     CentralDP: SUPPORTED_LAYERS, LocalDP: SUPPORTED_LAYERS, DistributedDP: (SecureSum,)}
 
+#: where the transcript records the nodes' evaluation (phase, field)
+EVALUATION_PHASE, EVALUATION_FIELD = "evaluate", "local test accuracy"
+
 # what a reply to a client-step instruction must carry
 _STEP_REPLY = (("msg", bytes), ("cpu_s", float), ("flops", float), ("clipped", str))
 
@@ -242,7 +245,8 @@ class FlowerFederation:
             ``stage_timeout``).
         poll_interval: seconds between two pulls of the replies from the SuperLink.
         node_evaluation: personalized algorithms: compute the accuracy on the nodes after
-            each round (see Evaluation below); False reports NaN.
+            each round (see Evaluation below); False reports NaN. Default: on, except under
+            a DP layer (each node's accuracy would reach the server un-noised).
         decryptor: Homomorphic: the client id of the node that generates the keys, keeps
             the secret context and decrypts the sum (default: the smallest id). It must
             not collude with the server (as the embedded layer's decryptor).
@@ -261,9 +265,13 @@ class FlowerFederation:
     are not asked (they may be gone), and nodes that do not answer are not in the mean.
     This traffic is measurement, not protocol: like the embedded engine's in-process
     evaluation it is not booked in the cost ledger (Flower's bytes for it are in
-    :attr:`transport` under ``evaluate``), and it discloses each node's local test accuracy
-    to the server, which no privacy layer covers; pass ``node_evaluation=False`` to keep it
-    off (the accuracy is then NaN).
+    :attr:`transport` under ``evaluate``). But it discloses each node's local test accuracy
+    (of a model trained on its records) to the server, which no privacy layer covers, so
+    the transcript records it: one clear observation per node and round, phase
+    ``"evaluate"``, field ``"local test accuracy"``; under a DP layer the privacy ledger
+    marks it released without DP noise, and the run is then not private. That is why it
+    is off by default under a DP layer (the accuracy is then NaN); ``node_evaluation=True``
+    turns it on there, ``False`` off everywhere.
     """
 
     def __init__(
@@ -283,11 +291,13 @@ class FlowerFederation:
         hold: tuple[str, str] | None = None,
         decryptor: int | None = None,
         poll_interval: float = 0.2,
-        node_evaluation: bool = True,
+        node_evaluation: bool | None = None,
         step_timeout: float | None = None,
         max_records: int | None = None,
     ) -> None:
         check_layer(layer)
+        if node_evaluation is None:  # off under DP: the accuracies are un-noised releases
+            node_evaluation = type(layer) not in DP_LAYERS
         if max_records is not None and (isinstance(max_records, bool)
                                         or not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -339,6 +349,8 @@ class FlowerFederation:
         self._last_drops: dict[str, dict[int, str]] = {}
         self._round_drops: set[int] = set()  # clients dropped in the current round
         self._eval: _PendingEvaluation | None = None
+        self._transcript: Transcript | None = None  # the running run's (evaluation records)
+        self._privacy: Any | None = None
         self._pre: _PreAdvertised | None = None
         #: wall seconds of each round (its phases and, if any, the nodes' evaluation)
         self.round_wall_s: list[float] = []
@@ -495,6 +507,7 @@ class FlowerFederation:
                                 ()) if first else None)
         announced = self._connect(grid, ahead)
         ledger, transcript = Ledger(), Transcript(self.include_values)
+        self._transcript, self._privacy = transcript, privacy
         cids = sorted(self.nodes)
         # public, never derived from the nodes' data (issue 10's rule for the embedded engine)
         max_records = DEFAULT_MAX_RECORDS if self.max_records is None else self.max_records
@@ -628,9 +641,28 @@ class FlowerFederation:
                 tag=f"{ev.round}/evaluate")
             ev.sent.update(rest)
             self._collect_evaluation(got, ev)
+        self._disclose(ev)
         accs = [ev.acc[c][0] for c in sorted(ev.acc) if ev.acc[c][1]]
         # as the personalized evaluate's mean over clients with a local test set
         history[ev.round] = float(np.mean(accs)) if accs else float("nan")
+
+    def _disclose(self, ev: _PendingEvaluation) -> None:
+        """What the nodes' evaluation showed the server, on the record: each node's
+        (accuracy, has a local test set) as a clear observation in the transcript, and,
+        under a DP layer, the field marked released without DP noise in the ledger."""
+        if self._transcript is None or not ev.acc:
+            return
+        for c in sorted(ev.acc):
+            self._transcript.observe(
+                round=ev.round, phase=EVALUATION_PHASE, stage="evaluate", party=SERVER,
+                sender=c, field=EVALUATION_FIELD, form="clear",
+                value=np.array(ev.acc[c], dtype=np.float64))
+        if self._privacy is not None:
+            self._privacy.mark_unnoised(
+                EVALUATION_FIELD, EVALUATION_PHASE,
+                "node evaluation: each node sent the server its local test accuracy, of a "
+                "model trained on its records, in the clear (FlowerFederation("
+                "node_evaluation=False) keeps it on the nodes)")
 
     def _guarded_phase(
         self, grid: Grid, phase: Any, spec: UploadSpec, cohort: list[int], max_records: int,

@@ -28,6 +28,7 @@ def main(grid: Grid, context: Context) -> None:
         min_nodes=int(cfg["min-nodes"]), stage_timeout=float(cfg["stage-timeout"]),
         step_timeout=float(cfg.get("step-timeout", 0.0)) or None,
         max_records=int(cfg.get("max-records", 0)) or None,
+        node_evaluation={"on": True, "off": False}.get(str(cfg.get("node-evaluation", "auto"))),
         hold=hold,
     )
     sums: dict[str, np.ndarray] = {}
