@@ -218,6 +218,76 @@ class _Transport:
                     "flower_message_bytes": self.flower[s]} for s in self.ours}
 
 
+@dataclass
+class _Release:
+    """One phase's DP release over Flower, each party's part where the embedded layer runs
+    it: the aggregator begins it (:meth:`begin`); under LocalDP the nodes noise their
+    uploads (the inner layer carries the widened spec, the release is spent first); under
+    DistributedDP they add noise shares to their encoded vectors before masking (the worst
+    case is checked against the budget first, the noise actually added is spent in
+    :meth:`finish_distributed`); under CentralDP the aggregator noises the inner layer's
+    sums (:meth:`end`). Without a DP layer every part is a no-op.
+
+    Attributes:
+        dp: the DP layer, or None.
+        spec: the phase's spec; ``carried``: the spec the inner layer carries.
+        ctx: the context the inner layer records under (noised fields relabelled).
+        ledger: the run's privacy ledger, from ``dp.begin``.
+        node_params: JSON the nodes rebuild their noise side from (None: they add none).
+        sigmas: LocalDP's noise per field; ``plan``: DistributedDP's release plan.
+    """
+
+    dp: Any
+    spec: UploadSpec
+    carried: UploadSpec
+    ctx: RoundContext
+    ledger: Any = None
+    node_params: str | None = None
+    sigmas: dict[str, float] = field(default_factory=dict)
+    plan: Any = None
+
+    @classmethod
+    def begin(cls, dp: Any, spec: UploadSpec, ctx: RoundContext, n: int) -> _Release:
+        """Begin the release of ``spec`` by a cohort of ``n`` under ``dp`` (or no DP)."""
+        rel = cls(dp, spec, spec, ctx)
+        if dp is None:
+            return rel
+        rel.ledger = dp.begin(spec, ctx)
+        noised: list[str] = []
+        if isinstance(dp, LocalDP):
+            rel.sigmas, rel.carried = dp.noise_plan(spec)
+            noised = list(rel.sigmas)
+            if noised:
+                dp.spend(rel.ledger, rel.sigmas, ctx)
+                rel.node_params = json.dumps(dp.node_params())
+        elif isinstance(dp, DistributedDP):
+            rel.plan = dp.release_plan(spec, n)
+            rel.ledger.check(*rel.plan.planned)  # the worst case fits, before any noise
+            noised = [f.name for f in rel.plan.noised]
+            if noised:
+                rel.node_params = json.dumps(dp.node_params(rel.plan.z))
+        if noised:
+            dp.mark_seeded(rel.ledger, noised)
+            rel.ctx = relabel(ctx, noised)
+        return rel
+
+    def finish_distributed(self, ring_sum: np.ndarray, contributors: Sequence[int],
+                           ctx: RoundContext) -> Aggregate:
+        """DistributedDP: account the contributors' noise, decode the noised sums."""
+        return self.dp.finish(self.plan, self.spec, ring_sum, contributors, ctx, self.ledger,
+                              self.dp.seed is None)
+
+    def end(self, agg: Aggregate, spec: UploadSpec, ctx: RoundContext) -> Aggregate:
+        """The aggregator's side after the inner layer: CentralDP noises the sums; LocalDP
+        notes the noise the sum carries."""
+        if isinstance(self.dp, CentralDP):
+            return self.dp.release(agg, spec, ctx, self.ledger)
+        if isinstance(self.dp, LocalDP) and self.sigmas:
+            agg.notes["dp"] = self.dp.release_notes(spec, self.sigmas, self.dp.seed is None,
+                                                    len(agg.contributors))
+        return agg
+
+
 class FlowerFederation:
     """Run ``algorithm`` with ``layer`` over the SuperNodes a Flower Grid reaches.
 
@@ -693,66 +763,47 @@ class FlowerFederation:
             for c in cohort:
                 ctx.message(SERVER, c, "broadcast", len(wire), plaintext_bytes=plain,
                             fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()})
-        carrier, dp = self.carrier, self.dp
+        carrier = self.carrier
         if payload and not isinstance(carrier, SecureSum):  # it rides in the upload
             self.transport.add("upload", ours=len(wire) * len(cohort))
-        # the DP layer's parts, each where it belongs (the embedded layer's order): the
-        # aggregator begins the release; LocalDP: the nodes noise their uploads (the inner
-        # layer carries the widened spec); DistributedDP: the nodes add noise shares to their
-        # encoded vectors before masking (the worst case checked against the budget first);
-        # CentralDP: the aggregator noises the inner layer's sums
-        ledger = dp.begin(spec, ctx) if dp is not None else None
-        carried, inner_ctx = spec, ctx
-        node_dp: dict[str, Any] | None = None
-        sigmas: dict[str, float] = {}
-        release = None
-        if isinstance(dp, LocalDP):
-            sigmas, carried = dp.noise_plan(spec)
-            if sigmas:
-                dp.spend(ledger, sigmas, ctx)  # type: ignore[arg-type]
-                dp.mark_seeded(ledger, list(sigmas))  # type: ignore[arg-type]
-                inner_ctx, node_dp = relabel(ctx, list(sigmas)), dp.node_params()
-        elif isinstance(dp, DistributedDP):
-            release = dp.release_plan(spec, len(cohort))
-            ledger.check(*release.planned)  # type: ignore[union-attr]
-            names = [f.name for f in release.noised]
-            dp.mark_seeded(ledger, names)  # type: ignore[arg-type]
-            inner_ctx = relabel(ctx, names)
-            node_dp = dp.node_params(release.z) if names else None
+        rel = _Release.begin(self.dp, spec, ctx, len(cohort))
         common = dict(run=self._run_tag, round=ctx.round, rounds=self.rounds, phase=phase.name,
                       seed=self.seed, max_records=max_records, on_violation=self.on_violation,
-                      broadcast=wire, dp=None if node_dp is None else json.dumps(node_dp))
+                      broadcast=wire, dp=rel.node_params)
         if isinstance(carrier, SecureSum):
-            if release is None:
-                plans, bits, segments, fields = carrier.layout(carried, len(cohort))
-            else:
-                plans, bits = {}, release.ring_bits
-                segments = release.segments
-                fields = {f.name: f.nbytes for f in release.additive}
-            total, contributors, notes = self._secure_sum(
-                grid, cohort, common, inner_ctx, clips, nxt, bits, segments, fields)
-            if release is None:
-                sums = {f.name: plans[f.name].decode_sum(total[segments[f.name]]).reshape(f.shape)
-                        for f in carried.additive}
-                notes["secure_sum"]["scale_bits"] = {n: p.scale_bits for n, p in plans.items()}
-                agg = Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
-            else:
-                agg = dp.finish(release, spec, total, contributors, ctx,  # type: ignore
-                                ledger, dp.seed is None)  # type: ignore[union-attr]
-                agg.notes.update(notes)
+            agg = self._secure_sum_phase(grid, cohort, common, ctx, clips, nxt, rel)
         elif isinstance(carrier, Homomorphic):
-            agg = self._homomorphic(grid, carried, cohort, common, inner_ctx, clips)
+            agg = self._homomorphic(grid, rel.carried, cohort, common, rel.ctx, clips)
         else:
-            agg = self._plaintext(grid, carried, cohort, common, inner_ctx, clips)
-        if isinstance(dp, CentralDP):
-            agg = dp.release(agg, spec, ctx, ledger)  # type: ignore[arg-type]
-        elif isinstance(dp, LocalDP) and sigmas:
-            agg.notes["dp"] = dp.release_notes(spec, sigmas, dp.seed is None,
-                                               len(agg.contributors))
+            agg = self._plaintext(grid, rel.carried, cohort, common, rel.ctx, clips)
+        agg = rel.end(agg, spec, ctx)
         t0 = time.process_time()
         phase.server_step(agg)
         ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
         return agg
+
+    def _secure_sum_phase(self, grid: Grid, cohort: list[int], common: dict,
+                          ctx: RoundContext, clips: ClipReport,
+                          nxt: tuple[int, str, list[int]] | None, rel: _Release) -> Aggregate:
+        """One SecureSum session and its decoding: the layer's fixed-point plan, or, under
+        DistributedDP, the release plan (noised vectors; the DP layer decodes and accounts
+        the noise the contributors actually added)."""
+        layer: SecureSum = self.carrier  # type: ignore[assignment]
+        if rel.plan is None:
+            plans, bits, segments, fields = layer.layout(rel.carried, len(cohort))
+        else:
+            plans, bits, segments = {}, rel.plan.ring_bits, rel.plan.segments
+            fields = {f.name: f.nbytes for f in rel.plan.additive}
+        total, contributors, notes = self._secure_sum(
+            grid, cohort, common, rel.ctx, clips, nxt, bits, segments, fields)
+        if rel.plan is not None:
+            agg = rel.finish_distributed(total, contributors, ctx)
+            agg.notes.update(notes)
+            return agg
+        sums = {f.name: plans[f.name].decode_sum(total[segments[f.name]]).reshape(f.shape)
+                for f in rel.carried.additive}
+        notes["secure_sum"]["scale_bits"] = {n: p.scale_bits for n, p in plans.items()}
+        return Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
 
     def _plaintext(self, grid: Grid, spec: UploadSpec, cohort: list[int], common: dict,
                    ctx: RoundContext, clips: ClipReport) -> Aggregate:
