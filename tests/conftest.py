@@ -17,3 +17,17 @@ def digits():
 def digits_clients(digits):
     """10 clients, Dirichlet alpha 0.5, 20% local test split."""
     return dirichlet_split(digits, 10, 0.5, seed=0, local_test_fraction=0.2)
+
+
+@pytest.fixture(scope="session")
+def ledger_messages():
+    """A function: a Result -> its cost ledger's messages as a multiset (dict of counts)
+    of (round, stage, sender, receiver, direction), to compare two runtimes' ledgers."""
+    def count(result):
+        out = {}
+        for r in result.costs.rows:
+            key = (r.round, r.stage, r.sender, r.receiver, r.direction)
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    return count

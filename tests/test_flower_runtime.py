@@ -552,7 +552,7 @@ def _dp_runs(name, seed, rounds=2, fault=None, node_evaluation=None):
 
 
 @pytest.mark.parametrize("name", sorted(_DP))
-def test_seeded_dp_over_flower_equals_the_embedded_engine(name):
+def test_seeded_dp_over_flower_equals_the_embedded_engine(name, ledger_messages):
     # node evaluation on (off by default under DP): the accuracies are compared too
     aggs, result, want, embedded, grid = _dp_runs(name, seed=7, node_evaluation=True)
     plain, _ = _sums_by_round(Plaintext(), 2, 1.0)
@@ -565,7 +565,7 @@ def test_seeded_dp_over_flower_equals_the_embedded_engine(name):
     # the same ledger of privacy events, and the same verdict: a user seed is not private
     assert result.privacy.epsilon(delta=1e-5) == embedded.privacy.epsilon(delta=1e-5) <= 4.0
     assert not result.privacy.private and not embedded.privacy.private
-    assert _ledger_keys(result) == _ledger_keys(embedded)
+    assert ledger_messages(result) == ledger_messages(embedded)
     # the nodes were told to noise exactly when the layer's noise is theirs to add
     told = {s for s, _, _ in grid.sent if s in ("upload", "share", "he-upload")}
     assert told
@@ -661,61 +661,3 @@ def test_layers_flower_cannot_carry_yet_are_refused_with_the_reason():
 
 class _FakeSum(SecureSum):
     """A SecureSum subclass (not SecureSum itself): refused by the exact-type check."""
-
-
-def _ledger_keys(result):
-    out = {}
-    for r in result.costs.rows:
-        key = (r.round, r.stage, r.sender, r.receiver, r.direction)
-        out[key] = out.get(key, 0) + 1
-    return out
-
-
-def test_a_clientapp_process_imports_no_heavy_module_until_a_message_needs_it():
-    """Flower starts one ClientApp process per message, so its imports are paid in every
-    protocol stage (on the 2-core reference the loopback run is CPU-bound): loading the
-    example app must not import torch (only client steps need it), the DP accountant
-    (dp_accounting: 0.8 CPU-s; only DP steps need the noise side) or TenSEAL."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    code = ("import sys, secagg_flower_app.client_app; "
-            "print(sorted(m for m in ('torch', 'dp_accounting', 'tenseal', 'sklearn') "
-            "if m in sys.modules))")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "examples" /
-                                                                        "flower")]))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize("layer", ["secure-sum", "distributed-dp"])
-def test_node_evaluation_is_on_the_record_and_not_private(layer):
-    """Each node's local test accuracy reaches the server in the clear: the transcript
-    records it (one clear observation per node and round, which the audit reads back as
-    clear uploads) and, under a DP layer, the ledger marks it released without DP noise,
-    so a run that asks for node evaluation is not reported private."""
-    from secagg.audit import audit
-    from secagg.flower.server import EVALUATION_FIELD, EVALUATION_PHASE
-
-    made = (SecureSum(threshold=3) if layer == "secure-sum"
-            else _DP["distributed-dp/secure-sum"](None))
-    fed = FlowerFederation(_algo(), made, load_dataset("digits"), rounds=2, seed=0,
-                           min_nodes=N, stage_timeout=0.5, node_evaluation=True)
-    result = fed.run(LocalGrid())
-    seen = [o for o in result.transcript.observations() if o["phase"] == EVALUATION_PHASE]
-    assert sorted((o["round"], o["sender"]) for o in seen) == [(r, c) for r in (0, 1)
-                                                               for c in range(N)]
-    assert {(o["party"], o["form"], o["field"]) for o in seen} == {
-        ("server", "clear", EVALUATION_FIELD)}
-    row = next(e for e in audit(result.transcript)["fields"]
-               if e["phase"] == EVALUATION_PHASE)
-    assert row["clear_individual_uploads"] == 2 * N and row["dp"]["private"] is False
-    if layer == "distributed-dp":
-        assert not result.privacy.private
-        assert any("node evaluation" in r for r in result.privacy.not_private_reasons)
-        # the statistics themselves keep their guarantee: only the accuracy is unnoised
-        assert result.privacy.field_guarantee("stats")["private"] is True

@@ -62,15 +62,6 @@ def _embedded(layer):
     return seen, algo.eta, result
 
 
-def _ledger(result):
-    """The ledger's messages as a multiset of (round, stage, sender, receiver, direction)."""
-    out = {}
-    for r in result.costs.rows:
-        key = (r.round, r.stage, r.sender, r.receiver, r.direction)
-        out[key] = out.get(key, 0) + 1
-    return out
-
-
 @pytest.fixture(scope="module")
 def flower_runs():
     from flwr.app import Context
@@ -102,7 +93,7 @@ def flower_runs():
 
 
 @pytest.mark.parametrize("name", ["plaintext", "secure-sum", "bfv", "distributed-dp"])
-def test_simulation_20_nodes_equals_federation(flower_runs, name):
+def test_simulation_20_nodes_equals_federation(flower_runs, name, ledger_messages):
     assert name in flower_runs, "the ServerApp did not finish this layer's run"
     aggs, eta, result, fed = flower_runs[name]
     want, want_eta, want_result = _embedded(_layers()[name])
@@ -126,7 +117,7 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name):
         assert {r.stage for r in result.costs.rows if r.direction == "internal"
                 and r.sender == "decryptor"} == {"keys", "result"}
     # the same messages as the embedded engine's ledger, stage by stage
-    assert _ledger(result) == _ledger(want_result)
+    assert ledger_messages(result) == ledger_messages(want_result)
     ups = [r for r in result.costs.rows if r.direction == "up" and r.sender != "decryptor"]
     assert {r.sender for r in ups} == set(range(N_NODES))
     # and Flower's envelopes are measured beside our bytes; SecureSum's ADVERTISEs travel
