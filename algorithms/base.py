@@ -77,6 +77,12 @@ class Phase(ABC):
         DP-SGD, whose events the run's privacy ledger composes. Default: False."""
         return False
 
+    def measurements(self) -> dict[str, Any]:
+        """What this phase reports after its server step, for :attr:`Result.measurements
+        <secagg.federation.Result.measurements>` (JSON-able; e.g. the clip bound in force).
+        Called by the engine once per phase run, after :meth:`server_step`. Default: {}."""
+        return {}
+
 
 class LocalPhase(Phase):
     """A phase in which every selected client computes on its own data and sends nothing.

@@ -119,6 +119,9 @@ class Result:
         participation: (round, phase, contributors, cohort) per phase run: how many
             sampled clients' uploads made it into the aggregate (dropouts show here; an
             aborted and skipped secure sum counts 0).
+        measurements: per phase run, what the phase reported after its server step
+            (:meth:`algorithms.base.Phase.measurements`, e.g. the clip bound and how many
+            clients' updates were clipped), as ``{"round", "phase", **measurements}``.
     """
 
     algorithm: dict[str, Any]
@@ -134,6 +137,7 @@ class Result:
     clips: dict[str, int] = field(default_factory=dict)
     aborted: list[tuple[int, str, str]] = field(default_factory=list)
     participation: list[tuple[int, str, int, int]] = field(default_factory=list)
+    measurements: list[dict[str, Any]] = field(default_factory=list)
     n_clients: int = 0
     wall_s: float = 0.0
 
@@ -187,6 +191,7 @@ class Result:
             "clips": self.clips,
             "aborted": self.aborted,
             "participation": self.participation,
+            "measurements": self.measurements,
             "wall_s": self.wall_s,
             "costs": {d: self.costs.total(direction=d) for d in DIRECTIONS},
             "client_rounds": self.costs.client_rounds(),
@@ -297,6 +302,21 @@ def guard_phase(
         return False
     participation.append((round, phase, got, cohort))
     return True
+
+
+def solve(phase: _Phase, agg: Aggregate, ctx: RoundContext,
+          measurements: list[dict[str, Any]]) -> None:
+    """The server's end of a phase, as every runtime does it: the phase's server step on
+    the aggregate (booked as a ``solve`` row with its CPU time), then what the phase
+    measured (:meth:`algorithms.base.Phase.measurements`, when it has that hook and
+    reports anything) appended to ``measurements`` as ``{"round", "phase", **values}``."""
+    t0 = time.process_time()
+    phase.server_step(agg)
+    ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+    measure = getattr(phase, "measurements", None)
+    values = measure() if callable(measure) else None
+    if values:
+        measurements.append({"round": ctx.round, "phase": ctx.phase, **values})
 
 
 def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
@@ -497,6 +517,7 @@ class Federation:
         aborted: list[tuple[int, str, str]] = []
         participation: list[tuple[int, str, int, int]] = []
         checked: set[str] = set()
+        self._measurements: list[dict[str, Any]] = []
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -560,6 +581,7 @@ class Federation:
             clips=dict(clips.counts),
             aborted=aborted,
             participation=participation,
+            measurements=self._measurements,
             n_clients=len(states),
             wall_s=time.perf_counter() - t_start,
         )
@@ -614,9 +636,7 @@ class Federation:
             uploads[c] = up
         self._account_local_training(phase, spec, ctx)
         agg = self.layer.aggregate(uploads, spec, ctx)
-        t0 = time.process_time()
-        phase.server_step(agg)
-        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        solve(phase, agg, ctx, self._measurements)
         return len(agg.contributors)
 
     def _run_local(self, phase: _Phase, cohort: list[int], states: list[ClientState],

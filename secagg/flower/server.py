@@ -64,6 +64,7 @@ from secagg.federation import (
     plan_privacy,
     run_spec,
     sample_cohort,
+    solve,
 )
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
@@ -597,6 +598,7 @@ class FlowerFederation:
 
         history: list[float] = []
         clips = ClipReport()
+        self._measurements: list[dict[str, Any]] = []
         aborted: list[tuple[int, str, str]] = []
         participation: list[tuple[int, str, int, int]] = []
         checked: set[str] = set()
@@ -654,7 +656,8 @@ class FlowerFederation:
             rounds=len(history), seed=self.seed, accuracy=history[-1], accuracy_kind=kind,
             history=history, costs=ledger, transcript=transcript, privacy=privacy,
             clips=dict(clips.counts), aborted=aborted, participation=participation,
-            n_clients=len(cids), wall_s=time.perf_counter() - t_start,
+            measurements=self._measurements, n_clients=len(cids),
+            wall_s=time.perf_counter() - t_start,
         )
 
     def _evaluate(self, rnd: int) -> float:
@@ -777,9 +780,7 @@ class FlowerFederation:
         else:
             agg = self._plaintext(grid, rel.carried, cohort, common, rel.ctx, clips)
         agg = rel.end(agg, spec, ctx)
-        t0 = time.process_time()
-        phase.server_step(agg)
-        ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+        solve(phase, agg, ctx, self._measurements)
         return agg
 
     def _secure_sum_phase(self, grid: Grid, cohort: list[int], common: dict,
