@@ -13,8 +13,24 @@ one record adds one theta), so the engine refuses record-level DP on ``weighted_
 without DP-SGD; client-level DP uses ``max_records * param_bound`` with a public
 ``Federation(max_records=...)``.
 
-Subclasses (FedProx, FedUV, SphereFed) override :meth:`FedAvg.build_model` and
-:meth:`FedAvg.loss_fn`.
+Client-level DP (DP-FedAvg, McMahan et al., ICLR 2018): with ``clip=C`` each client
+uploads instead its *update* (local model minus the broadcast) scaled down on the client to
+L2 norm <= C, with weight 1 (field ``update``, a client-level ``Bound(l2=C)``), so one
+client moves the sum by at most C whatever its data and training: a DP layer with
+``adjacency="client"`` noises it with standard deviation z * C and needs no
+``max_records``. The server divides the (noised) sum by the sampled cohort's size, a fixed
+denominator (:attr:`~secagg.layers.base.Aggregate.cohort`), never by the survivors, so
+dropouts do not scale the noise up, and takes a step of its server optimizer
+(:mod:`algorithms.server_opt`: SGD with a server learning rate, FedAvgM, FedAdam). With
+``clip="adaptive"`` (Andrew et al., NeurIPS 2021) the bound follows a quantile of the
+update norms through a noised count of clients under the clip, uploaded beside the update
+(field ``unclipped``; :mod:`secagg.privacy.clipping`). Each round's measurements
+(:attr:`secagg.federation.Result.measurements`) give the clip bound in force and, in the
+embedded engine, how many clients' updates it clipped (a simulation diagnostic: no server
+ever sees that count; under adaptive clipping it sees only the noised one).
+
+Subclasses (FedProx, FedUV, SphereFed, CCVR) override :meth:`FedAvg.build_model` and
+:meth:`FedAvg.loss_fn`, and inherit both uploads.
 """
 
 from __future__ import annotations
@@ -28,10 +44,13 @@ import torch
 
 from algorithms.base import Aggregate, Algorithm, ClientState, Phase
 from algorithms.models import SplitModel, build_model, get_flat, n_params, set_flat
+from algorithms.server_opt import OptimizerState, ServerOptimizer
 from algorithms.training import LossFn, accuracy, cross_entropy, train_local
 from secagg.data import Dataset
+from secagg.errors import ConfigurationError
 from secagg.federation import derive_seed
 from secagg.messages import Bound, Field, UploadSpec
+from secagg.privacy.clipping import AdaptiveClip, ClipPolicy, clip_l2, parse_clip
 
 
 class FedAvg(Algorithm):
@@ -47,13 +66,36 @@ class FedAvg(Algorithm):
             its accounting joins the run's privacy ledger. The averaged parameters are then
             post-processing of DP-SGD; ``n`` is not, so it needs a DP layer (or counts as a
             non-private release).
+        clip: None (default: the classic upload of ``n`` and ``n * theta``), a number C
+            (upload the update clipped to L2 <= C: DP-FedAvg), ``"adaptive"`` or
+            ``"adaptive:QUANTILE"``, or a :class:`~secagg.privacy.clipping.ClipPolicy`.
+        server_opt: the server optimizer on the mean update with ``clip``: ``"sgd"``,
+            ``"momentum"`` (FedAvgM) or ``"adam"`` (FedAdam), or a
+            :class:`~algorithms.server_opt.ServerOptimizer`. Without ``clip`` the mean model
+            minus the broadcast is the update it steps along (``sgd`` at lr 1 is plain
+            FedAvg, exactly).
+        server_lr: the server learning rate (default 1.0).
+        server_momentum: beta1 of ``momentum`` and ``adam`` (default 0.9).
     """
 
     name: ClassVar[str] = "fedavg"
 
     def __init__(self, local_epochs: int = 2, lr: float = 0.05, momentum: float = 0.9,
                  batch_size: int = 32, param_bound: float = 10.0, feature_dim: int = 128,
-                 upload_dtype: str = "float32", dpsgd: Any | None = None) -> None:
+                 upload_dtype: str = "float32", dpsgd: Any | None = None,
+                 clip: float | str | ClipPolicy | None = None,
+                 server_opt: str | ServerOptimizer = "sgd", server_lr: float = 1.0,
+                 server_momentum: float = 0.9) -> None:
+        self.clip_policy = parse_clip(clip)
+        if self.clip_policy is not None and dpsgd is not None:
+            raise ConfigurationError(
+                "clip (client-level DP-FedAvg) and dpsgd (record-level DP-SGD) are two "
+                "ways to bound the training's effect; choose one")
+        if isinstance(server_opt, ServerOptimizer):
+            self.server_optimizer = server_opt
+        else:
+            self.server_optimizer = ServerOptimizer(server_opt, lr=server_lr,
+                                                    beta1=server_momentum)
         self.local_epochs = local_epochs
         self.lr = lr
         self.momentum = momentum
@@ -67,6 +109,10 @@ class FedAvg(Algorithm):
         self.params: np.ndarray | None = None
         self.seed = 0
         self.clamped = 0
+        self.clip_value = None if self.clip_policy is None else self.clip_policy.initial()
+        self.opt_state = OptimizerState()
+        self.round_clipped = 0
+        self.round_clients = 0
 
     # -- hooks for subclasses ---------------------------------------------------------
     def build_model(self, dataset: Dataset) -> SplitModel:
@@ -88,6 +134,8 @@ class FedAvg(Algorithm):
         torch.manual_seed(derive_seed(seed, "init"))
         self.model = self.build_model(dataset)
         self.params = get_flat(self.shared_parameters(self.model))
+        self.clip_value = None if self.clip_policy is None else self.clip_policy.initial()
+        self.opt_state = OptimizerState()
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
         """One training phase per round."""
@@ -104,17 +152,87 @@ class FedAvg(Algorithm):
         return {"name": self.name, "local_epochs": self.local_epochs, "lr": self.lr,
                 "momentum": self.momentum, "batch_size": self.batch_size,
                 "param_bound": self.param_bound, "upload_dtype": self.upload_dtype,
-                "dpsgd": None if self.dpsgd is None else vars(self.dpsgd)}
+                "dpsgd": None if self.dpsgd is None else vars(self.dpsgd),
+                "clip": None if self.clip_policy is None else self.clip_policy.describe(),
+                "server_opt": self.server_optimizer.describe()}
 
     # -- pieces the phase uses ----------------------------------------------------------
     def spec(self) -> UploadSpec:
-        """Fields ``n`` and ``weighted_params``."""
+        """Fields ``n`` and ``weighted_params``; with a clip, :meth:`update_spec`."""
         assert self.params is not None
+        if self.clip_policy is not None:
+            return self.update_spec(self.params.size)
         return UploadSpec((
             Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0), additive=True),
             Field("weighted_params", (self.params.size,), self.upload_dtype,
                   bound=Bound(linf=self.param_bound), additive=True),
         ))
+
+    def update_spec(self, size: int, group: str = "default") -> UploadSpec:
+        """DP-FedAvg's upload: ``update`` (``size`` entries, client-level L2 bound = the
+        clip in force) and, under adaptive clipping, ``unclipped`` (1[norm <= C] - 1/2,
+        client-level bound 1/2, with the policy's share of the DP budget)."""
+        assert self.clip_policy is not None and self.clip_value is not None
+        fields = [Field("update", (size,), self.upload_dtype, group=group, additive=True,
+                        bound=Bound(l2=self.clip_value, adjacency="client"))]
+        if isinstance(self.clip_policy, AdaptiveClip):
+            fields.append(Field("unclipped", (1,), "float64", group=group, additive=True,
+                                bound=Bound(l2=0.5, linf=0.5, adjacency="client"),
+                                dp_weight=self.clip_policy.count_weight))
+        return UploadSpec(tuple(fields))
+
+    def clipped_update(self, local: np.ndarray, broadcast: np.ndarray,
+                       clip: float) -> dict[str, np.ndarray]:
+        """One client's DP-FedAvg upload: its update ``local - broadcast`` clipped to L2
+        <= ``clip`` (the broadcast bound, never the server's belief of it), plus the
+        centred under-the-clip bit under adaptive clipping. Counts the clip for the
+        round's measurements."""
+        delta = np.asarray(local, dtype=np.float64) - np.asarray(broadcast, dtype=np.float64)
+        clipped, norm, was = clip_l2(delta, clip, self.upload_dtype)
+        self.clip_value = clip  # a node's copy declares the bound it was told to apply
+        self.round_clients += 1
+        self.round_clipped += int(was)
+        out = {"update": clipped}
+        if isinstance(self.clip_policy, AdaptiveClip):
+            out["unclipped"] = np.array([0.5 if norm <= clip else -0.5])
+        return out
+
+    def clip_broadcast(self) -> dict[str, np.ndarray]:
+        """The clip bound the clients must apply this round (empty without a clip)."""
+        if self.clip_policy is None:
+            return {}
+        assert self.clip_value is not None
+        return {"clip": np.array([self.clip_value], dtype=np.float64)}
+
+    def apply_update(self, params: np.ndarray, aggregate: Aggregate,
+                     field: str = "update") -> np.ndarray:
+        """The server's side of DP-FedAvg: the mean update over the sampled cohort (a
+        fixed denominator: :attr:`~secagg.layers.base.Aggregate.cohort`, the contributors
+        outside an engine), one server-optimizer step from ``params``, and, under adaptive
+        clipping, the next clip bound from the noised count. Returns the new parameters."""
+        m = aggregate.cohort if aggregate.cohort else len(aggregate.contributors)
+        if m < 1:
+            return params
+        mean = np.asarray(aggregate[field], dtype=np.float64) / m
+        self.opt_state, new = self.server_optimizer.step(self.opt_state, params, mean)
+        if isinstance(self.clip_policy, AdaptiveClip) and "unclipped" in aggregate:
+            assert self.clip_value is not None
+            frac = (float(aggregate["unclipped"][0]) + 0.5 * m) / m
+            self.clip_value = self.clip_policy.next_clip(self.clip_value, frac)
+        return new.astype(np.float32)
+
+    def clip_measurements(self, clip: float | None) -> dict[str, Any]:
+        """The round's clip report (and reset): the bound in force, and, where this process
+        ran the client steps (the embedded engine), how many of the clients it clipped."""
+        if self.clip_policy is None:
+            return {}
+        out: dict[str, Any] = {"clip": clip}
+        if self.round_clients:
+            out.update(clipped=self.round_clipped, clients=self.round_clients)
+        if isinstance(self.clip_policy, AdaptiveClip):
+            out["next_clip"] = self.clip_value
+        self.round_clipped = self.round_clients = 0
+        return out
 
     def client_model(self, client: ClientState, params: np.ndarray) -> SplitModel:
         """The client's own copy of the global model (made on first use), loaded with the
@@ -138,10 +256,23 @@ class FedAvg(Algorithm):
         return get_flat(self.shared_parameters(model))
 
     def apply_average(self, aggregate: Aggregate) -> None:
-        """New global parameters = sum(n w) / sum(n) (kept if no record contributed)."""
+        """New global parameters: with a clip, :meth:`apply_update`; else the weighted mean
+        sum(n w) / sum(n) (kept if no record contributed), directly for plain FedAvg
+        (``sgd`` at lr 1) or as the server optimizer's step along mean - current."""
+        assert self.params is not None
+        if self.clip_policy is not None:
+            self.params = self.apply_update(self.params, aggregate)
+            return
         total = float(aggregate["n"][0])
         if total > 0:
-            self.params = (aggregate["weighted_params"] / total).astype(np.float32)
+            mean = (aggregate["weighted_params"] / total).astype(np.float32)
+            if self.server_optimizer.is_plain_average:
+                self.params = mean
+            else:
+                self.opt_state, new = self.server_optimizer.step(
+                    self.opt_state, self.params,
+                    mean.astype(np.float64) - self.params.astype(np.float64))
+                self.params = new.astype(np.float32)
 
 
 class GlobalModelPhase(Phase):
@@ -161,11 +292,22 @@ class GlobalModelPhase(Phase):
 class _TrainPhase(GlobalModelPhase):
     name: ClassVar[str] = "train"
 
+    def __init__(self, algo: FedAvg, round: int = 0) -> None:
+        super().__init__(algo, round)
+        self.clip = algo.clip_value  # the bound this phase's spec and broadcast carry
+
     def spec(self) -> UploadSpec:
         return self.algo.spec()
 
+    def broadcast(self) -> dict[str, np.ndarray]:
+        """The global parameters and, with DP-FedAvg, the clip bound."""
+        return {**super().broadcast(), **self.algo.clip_broadcast()}
+
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
         w = self.algo.local_update(client, broadcast["params"], self.round)
+        if self.algo.clip_policy is not None:
+            return self.algo.clipped_update(w, broadcast["params"],
+                                            float(np.asarray(broadcast["clip"])[0]))
         b = self.algo.param_bound
         over = int(np.count_nonzero(np.abs(w) > b))
         if over:
@@ -176,7 +318,12 @@ class _TrainPhase(GlobalModelPhase):
                 "weighted_params": (w.astype(np.float64) * n).astype(self.algo.upload_dtype)}
 
     def server_step(self, aggregate: Aggregate) -> None:
+        self.clip = self.algo.clip_value
         self.algo.apply_average(aggregate)
+
+    def measurements(self) -> dict[str, Any]:
+        """With DP-FedAvg: the clip bound in force and how many clients it clipped."""
+        return self.algo.clip_measurements(self.clip)
 
     def privacy_events(self) -> list[Any]:
         """DP-SGD events of this round's local trainings (cleared once read)."""
@@ -191,8 +338,10 @@ class _TrainPhase(GlobalModelPhase):
         "n * theta is the model the client just trained on these records")
 
     def trained_fields(self) -> tuple[str, ...]:
-        """``weighted_params`` (the locally trained model); ``n`` is a plain count."""
-        return ("weighted_params",)
+        """``weighted_params`` or ``update`` (the locally trained model); ``n`` is a plain
+        count, ``unclipped`` a bit of it."""
+        return ("update", "unclipped") if self.algo.clip_policy is not None else (
+            "weighted_params",)
 
     def trained_with_dpsgd(self) -> bool:
         """True when local training runs under DP-SGD."""

@@ -173,6 +173,9 @@ class TurboSVM(FedAvg):
     """
 
     name: ClassVar[str] = "turbosvm"
+    #: ``server_lr`` is the spread-out step on the head, not the encoder's server optimizer
+    #: (the CLI's ``--server-lr`` is refused for it; pass ``server_opt=`` for the encoder).
+    server_lr_is_optimizer: ClassVar[bool] = False
 
     def __init__(self, local_epochs: int = 1, lr: float = 0.05, momentum: float = 0.0,
                  server_lr: float = 1e-2, spread_out: bool = True, select: bool = True,
@@ -241,15 +244,21 @@ class TurboSVM(FedAvg):
                 "held_classes_only": self.held_classes_only, "svm_max_iter": self.svm_max_iter}
 
     def spec(self) -> UploadSpec:
-        """Encoder fields (additive) and embedding fields (per client)."""
+        """Encoder fields (additive) and embedding fields (per client). With ``clip``, the
+        encoder travels as DP-FedAvg's clipped ``update`` (group ``"encoder"``)."""
         assert self.encoder is not None and self.head is not None
         c, width = self.head.shape
         b = self.param_bound
+        if self.clip_policy is not None:
+            encoder = self.update_spec(self.encoder.size, group="encoder").fields
+        else:
+            encoder = (
+                Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0), group="encoder",
+                      additive=True),
+                Field("weighted_encoder", (self.encoder.size,), self.upload_dtype,
+                      bound=Bound(linf=b), group="encoder", additive=True))
         return UploadSpec((
-            Field("n", (1,), "int64", bound=Bound(l2=1.0, linf=1.0), group="encoder",
-                  additive=True),
-            Field("weighted_encoder", (self.encoder.size,), self.upload_dtype,
-                  bound=Bound(linf=b), group="encoder", additive=True),
+            *encoder,
             Field("embeddings", (c, width), "float64", additive=False,
                   bound=Bound(l2=b * math.sqrt(c * width), linf=b, adjacency="client"),
                   group="embeddings", reason=EMBEDDINGS_REASON),
@@ -273,7 +282,7 @@ class TurboSVM(FedAvg):
         layer.check(spec)
 
     def client_upload(self, client: ClientState, encoder: np.ndarray, head: np.ndarray,
-                      round: int) -> dict[str, np.ndarray]:
+                      round: int, clip: float | None = None) -> dict[str, np.ndarray]:
         """Lazy local training from the broadcast; the client's encoder and class rows."""
         assert self.model is not None
         model = client.state.get("model")
@@ -293,6 +302,10 @@ class TurboSVM(FedAvg):
             enc, rows = np.clip(enc, -bnd, bnd), np.clip(rows, -bnd, bnd)
         n = client.n_records
         counts = np.bincount(client.data.y, minlength=self.n_classes).astype(np.int64)
+        if self.clip_policy is not None:
+            assert clip is not None
+            return {**self.clipped_update(get_flat(model.body), encoder, clip),
+                    "embeddings": rows, "class_counts": counts}
         return {"n": np.array([n], dtype=np.int64),
                 "weighted_encoder": (enc.astype(np.float64) * n).astype(self.upload_dtype),
                 "embeddings": rows, "class_counts": counts}
@@ -300,10 +313,14 @@ class TurboSVM(FedAvg):
     def server_update(self, aggregate: Aggregate, round: int, rounds: int) -> None:
         """FedAvg on the encoder, then SVM selection and the spread-out step on the head."""
         assert self.head is not None and self.optimizer is not None
-        total = float(aggregate["n"][0])
-        if total <= 0:
-            return
-        self.encoder = (aggregate["weighted_encoder"] / total).astype(np.float32)
+        assert self.encoder is not None
+        if self.clip_policy is not None:
+            self.encoder = self.apply_update(self.encoder, aggregate)
+        else:
+            total = float(aggregate["n"][0])
+            if total <= 0:
+                return
+            self.encoder = (aggregate["weighted_encoder"] / total).astype(np.float32)
         emb = aggregate.values.get("embeddings", {})
         cnt = aggregate.values.get("class_counts", {})
         clients = [c for c in aggregate.contributors if c in emb and c in cnt]
@@ -351,14 +368,21 @@ class _TurboPhase(Phase):
 
     def broadcast(self) -> dict[str, np.ndarray]:
         assert self.algo.encoder is not None and self.algo.head is not None
-        return {"encoder": self.algo.encoder, "head": self.algo.head}
+        return {"encoder": self.algo.encoder, "head": self.algo.head,
+                **self.algo.clip_broadcast()}
 
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
+        clip = float(np.asarray(broadcast["clip"])[0]) if "clip" in broadcast else None
         return self.algo.client_upload(client, broadcast["encoder"], broadcast["head"],
-                                       self.round)
+                                       self.round, clip)
 
     def server_step(self, aggregate: Aggregate) -> None:
+        self.clip = self.algo.clip_value
         self.algo.server_update(aggregate, self.round, self.rounds)
+
+    def measurements(self) -> dict[str, Any]:
+        """With a clip: the bound in force and how many clients it clipped."""
+        return self.algo.clip_measurements(getattr(self, "clip", None))
 
     def client_flops(self, client: ClientState) -> float:
         assert self.algo.model is not None
@@ -371,4 +395,6 @@ class _TurboPhase(Phase):
     def trained_fields(self) -> tuple[str, ...]:
         """The locally trained encoder and head rows; ``n`` and ``class_counts`` are
         counts. TurboSVM trains without DP-SGD, so record-level DP is refused for these."""
+        if self.algo.clip_policy is not None:
+            return ("update", "unclipped", "embeddings")
         return ("weighted_encoder", "embeddings")

@@ -109,7 +109,8 @@ def _one_layer(args: argparse.Namespace, name: str) -> Any:
         raise ConfigurationError(f"--layer {name} needs --epsilon (and optionally --delta)")
     from secagg import privacy
 
-    common = {"epsilon": args.epsilon, "delta": args.delta, "rounds": args.rounds}
+    common = {"epsilon": args.epsilon, "delta": args.delta, "rounds": args.rounds,
+              "adjacency": args.adjacency}
     if name == "central-dp":
         return privacy.CentralDP(Plaintext(), **common)
     if name == "local-dp":
@@ -263,6 +264,29 @@ def _make_parser() -> argparse.ArgumentParser:
         "--delta", type=float, default=None, help="DP layers only: delta (default 1e-05)"
     )
     r.add_argument(
+        "--adjacency", choices=("record", "client"), default="record",
+        help="DP layers only: what a neighbouring data set differs in, one record or one "
+        "client's whole data (%(default)s)")
+    r.add_argument(
+        "--max-records", type=int, default=None, metavar="N",
+        help="a public bound on records per client (never the largest client's size); "
+        "client-level DP on a per-record bound (e.g. statistics phases) needs it")
+    r.add_argument(
+        "--clip", default=None, metavar="C|adaptive[:Q]",
+        help="client-level DP-FedAvg: each client uploads its model update clipped to L2 "
+        "<= C, or with a bound that follows quantile Q of the update norms (default 0.5; "
+        "Andrew et al. 2021); training algorithms only")
+    r.add_argument(
+        "--server-opt", choices=("sgd", "momentum", "adam"), default=None,
+        help="server optimizer on the mean update (default: the algorithm's, sgd)")
+    r.add_argument(
+        "--server-lr", type=float, default=None,
+        help="server learning rate (default: the algorithm's, 1.0)")
+    r.add_argument(
+        "--dp-ftrl", action="store_true",
+        help="central-dp only: DP-FTRL, tree-aggregated noise across rounds (Kairouz et "
+        "al. 2021), accounted from the real participation; no amplification by sampling")
+    r.add_argument(
         "--include-values",
         action="store_true",
         help="store observed values in the transcript (sensitive)",
@@ -383,6 +407,21 @@ def _check_run_args(args: argparse.Namespace) -> None:
             raise ConfigurationError(
                 f"{' and '.join(given)} only apply to a DP layer ({', '.join(DP_LAYERS)}); "
                 f"--layer {args.layer} adds no DP noise, so they would be ignored")
+        if args.adjacency != "record":
+            raise ConfigurationError(
+                f"--adjacency only applies to a DP layer ({', '.join(DP_LAYERS)})")
+    if args.dp_ftrl and args.layer != "central-dp":
+        raise ConfigurationError(
+            "--dp-ftrl adds tree-aggregated noise at the aggregator: it needs --layer "
+            "central-dp (the server's noise, not the clients')")
+    if args.max_records is not None and args.max_records < 1:
+        raise ConfigurationError("--max-records must be >= 1 (a public bound)")
+    if args.server_lr is not None and not args.server_lr > 0:
+        raise ConfigurationError("--server-lr must be > 0")
+    if args.clip is not None:
+        from secagg.privacy.clipping import parse_clip
+
+        parse_clip(args.clip)  # refuses a bad value with the accepted forms
     if args.delta is None:
         args.delta = 1e-5
     if args.lr is not None and not args.lr > 0:
@@ -416,10 +455,17 @@ def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs: dict[str, Any] = {}
     for opt, key, value in (("--lr", "lr", args.lr),
-                            ("--local-epochs", "local_epochs", args.local_epochs)):
+                            ("--local-epochs", "local_epochs", args.local_epochs),
+                            ("--clip", "clip", args.clip),
+                            ("--server-opt", "server_opt", args.server_opt),
+                            ("--server-lr", "server_lr", args.server_lr)):
         if value is None:
             continue
-        if key not in params and not var_kw:
+        if key == "server_lr" and not getattr(algo_cls, "server_lr_is_optimizer", True):
+            raise ConfigurationError(
+                f"algorithm {args.algorithm!r} uses server_lr for another step (see its "
+                "docstring); --server-lr would not set its server optimizer's rate")
+        if key not in params and not (var_kw and _inherits(algo_cls, key)):
             raise ConfigurationError(f"algorithm {args.algorithm!r} has no {opt} option "
                                      "(it does no local training with that setting)")
         kwargs[key] = value
@@ -446,6 +492,18 @@ def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any
             raise ConfigurationError(f"algorithm {args.algorithm!r} has no DP-SGD option")
         kwargs["dpsgd"] = DPSGD(args.dpsgd_noise, args.dpsgd_clip)
     return kwargs
+
+
+def _inherits(cls: type, name: str) -> bool:
+    """True when ``cls`` takes ``name`` through ``**kwargs`` forwarded to a base class
+    that names it (e.g. FedProx(**kwargs) -> FedAvg(clip=...))."""
+    import inspect
+
+    for base in cls.__mro__[1:]:
+        init = base.__dict__.get("__init__")
+        if init is not None and name in inspect.signature(init).parameters:
+            return True
+    return False
 
 
 def _quiet_library_warnings() -> None:
@@ -491,6 +549,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         include_values=args.include_values,
         progress=False if args.quiet else None,
+        max_records=args.max_records,
     )
     result = fed.run()
     paths = result.save(out, args.device_profile)

@@ -305,11 +305,13 @@ def guard_phase(
 
 
 def solve(phase: _Phase, agg: Aggregate, ctx: RoundContext,
-          measurements: list[dict[str, Any]]) -> None:
-    """The server's end of a phase, as every runtime does it: the phase's server step on
-    the aggregate (booked as a ``solve`` row with its CPU time), then what the phase
+          measurements: list[dict[str, Any]], cohort: int) -> None:
+    """The server's end of a phase, as every runtime does it: the aggregate learns the
+    size of the sampled ``cohort`` (:attr:`Aggregate.cohort`), the phase's server step runs
+    on it (booked as a ``solve`` row with its CPU time), then what the phase
     measured (:meth:`algorithms.base.Phase.measurements`, when it has that hook and
     reports anything) appended to ``measurements`` as ``{"round", "phase", **values}``."""
+    agg.cohort = int(cohort)
     t0 = time.process_time()
     phase.server_step(agg)
     ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
@@ -636,7 +638,7 @@ class Federation:
             uploads[c] = up
         self._account_local_training(phase, spec, ctx)
         agg = self.layer.aggregate(uploads, spec, ctx)
-        solve(phase, agg, ctx, self._measurements)
+        solve(phase, agg, ctx, self._measurements, len(cohort))
         return len(agg.contributors)
 
     def _run_local(self, phase: _Phase, cohort: list[int], states: list[ClientState],

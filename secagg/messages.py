@@ -100,6 +100,13 @@ class Field:
         group: routing group; :class:`secagg.layers.PerGroup` picks a layer per group.
         reason: for a non-additive field, why the server needs each client's own value;
             summing layers quote it when they refuse the field.
+        dp_weight: keyword-only; this field's share of a DP release's budget when a DP
+            layer noises it together with other fields (default 1: equal shares). A release
+            of fields f with weights w_f noises each with sigma_f = z sqrt(W / w_f) Delta_f,
+            W = sum of the weights, so that sum_f (Delta_f / sigma_f)^2 = 1 / z^2: the
+            release is exactly one Gaussian mechanism of multiplier z whatever the weights.
+            A small weight gives a field more noise (e.g. the clipped-client count of
+            adaptive clipping, Andrew et al. NeurIPS 2021).
     """
 
     name: str
@@ -109,6 +116,7 @@ class Field:
     group: str = "default"
     reason: str = ""
     additive: bool = field(kw_only=True)
+    dp_weight: float = field(default=1.0, kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -120,6 +128,11 @@ class Field:
             raise ValueError(
                 f"Field {self.name!r}: dtype must be one of {_DTYPES}, got {self.dtype!r}"
             )
+        w = self.dp_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
+                math.isfinite(w) and w > 0):
+            raise ValueError(f"Field {self.name!r}: dp_weight must be a positive number, "
+                             f"got {w!r}")
 
     @property
     def size(self) -> int:

@@ -242,14 +242,16 @@ class _Node:
         if not phases:
             raise ProtocolError(f"round {rnd} has no phase {name!r} on this client")
         phase = phases[0]
-        spec: UploadSpec = phase.spec()
-        if spec.max_records is None:
-            spec = replace(spec, max_records=field(rec, "max_records", int))
         raw = rec.get("broadcast", b"")
         bcast = unpack_arrays(raw) if raw else {}
         t0 = time.process_time()
         values = phase.client_step(st, bcast)
         cpu = time.process_time() - t0
+        # the spec after the step: a phase whose bounds come with the broadcast (DP-FedAvg's
+        # clip) declares the bound it was told to apply
+        spec: UploadSpec = phase.spec()
+        if spec.max_records is None:
+            spec = replace(spec, max_records=field(rec, "max_records", int))
         up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
         store["client_state"] = pickle.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),

@@ -780,7 +780,7 @@ class FlowerFederation:
         else:
             agg = self._plaintext(grid, rel.carried, cohort, common, rel.ctx, clips)
         agg = rel.end(agg, spec, ctx)
-        solve(phase, agg, ctx, self._measurements)
+        solve(phase, agg, ctx, self._measurements, len(cohort))
         return agg
 
     def _secure_sum_phase(self, grid: Grid, cohort: list[int], common: dict,

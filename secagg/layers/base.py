@@ -37,6 +37,11 @@ class Aggregate:
         values: non-additive fields -> {client: value}.
         contributors: the clients whose inputs are in the result, after dropouts.
         notes: layer facts about the result (e.g. noise actually added per field).
+        cohort: how many clients were sampled for the phase (set by the engine before the
+            server step; public to the server, unlike who of them held which data). A mean
+            with a fixed denominator divides by it rather than by the survivors, so that
+            dropouts never scale the noise of a DP sum up (McMahan et al., ICLR 2018).
+            None outside an engine.
     """
 
     phase: str
@@ -45,6 +50,7 @@ class Aggregate:
     values: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
     contributors: tuple[int, ...] = ()
     notes: dict[str, Any] = field(default_factory=dict)
+    cohort: int | None = None
 
     def __getitem__(self, name: str) -> np.ndarray:
         try:

@@ -17,7 +17,9 @@ for ``rounds * releases_per_round`` releases (:meth:`_DPLayer.plan_releases` ove
 count). A release noises every non-public field f with sigma_f = z * sqrt(k) * Delta_f,
 k the number of noised fields and Delta_f the field's L2 sensitivity (from its Bound and the
 adjacency): the release is then exactly a Gaussian mechanism with multiplier z on the
-joint sensitivity, whatever k. Fields listed in ``public`` are not noised: the transcript
+joint sensitivity, whatever k. Fields with unequal :attr:`~secagg.messages.Field.dp_weight`
+get sqrt(W / w_f) in place of sqrt(k) (W the weights' sum), with the same guarantee.
+Fields listed in ``public`` are not noised: the transcript
 says so, and the run's ledger marks each of them as released without DP noise (the run is
 then not private; :meth:`_DPLayer.unnoised_fields` names them, with the reason). Every
 other field needs a Bound (else :class:`InadmissibleField`). A user ``seed`` makes the noise
@@ -69,7 +71,7 @@ from secagg.privacy.samplers import (
     noise_generator,
     skellam,
 )
-from secagg.privacy.sensitivity import field_l1, field_l2
+from secagg.privacy.sensitivity import field_l1, field_l2, noise_split
 
 __all__ = ["CentralDP", "DistributedDP", "DistributedRelease", "LocalDP", "node_layer",
            "noise_source", "noise_tail"]
@@ -312,9 +314,10 @@ class _DPLayer(Layer):
                 and (f.additive or self.allow_non_additive)]
 
     def _sigmas(self, spec: UploadSpec, noised: Sequence[Field]) -> dict[str, float]:
-        """sigma_f = z sqrt(k) Delta_f (real units)."""
-        z, k = self.noise_multiplier, len(noised)
-        return {f.name: z * math.sqrt(k) * field_l2(spec, f.name, self.adjacency, self.name)
+        """sigma_f = z sqrt(W / w_f) Delta_f (real units; sqrt(k) for k equal weights,
+        :func:`~secagg.privacy.sensitivity.noise_split`)."""
+        z, split = self.noise_multiplier, noise_split(noised)
+        return {f.name: z * split[f.name] * field_l2(spec, f.name, self.adjacency, self.name)
                 for f in noised}
 
     def ledger(self, ctx: RoundContext) -> PrivacyLedger:
@@ -639,12 +642,12 @@ class DistributedDP(_DPLayer):
 
     def _share_stds(self, z: float, spec: UploadSpec, noised: Sequence[Field],
                     scales: Mapping[str, int], worst: int) -> dict[str, float]:
-        """Per-client noise std (integer units): z sqrt(k) Delta_int / sqrt(worst), and at
-        least 1/2 for the discrete Gaussian (its published bound needs it; more noise only
-        helps privacy)."""
-        k = len(noised)
+        """Per-client noise std (integer units): z sqrt(W / w_f) Delta_int / sqrt(worst)
+        (sqrt(k) for k equal weights), and at least 1/2 for the discrete Gaussian (its
+        published bound needs it; more noise only helps privacy)."""
+        split = noise_split(noised)
         floor = 0.5 if self.mechanism == "discrete_gaussian" else 0.0
-        return {f.name: max(floor, z * math.sqrt(k) * self._int_l2(spec, f, scales[f.name])
+        return {f.name: max(floor, z * split[f.name] * self._int_l2(spec, f, scales[f.name])
                             / math.sqrt(worst)) for f in noised}
 
     def _int_l2(self, spec: UploadSpec, f: Field, scale_bits: int) -> float:

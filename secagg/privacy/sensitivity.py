@@ -45,6 +45,7 @@ __all__ = [
     "field_l1",
     "field_l2",
     "joint_l2",
+    "noise_split",
     "spherefed_record_l2",
 ]
 
@@ -127,6 +128,16 @@ def joint_l2(spec: UploadSpec, names: Sequence[str], adjacency: Adjacency = "rec
     """Joint L2 sensitivity of releasing the sums of ``names`` together:
     sqrt(sum of the squared per-field sensitivities)."""
     return math.sqrt(sum(field_l2(spec, n, adjacency, layer) ** 2 for n in names))
+
+
+def noise_split(fields: Sequence[Field]) -> dict[str, float]:
+    """Per noised field, the factor sqrt(W / w_f) its noise carries over z * Delta_f, from
+    the fields' :attr:`~secagg.messages.Field.dp_weight` (W their sum). Equal weights give
+    sqrt(k) for k fields. With sigma_f = z * factor_f * Delta_f,
+    sum_f (Delta_f / sigma_f)^2 = sum_f w_f / (W z^2) = 1 / z^2: one Gaussian mechanism of
+    multiplier z on the joint release."""
+    total = sum(float(f.dp_weight) for f in fields)
+    return {f.name: math.sqrt(total / float(f.dp_weight)) for f in fields}
 
 
 def fedlog_record_l2(m: int, b: float) -> float:
