@@ -259,6 +259,7 @@ class CCVR(FedAvg):
         self.feature_clips = 0
         self.accuracy_before_calibration = None
         self.gaussians = None
+        self.calibration_skipped: str | None = None
         super().setup(dataset, clients, seed)
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
@@ -304,6 +305,15 @@ class CCVR(FedAvg):
         set_flat(self.shared_parameters(model), self.params)
         self.accuracy_before_calibration = accuracy(model, self.dataset.x_test,
                                                     self.dataset.y_test)
+        if not np.any(virtual_counts(np.asarray(counts, dtype=np.float64),
+                                     self.virtual_per_class, self.proportional) > 0):
+            # every (noised) class count is <= 0: no class has a Gaussian to sample from.
+            # The trained head stays, and the result says why (no crash after the releases)
+            self.calibration_skipped = (
+                "every class count the server received is <= 0 (under DP: the noise "
+                "drowned the counts), so no virtual features could be drawn; the trained "
+                "head was kept")
+            return
         self.gaussians = moments_to_gaussians(counts, sums, outer)
         x, y = virtual_features(counts, sums, outer, self.virtual_per_class, self.proportional,
                                 seed=derive_seed(self.seed, "ccvr-virtual"))
@@ -342,6 +352,11 @@ class _MomentsPhase(GlobalModelPhase):
 
     def server_step(self, aggregate: Aggregate) -> None:
         self.algo.recalibrate(aggregate["counts"], aggregate["sums"], aggregate["outer"])
+
+    def measurements(self) -> dict[str, Any]:
+        """Why the calibration kept the trained head, when it did."""
+        why = self.algo.calibration_skipped
+        return {} if why is None else {"calibration_skipped": why}
 
     def client_flops(self, client: ClientState) -> float:
         d = self.algo.feature_dim

@@ -161,6 +161,17 @@ class Result:
     def failure(self) -> str | None:
         """Why the run did not produce a usable model, or None: every phase aborted (no
         upload was ever aggregated), or the privacy budget guard stopped it early."""
+        ran = {(p[0], p[1]) for p in self.participation}
+        refused = [a for a in self.aborted if (a[0], a[1]) not in ran]
+        if refused and not any(p[2] for p in self.participation):
+            r, phase, why = refused[0]
+            return (f"the privacy budget guard refused the first release (round {r + 1}, "
+                    f"phase {phase!r}): {why}; nothing was aggregated, the model is the "
+                    "untrained initial one")
+        if refused:
+            r, phase, why = refused[0]
+            return (f"stopped in round {r + 1} of {self.planned_rounds} (phase {phase!r}) by "
+                    f"the privacy budget guard: {why}")
         if self.participation and all(p[2] == 0 for p in self.participation):
             return (f"every phase aborted ({len(self.aborted)} of {len(self.participation)}); "
                     "no upload was aggregated, the model is the untrained initial one")

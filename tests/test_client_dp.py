@@ -233,3 +233,43 @@ def test_measurements_report_the_clip_and_the_clipped_clients(part):
         assert m["phase"] == "train" and m["clip"] == 1e-4
         assert m["clipped"] == m["clients"] == len(part)  # every update is above 1e-4
     assert res.to_dict()["measurements"] == res.measurements
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+def test_cli_runs_client_level_dp_fedavg_and_reports_it_private(tmp_path, capsys):
+    """The issue's command (with fast settings): DistributedDP at client level with a clip
+    of 1 runs, and the run is reported private with its epsilon."""
+    import json
+
+    from secagg.cli import main
+
+    out = tmp_path / "run"
+    code = main(["run", "--algorithm", "fedavg", "--layer", "distributed-dp", "--adjacency",
+                 "client", "--clip", "1.0", "--epsilon", "4", "--rounds", "2", "--clients",
+                 "6", "--local-epochs", "1", "--quiet", "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    holds = [ln for ln in text.splitlines() if ln.startswith("DP guarantee holds")]
+    assert holds and holds[0].split()[-1] == "yes"
+    result = json.loads((out / "result.json").read_text())
+    assert result["privacy"]["private"] is True and result["privacy"]["epsilon"] <= 4.0
+    assert result["algorithm"]["clip"] == {"kind": "fixed", "clip": 1.0}
+    assert [m["clip"] for m in result["measurements"]] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--clip", "sometimes"], "adaptive"),
+    (["--layer", "plaintext", "--adjacency", "client"], "DP layer"),
+    (["--layer", "local-dp", "--epsilon", "1", "--dp-ftrl"], "central-dp"),
+    (["--algorithm", "fedlog", "--clip", "1"], "no --clip option"),
+    (["--algorithm", "turbosvm", "--server-lr", "0.5"], "server_lr"),
+    (["--server-lr", "-1"], "--server-lr"),
+])
+def test_cli_refuses_bad_client_dp_options_before_any_output(argv, words, tmp_path, capsys):
+    from secagg.cli import main
+
+    out = tmp_path / "never"
+    assert main(["run", "--quiet", "--out", str(out), *argv]) == 1
+    assert words in capsys.readouterr().err
+    assert not out.exists()
