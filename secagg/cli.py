@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -112,6 +113,10 @@ def _one_layer(args: argparse.Namespace, name: str) -> Any:
     common = {"epsilon": args.epsilon, "delta": args.delta, "rounds": args.rounds,
               "adjacency": args.adjacency}
     if name == "central-dp":
+        if args.dp_ftrl:  # plan for the rounds a client can take part in, at most
+            k = args.rounds if args.fraction >= 1 else min(
+                args.rounds, math.ceil(2 * args.fraction * args.rounds))
+            return privacy.CentralDP(Plaintext(), tree=True, tree_participations=k, **common)
         return privacy.CentralDP(Plaintext(), **common)
     if name == "local-dp":
         return privacy.LocalDP(Plaintext(), **common)
@@ -285,7 +290,9 @@ def _make_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--dp-ftrl", action="store_true",
         help="central-dp only: DP-FTRL, tree-aggregated noise across rounds (Kairouz et "
-        "al. 2021), accounted from the real participation; no amplification by sampling")
+        "al. 2021), accounted from the real participation, no amplification by sampling; "
+        "noise planned for 2 x fraction x rounds participations per client (every round "
+        "at fraction 1); the budget guard stops a run whose clients return more often")
     r.add_argument(
         "--include-values",
         action="store_true",

@@ -345,10 +345,14 @@ def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
         max_records_given: whether a public max_records bound was given (client-level DP
             on a record-level bound needs one).
     """
+    released = [ph.name for r in range(rounds) for ph in algorithm.phases(r, rounds)
+                if ph.spec().fields]
     plan = getattr(layer, "plan_releases", None)
     if callable(plan):  # DP layers calibrate their noise for the run's release count
-        plan(sum(1 for r in range(rounds)
-                 for ph in algorithm.phases(r, rounds) if ph.spec().fields))
+        plan(len(released))
+    phases = getattr(layer, "plan_phases", None)
+    if callable(phases):  # e.g. DP-FTRL's one tree refuses releases of several phases
+        phases(released)
     from secagg.privacy.sensitivity import check_training_adjacency, dp_adjacency
 
     seen: set[tuple[Any, ...]] = set()
