@@ -302,6 +302,10 @@ def format_audit(report: dict[str, Any]) -> str:
         elif "epsilon" in p:
             lines.append(f"\ntotal DP guarantee: eps={p['epsilon']:.4g} at "
                          f"delta={p.get('delta', 0):.2g} over {p.get('n_events', '?')} releases")
+        if p.get("holds_against"):
+            lines.append("  holds against: " + "; ".join(p["holds_against"]))
+        if p.get("amplification"):
+            lines.append(f"  {p['amplification']}")
     if not report["fields"]:
         lines.append("no observations in this transcript")
     return "\n".join(lines)

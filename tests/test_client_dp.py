@@ -273,3 +273,39 @@ def test_cli_refuses_bad_client_dp_options_before_any_output(argv, words, tmp_pa
     assert main(["run", "--quiet", "--out", str(out), *argv]) == 1
     assert words in capsys.readouterr().err
     assert not out.exists()
+
+
+# -- against whom each epsilon holds ----------------------------------------------------------
+
+@pytest.mark.parametrize("make, server", [
+    (lambda: CentralDP(Plaintext(), epsilon=4.0, adjacency="client"), False),
+    (lambda: __import__("secagg").LocalDP(Plaintext(), epsilon=4.0, adjacency="client"), True),
+    (lambda: __import__("secagg").DistributedDP(__import__("secagg").SecureSum(threshold=0.7),
+                                                epsilon=4.0, adjacency="client"), True),
+])
+def test_the_ledger_and_the_audit_say_against_whom_the_guarantee_holds(make, server, part):
+    from secagg.audit import audit, format_audit
+
+    res = Federation(FedAvg(local_epochs=1, feature_dim=16, clip=1.0), make(), part,
+                     rounds=1, seed=0).run()
+    summary = res.privacy.summary()
+    against = " ".join(summary["holds_against"])
+    assert ("NOT the aggregator" not in against) == server
+    assert "cohort" in summary["amplification"]
+    res.privacy.record_in(res.transcript)
+    text = format_audit(audit(res.transcript))
+    assert "holds against: " + summary["holds_against"][0] in text
+    assert "no amplification by cohort sampling" in text
+    rows = dict(res.privacy.summary_rows())
+    assert rows["DP guarantee holds against"].startswith(summary["holds_against"][0])
+
+
+def test_a_budget_refusal_of_the_first_release_is_a_failure(part):
+    """The guard refused round 0's release (DP-SGD's spend plus the release's exceed the
+    budget): nothing was aggregated, and the result must say so (it said no failure)."""
+    from secagg.privacy.dpsgd import DPSGD
+
+    res = Federation(FedAvg(local_epochs=1, feature_dim=16, dpsgd=DPSGD(1.0, 1.0)),
+                     CentralDP(Plaintext(), epsilon=1.0), part, rounds=1, seed=0).run()
+    why = res.failure()
+    assert why is not None and "refused the first release" in why and "budget" in why

@@ -135,7 +135,15 @@ class PrivacyLedger:
         accountant: ``"auto"`` (PLD when every event allows it, else RDP), ``"pld"`` or
             ``"rdp"``.
         pld_discretization: PLD value discretisation interval (smaller is tighter, slower).
+        holds_against: whom the guarantee holds against, in words (set by the DP layer that
+            makes the ledger: everyone who sees the releases, and the server only where it
+            never sees an un-noised value). No epsilon here uses amplification by sampling
+            the cohort, so none depends on an observer not learning who took part.
     """
+
+    #: What every guarantee on a ledger leaves out, stated with it.
+    NO_COHORT_AMPLIFICATION = ("no amplification by cohort sampling is claimed: each "
+                               "epsilon holds whether or not its observer learns the cohort")
 
     def __init__(
         self,
@@ -143,6 +151,7 @@ class PrivacyLedger:
         delta: float | None = None,
         accountant: str = "auto",
         pld_discretization: float = 1e-4,
+        holds_against: Sequence[str] = ("everyone who sees the releases",),
     ) -> None:
         if accountant not in ("auto", "pld", "rdp"):
             raise PrivacyError(f"accountant must be 'auto', 'pld' or 'rdp', got {accountant!r}")
@@ -162,6 +171,11 @@ class PrivacyLedger:
         self._global_reasons: list[str] = []
         self._field_reasons: dict[str, list[str]] = {}
         self._unnoised: dict[tuple[str | None, str], str] = {}
+        if isinstance(holds_against, str) or not all(isinstance(h, str) for h in
+                                                     holds_against):
+            raise PrivacyError(f"holds_against must be a sequence of strings, got "
+                               f"{holds_against!r}")
+        self.holds_against = tuple(holds_against)
 
     # -- recording -----------------------------------------------------------------------
 
@@ -326,6 +340,8 @@ class PrivacyLedger:
             "delta": d, "accountant": self.method(), "private": self.private,
             "not_private_reasons": list(self._not_private),
             "epsilon_budget": self.epsilon_budget, "n_events": len(self._events),
+            "holds_against": list(self.holds_against),
+            "amplification": self.NO_COHORT_AMPLIFICATION,
         }
         if d is not None:
             out["epsilon"] = self.epsilon(d)
@@ -359,6 +375,8 @@ class PrivacyLedger:
             rows.append((f"DP epsilon, field {f}", text))
         rows.append(("DP guarantee holds", "yes" if self.private else
                      "NO: " + "; ".join(self._not_private)))
+        rows.append(("DP guarantee holds against", "; ".join(self.holds_against)
+                     + " (no amplification by cohort sampling)"))
         return rows
 
     def record_in(self, transcript: Any) -> None:
@@ -385,7 +403,9 @@ class PrivacyLedger:
                            not_private_reasons=list(self._not_private),
                            unnoised=[{"phase": p, "field": f, "reason": why}
                                      for (p, f), why in self._unnoised.items()],
-                           epsilon_budget=self.epsilon_budget, n_events=len(self._events))
+                           epsilon_budget=self.epsilon_budget, n_events=len(self._events),
+                           holds_against=list(self.holds_against),
+                           amplification=self.NO_COHORT_AMPLIFICATION)
 
     # -- internals -----------------------------------------------------------------------
 

@@ -260,10 +260,15 @@ class _DPLayer(Layer):
     def _event_factory(self) -> Any:
         return lambda z: GaussianEvent(noise_multiplier=z)
 
+    #: Whom this layer's guarantee holds against (:attr:`PrivacyLedger.holds_against`).
+    holds_against: ClassVar[tuple[str, ...]] = ("everyone who sees the releases",)
+
     def make_privacy_ledger(self) -> PrivacyLedger:
-        """A ledger for the run, with this layer's (epsilon, delta) as its budget."""
+        """A ledger for the run, with this layer's (epsilon, delta) as its budget and whom
+        its guarantee holds against."""
         eps = self._epsilon if not self._z_given or self._epsilon is not None else None
-        return PrivacyLedger(epsilon_budget=eps, delta=self.delta)
+        return PrivacyLedger(epsilon_budget=eps, delta=self.delta,
+                             holds_against=self.holds_against)
 
     def describe(self) -> dict[str, Any]:
         """Name, inner layer and DP parameters."""
@@ -414,6 +419,9 @@ class CentralDP(_DPLayer):
     """
 
     name: ClassVar[str] = "central-dp"
+    holds_against: ClassVar[tuple[str, ...]] = (
+        "observers of the released (noised) sums and the models built from them; NOT "
+        "the aggregator, which adds the noise after seeing the un-noised sums",)
 
     def __init__(self, inner: Layer, *, tree: bool = False, tree_participations: int = 1,
                  **kwargs: Any) -> None:
@@ -537,6 +545,9 @@ class LocalDP(_DPLayer):
     """
 
     name: ClassVar[str] = "local-dp"
+    holds_against: ClassVar[tuple[str, ...]] = (
+        "observers of the releases", "the server, which sees only noised uploads (it "
+        "knows the cohort; no amplification is claimed)")
     allow_non_additive: ClassVar[bool] = True
 
     def _wide_spec(self, spec: UploadSpec, sigmas: Mapping[str, float]) -> UploadSpec:
@@ -675,6 +686,10 @@ class DistributedDP(_DPLayer):
     """
 
     name: ClassVar[str] = "distributed-dp"
+    holds_against: ClassVar[tuple[str, ...]] = (
+        "observers of the releases", "the server, which sees only the noised sum (it "
+        "knows the cohort; no amplification is claimed), as long as no more clients "
+        "collude with it than the secure sum's threshold tolerates")
 
     def __init__(self, inner: Layer, *, mechanism: Literal["discrete_gaussian", "skellam"] =
                  "discrete_gaussian", precision: float = 1e-6, **kwargs: Any) -> None:
