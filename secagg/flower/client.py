@@ -53,10 +53,11 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from secagg.data import ClientData, Dataset, Partition
-from secagg.errors import ConfigurationError, ProtocolError
+from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
 from secagg.federation import AlgorithmLike, ClientState
 from secagg.flower.records import RECORD, content, field, read
 from secagg.messages import Upload, UploadSpec
+from secagg.privacy.policy import NodePolicy
 from secagg.secure_sum.client import Client
 from secagg.secure_sum.graph import auto_degree, resolve_threshold
 from secagg.secure_sum.keys import KeyPairs, private_bytes
@@ -186,7 +187,8 @@ class _Node:
             return Message(content(**out), reply_to=msg)
         if step in ("upload", "advertise", "he-upload") or (
                 step == "share" and rec.get("with_step") is True):
-            out = self._client_step(rec, *self._load(context), store)
+            out = self._client_step(rec, *self._load(context), store,
+                                    policy=_policy(context))
         elif step == "evaluate":
             out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
                                  *self._load(context), store)
@@ -224,7 +226,8 @@ class _Node:
         return {"next_msg": msg, "next_cpu_s": time.process_time() - t0}
 
     def _client_step(
-        self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord
+        self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord,
+        policy: NodePolicy | None = None,
     ) -> dict[str, Any]:
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
@@ -244,6 +247,8 @@ class _Node:
         phase = phases[0]
         raw = rec.get("broadcast", b"")
         bcast = unpack_arrays(raw) if raw else {}
+        if policy is not None:  # the node's floor, checked before its data is touched
+            _check_policy(policy, rec, bcast)
         t0 = time.process_time()
         values = phase.client_step(st, bcast)
         cpu = time.process_time() - t0
@@ -471,6 +476,29 @@ def _decryptor(step: str, rec: ConfigRecord, store: ConfigRecord) -> dict[str, A
     flat = holder.decrypt(frames, packing)
     store[key + "/decryptions"] = holder.decryptions
     return {"msg": pack_arrays({"flat": flat}), "cpu_s": time.process_time() - t0}
+
+
+def _policy(context: Context) -> NodePolicy:
+    """The node's own privacy floor from its node config (:mod:`secagg.privacy.policy`);
+    a malformed one is a ProtocolError (the node drops rather than guess)."""
+    try:
+        return NodePolicy.from_node_config(context.node_config)
+    except PrivacyError as exc:
+        raise ProtocolError(f"node config: {exc}") from None
+
+
+def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.ndarray]) -> None:
+    """Refuse an instruction whose noise or clip is weaker than the node's floor: the node
+    adds the noise under LocalDP and DistributedDP and applies the clip, so a ServerApp
+    cannot lower either below what the node accepts (the refusal is an error reply: the
+    node drops and sends nothing)."""
+    try:
+        dp = json.loads(field(rec, "dp", str)) if "dp" in rec else None
+        clip = float(np.asarray(bcast["clip"]).ravel()[0]) if "clip" in bcast else None
+        policy.check(dp, clip)
+    except (PrivacyError, ValueError, TypeError) as exc:
+        raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
+            from None
 
 
 def client_app(
