@@ -83,6 +83,7 @@ __all__ = [
     "make_layer",
     "one_run_epsilon",
     "one_run_p_value",
+    "run_audits",
     "threshold_test",
 ]
 
@@ -771,6 +772,19 @@ def _dpsgd_run(config: Any, included: np.ndarray, *, steps: int, lr: float,
     the clipped canary gradient plus noise. Ordinary records live in the remaining
     coordinates. Full-batch Poisson sampling (rate 1). Returns the canaries' coordinates
     of (initial - final) weights over lr (the summed noised, clipped gradient steps)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        # Opacus warns that its own secure RNG is off (secagg's generator draws the noise)
+        # and torch about backward hooks, on every training
+        warnings.filterwarnings("ignore", module=r"opacus(\.|$)")
+        warnings.filterwarnings("ignore", message=r".*(backward hook|Secure RNG).*")
+        return _dpsgd_train(config, included, steps=steps, lr=lr, canary_norm=canary_norm,
+                            records=records, torch_seed=torch_seed)
+
+
+def _dpsgd_train(config: Any, included: np.ndarray, *, steps: int, lr: float,
+                 canary_norm: float, records: int, torch_seed: int) -> np.ndarray:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -908,3 +922,73 @@ def format_table(results: Sequence[AuditResult]) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
               for row in rows]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Command line (``secagg dp-audit``; secagg.cli parses, this runs).
+
+#: Exit status of ``secagg dp-audit`` when some lower bound exceeds its claim.
+EXIT_VIOLATED = 6
+DPSGD_TRIALS = 1000
+
+
+def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float = DEFAULT_DELTA,
+               adjacency: Literal["record", "client"] = "record",
+               mechanism: Literal["discrete_gaussian", "skellam"] = "discrete_gaussian",
+               trials: int | None = None, seed: int = 0, clients: int | None = None,
+               confidence: float = 0.95, one_run: bool = False, canaries: int = 1000,
+               dpsgd_steps: int = 1, progress: bool | None = None) -> list[AuditResult]:
+    """Every requested audit: each layer (``central-dp``, ``local-dp``, ``distributed-dp``,
+    ``dp-sgd``) at each epsilon. DP-SGD's noise multiplier is calibrated to the epsilon for
+    ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit."""
+    out: list[AuditResult] = []
+    for name in layers:
+        for eps in epsilons:
+            if name == "dp-sgd":
+                from secagg.privacy.calibrate import calibrate
+
+                z = calibrate(eps, delta, rounds=dpsgd_steps)
+                out.append(audit_dpsgd(noise_multiplier=z, steps=dpsgd_steps, delta=delta,
+                                       trials=trials or DPSGD_TRIALS, seed=seed,
+                                       confidence=confidence, progress=progress))
+                if one_run:
+                    out.append(audit_dpsgd_one_run(noise_multiplier=z, steps=dpsgd_steps,
+                                                   delta=delta, canaries=canaries, seed=seed,
+                                                   confidence=confidence))
+                continue
+            out.append(audit_sum(name, epsilon=eps, delta=delta, adjacency=adjacency,
+                                 mechanism=mechanism, trials=trials or 1_000_000, seed=seed,
+                                 clients=clients, confidence=confidence, progress=progress))
+    return out
+
+
+def main_cli(args: Any) -> int:
+    """``secagg dp-audit``: run the audits ``args`` names (see ``secagg dp-audit --help``),
+    print the table (or ``--json`` rows), and return the exit status: 0 when every lower
+    bound is at most its claim, :data:`EXIT_VIOLATED` when one is above (the mechanism is
+    not (epsilon, delta)-DP, at the stated confidence)."""
+    import json
+
+    layers = list(dict.fromkeys(
+        n for item in args.layer for n in (ALL_LAYERS if item == "all" else (item,))))
+    results = run_audits(layers=layers, epsilons=args.epsilon, delta=args.delta,
+                         adjacency=args.adjacency, mechanism=args.mechanism,
+                         trials=args.trials, seed=args.seed, clients=args.clients,
+                         confidence=args.confidence, one_run=args.one_run,
+                         canaries=args.canaries,
+                         progress=False if args.quiet else None)
+    if args.json:
+        print(json.dumps([r.row() for r in results], indent=2))
+    else:
+        print(format_table(results))
+    bad = [r for r in results if r.violated]
+    if bad:
+        for r in bad:
+            print(f"secagg dp-audit: {r.mechanism} is not ({r.epsilon_claimed:g}, "
+                  f"{r.delta:g})-DP: the audit proves epsilon >= {r.epsilon_lower:.3f} with "
+                  f"confidence {r.confidence:g} (test: {r.best.statistic})", file=sys.stderr)
+        return EXIT_VIOLATED
+    return 0
+
+
+ALL_LAYERS = (*LAYER_NAMES, "dp-sgd")
