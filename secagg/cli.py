@@ -729,6 +729,9 @@ def _add_dp_audit_parser(sub: Any) -> None:
     d.add_argument("--json", action="store_true",
                    help="print JSON rows (mechanism, epsilon_claimed, epsilon_lower, "
                    "confidence, trials, canary, ...) instead of the table")
+    d.add_argument("--plot", type=Path, default=None, metavar="PATH",
+                   help="also draw the empirical trade-off curves against the region each "
+                   "claim forbids, to PATH.png and PATH.svg")
     d.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -26,6 +26,7 @@ from secagg.cli import main
 from threat_models.dp_audit import (
     AuditError,
     SumRelease,
+    allowed_fnr,
     audit,
     audit_dpsgd,
     audit_dpsgd_one_run,
@@ -37,6 +38,7 @@ from threat_models.dp_audit import (
     epsilon_from_rates,
     one_run_epsilon,
     one_run_p_value,
+    plot_tradeoff,
     threshold_test,
 )
 
@@ -253,6 +255,26 @@ def test_catches_a_clip_that_is_not_applied(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(secagg.messages, "_check_bound", lambda arr, f, c, n, on: (arr, 0))
     res = audit_sum("central-dp", epsilon=1.0, trials=BUG_TRIALS, seed=35, canary_scale=10.0)
     assert res.violated and res.epsilon_lower > 4.0
+
+
+def test_tradeoff_curve_and_plot(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The empirical trade-off curve stays out of the region the claim forbids for the
+    honest layer and enters it for a broken one; both are drawn to PNG and SVG."""
+    honest = audit_sum("central-dp", epsilon=1.0, trials=100_000, seed=36)
+    real = layers_mod.gaussian
+    monkeypatch.setattr(layers_mod, "gaussian", lambda s, size, rng: real(s / 4, size, rng))
+    broken = audit_sum("central-dp", epsilon=1.0, trials=100_000, seed=36)
+
+    def worst_gap(r) -> float:  # noqa: ANN001
+        fpr, fnr = np.array(r.curve["fpr"]), np.array(r.curve["fnr"])
+        return float(np.min(fnr - allowed_fnr(fpr, r.epsilon_claimed, r.delta)))
+
+    assert worst_gap(honest) > -0.01  # sampling noise only
+    assert worst_gap(broken) < -0.1
+    paths = plot_tradeoff([honest, broken], tmp_path / "tradeoff")
+    assert [p.name for p in paths] == ["tradeoff.png", "tradeoff.svg"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "VIOLATED" in paths[1].read_text()
 
 
 # --- DP-SGD (Opacus) ------------------------------------------------------------------

@@ -70,6 +70,7 @@ __all__ = [
     "Statistic",
     "SumRelease",
     "TestOutcome",
+    "allowed_fnr",
     "audit",
     "audit_dpsgd",
     "audit_dpsgd_one_run",
@@ -84,7 +85,9 @@ __all__ = [
     "one_run_epsilon",
     "one_run_p_value",
     "run_audits",
+    "plot_tradeoff",
     "threshold_test",
+    "tradeoff_curve",
 ]
 
 DEFAULT_DELTA = 1e-5
@@ -357,6 +360,8 @@ class AuditResult:
         tests: each statistic's outcome (each at level alpha / len(tests)).
         seconds: wall time of the audit.
         details: facts of the mechanism (noise std, ring bits, ...).
+        curve: the best statistic's empirical trade-off curve on the evaluation split
+            (``{"fpr": [...], "fnr": [...]}``, :func:`tradeoff_curve`), for plots.
     """
 
     mechanism: str
@@ -369,6 +374,7 @@ class AuditResult:
     tests: list[TestOutcome]
     seconds: float = 0.0
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    curve: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     @property
     def violated(self) -> bool:
@@ -455,13 +461,37 @@ def audit(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
         if bar is not None:
             bar.close()
     alpha = (1.0 - confidence) / len(stats_)
-    tests = [threshold_test(s.score(worlds[0]), s.score(worlds[1]), delta=delta, alpha=alpha,
+    scores = [(s.score(worlds[0]), s.score(worlds[1])) for s in stats_]
+    tests = [threshold_test(s0, s1, delta=delta, alpha=alpha,
                             selection_fraction=selection_fraction, statistic=s.name)
-             for s in stats_]
+             for s, (s0, s1) in zip(stats_, scores, strict=True)]
     lower = max(t.epsilon_lower for t in tests)
+    best = max(range(len(tests)), key=lambda i: tests[i].epsilon_lower)
+    s0, s1 = scores[best]
+    curve = tradeoff_curve(s0[int(s0.size * selection_fraction):],
+                           s1[int(s1.size * selection_fraction):], tests[best].side)
     return AuditResult(mechanism, float(epsilon), lower, float(delta), float(confidence),
                        int(trials), canary, tests, time.perf_counter() - t0,
-                       dict(details or {}))
+                       dict(details or {}), curve)
+
+
+def tradeoff_curve(without: np.ndarray, with_: np.ndarray, side: str = ">=",
+                   points: int = 200) -> dict[str, list[float]]:
+    """The empirical trade-off curve of the threshold tests on scores ``without`` /
+    ``with_``: FPR and FNR at up to ``points`` thresholds (quantiles of the pooled scores,
+    plus the two ends), for the tests that say "canary" on ``side`` of the threshold."""
+    a = np.asarray(without, dtype=np.float64).ravel()
+    b = np.asarray(with_, dtype=np.float64).ravel()
+    if side == "<=":
+        a, b = -a, -b
+    pooled = np.concatenate([a, b])
+    t = np.unique(np.concatenate([np.quantile(pooled, np.linspace(0, 1, points)),
+                                  [np.inf]]))
+    a.sort()
+    b.sort()
+    fpr = (a.size - np.searchsorted(a, t, "left")) / a.size
+    fnr = np.searchsorted(b, t, "left") / b.size
+    return {"fpr": fpr.tolist(), "fnr": fnr.tolist()}
 
 
 def audit_release(release: Release, *, epsilon: float, delta: float = DEFAULT_DELTA,
@@ -924,6 +954,59 @@ def format_table(results: Sequence[AuditResult]) -> str:
     return "\n".join(lines)
 
 
+def allowed_fnr(fpr: Any, epsilon: float, delta: float) -> np.ndarray:
+    """The smallest FNR an (epsilon, delta)-DP mechanism allows at each FPR:
+    max(0, 1 - delta - e^epsilon FPR, e^-epsilon (1 - delta - FPR))."""
+    f = np.asarray(fpr, dtype=np.float64)
+    return np.maximum.reduce([np.zeros_like(f), 1.0 - delta - math.exp(epsilon) * f,
+                              math.exp(-epsilon) * (1.0 - delta - f)])
+
+
+def plot_tradeoff(results: Sequence[AuditResult], path: str | Any) -> list[Any]:
+    """Draw each audit's empirical trade-off curve (FPR against FNR of its best test, on
+    the evaluation split) over the region its claimed (epsilon, delta) forbids (shaded:
+    a point there would break the claim), one panel per audit. Writes ``path`` with the
+    suffixes .png and .svg; returns the two paths."""
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    if not results:
+        raise AuditError("nothing to plot: no audit results")
+    base = Path(path)
+    base = base.with_suffix("") if base.suffix in (".png", ".svg") else base
+    cols = min(3, len(results))
+    rows = math.ceil(len(results) / cols)
+    fig = Figure(figsize=(4.0 * cols, 3.8 * rows), constrained_layout=True)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    grid = np.linspace(0.0, 1.0, 401)
+    for ax, r in zip(axes.ravel(), results, strict=False):
+        floor = allowed_fnr(grid, r.epsilon_claimed, r.delta)
+        ax.fill_between(grid, 0.0, floor, color="tab:red", alpha=0.15, lw=0,
+                        label=f"forbidden by ({r.epsilon_claimed:g}, {r.delta:g})-DP")
+        ax.plot(grid, floor, color="tab:red", lw=1)
+        if r.curve:
+            ax.plot(r.curve["fpr"], r.curve["fnr"], color="tab:blue", lw=1.5,
+                    label=f"empirical ({r.best.statistic} test)")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("false negative rate")
+        verdict = "VIOLATED" if r.violated else "ok"
+        ax.set_title(f"{r.mechanism}\neps claimed {r.epsilon_claimed:.3g}, lower "
+                     f"{r.epsilon_lower:.3g} ({verdict})", fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+    for ax in axes.ravel()[len(results):]:
+        ax.set_axis_off()
+    base.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for suffix in (".png", ".svg"):
+        target = base.with_suffix(suffix)
+        fig.savefig(target, dpi=120)
+        out.append(target)
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Command line (``secagg dp-audit``; secagg.cli parses, this runs).
 
@@ -981,6 +1064,9 @@ def main_cli(args: Any) -> int:
         print(json.dumps([r.row() for r in results], indent=2))
     else:
         print(format_table(results))
+    if getattr(args, "plot", None):
+        for target in plot_tradeoff(results, args.plot):
+            print(f"secagg dp-audit: wrote {target}", file=sys.stderr)
     bad = [r for r in results if r.violated]
     if bad:
         for r in bad:
