@@ -279,7 +279,7 @@ def test_tradeoff_curve_and_plot(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 # --- DP-SGD (Opacus) ------------------------------------------------------------------
 
-Z_DPSGD = 3.0  # one full-batch step: the ledger's epsilon is about 1.5
+Z_DPSGD = 3.0  # one full-batch step: the ledger's epsilon is 1.27
 
 
 def _no_clip(monkeypatch: pytest.MonkeyPatch) -> None:
