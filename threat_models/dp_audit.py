@@ -726,13 +726,11 @@ class SumRelease:
         return self._distributed(values, spec, ctx)
 
     def _distributed(self, values: np.ndarray, spec: Any, ctx: Any) -> np.ndarray:
-        from secagg.messages import Field
         from secagg.privacy.layers import noise_source
 
         plan = self._plan
         wide_field = dataclasses.replace(plan.additive[0], shape=(values.size,))
         rel = dataclasses.replace(plan, additive=(wide_field,), noised=(wide_field,))
-        assert isinstance(wide_field, Field)
         survivors = tuple(range(plan.worst))
         mask = (1 << plan.ring_bits) - 1
         ring = np.zeros(values.size, dtype=np.uint64)
