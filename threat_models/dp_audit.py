@@ -791,15 +791,19 @@ def audit_sum(layer: Any = "central-dp", *, epsilon: float | None = None,
 def _dpsgd_run(config: Any, included: np.ndarray, *, steps: int, lr: float,
                canary_norm: float, records: int, torch_seed: int) -> np.ndarray:
     """One DP-SGD training through :func:`secagg.privacy.dpsgd.make_private` of a linear
-    model (no bias, zero init, squared loss) on ``records`` ordinary records and one
-    gradient canary per True entry of ``included``.
+    model (no bias, zero init, loss (w.x - y)^2 / 2) on ``records`` ordinary records and
+    one gradient canary per True entry of ``included``.
 
     Canary i has feature ``e_i`` (its own coordinate, which no ordinary record touches)
-    and label ``-canary_norm``: its gradient is ``2 canary_norm e_i`` (norm above the
-    clip, so clipped to the clip norm), so coordinate i of the trained weights moves by
-    the clipped canary gradient plus noise. Ordinary records live in the remaining
-    coordinates. Full-batch Poisson sampling (rate 1). Returns the canaries' coordinates
-    of (initial - final) weights over lr (the summed noised, clipped gradient steps)."""
+    and label ``-canary_norm``: its gradient is ``(w_i + canary_norm) e_i``, ``canary_norm e_i``
+    at the start and close to it over a few small steps, so with ``canary_norm`` well
+    above the clip it is clipped to the clip norm, and coordinate i of the
+    trained weights moves by the clipped canary gradient plus noise. An excluded canary
+    is the zero record (gradient 0), so both worlds have the same dataset size and
+    Opacus divides by the same expected batch size. Ordinary records live in the other
+    coordinates. Full-batch Poisson sampling (rate 1). Returns, per canary, its
+    coordinate of (initial - final) weights over lr: the sum over steps of the noised,
+    clipped gradient sums over the expected batch size."""
     import warnings
 
     with warnings.catch_warnings():
@@ -824,12 +828,12 @@ def _dpsgd_train(config: Any, included: np.ndarray, *, steps: int, lr: float,
     g = torch.Generator().manual_seed(torch_seed)
     xs = [torch.cat([torch.zeros(records, m), torch.randn(records, 4, generator=g)], 1)]
     ys = [torch.randn(records, generator=g)]
-    idx = np.flatnonzero(included)
-    if idx.size:
-        xc = torch.zeros(idx.size, d)
-        xc[torch.arange(idx.size), torch.as_tensor(idx)] = 1.0
-        xs.append(xc)
-        ys.append(torch.full((idx.size,), -float(canary_norm)))
+    # one row per canary: e_i and label -canary_norm when included, else the zero record
+    # (feature 0, label 0: gradient 0, so it adds nothing to the sum) -- the dataset size,
+    # hence Opacus' normalisation by the expected batch size, is the same in both worlds
+    inc = torch.as_tensor(np.asarray(included, dtype=bool))
+    xs.append(torch.eye(m, d) * inc[:, None])
+    ys.append(torch.where(inc, -float(canary_norm), 0.0))
     x, y = torch.cat(xs), torch.cat(ys)
     model = nn.Linear(d, 1, bias=False)
     with torch.no_grad():
@@ -882,7 +886,7 @@ def audit_dpsgd(*, noise_multiplier: float, max_grad_norm: float = 1.0, steps: i
 
     res = audit_release(release, epsilon=claimed, delta=delta, trials=trials, seed=seed,
                         confidence=confidence, mechanism="dp-sgd",
-                        canary=f"gradient canary (norm {2 * canary_norm:g} before the clip "
+                        canary=f"gradient canary (norm {canary_norm:g} before the clip "
                                f"{max_grad_norm:g})", progress=progress,
                         details={"noise_multiplier": noise_multiplier, "steps": steps,
                                  "max_grad_norm": max_grad_norm, "sampling_rate": 1.0})
