@@ -167,6 +167,15 @@ def test_distributed_skellam_is_sound_and_tight() -> None:
     assert got["parity"] < 0.1 and got["exact"] < 0.1
 
 
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_integer_canary_sits_on_the_grid_with_an_odd_shift(scale: float) -> None:
+    rel = SumRelease("distributed-dp", epsilon=1.0, canary_scale=scale, seed=0)
+    q = rel.canary_value / rel.step
+    assert q == round(q) and round(q) % 2 == 1
+    assert 1.0 - 2 * rel.step <= rel.canary_value <= 1.0  # at its bound, after the clip
+    assert rel.clients == 2 and rel.details()["survivors"] == 2
+
+
 @pytest.mark.parametrize("layer", ["central-dp", "local-dp", "distributed-dp"])
 def test_batched_release_has_the_law_of_the_layers_aggregate(layer: str) -> None:
     """The batched draws are distributed as single releases through ``layer.aggregate``

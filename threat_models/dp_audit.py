@@ -623,8 +623,11 @@ class SumRelease:
             self._plan = layer.release_plan(self.spec, clients)
             scale = self._plan.scales[FIELD]
             self.step = math.ldexp(1.0, -scale)
-            if round(self.canary_value / self.step) % 2 == 0:  # make the integer shift odd
-                self.canary_value -= self.step
+            # on the encoding's grid (what the sum carries), with an odd integer shift
+            q = round(self.canary_value / self.step)
+            if q % 2 == 0:
+                q = q - 1 if q > 0 else q + 1
+            self.canary_value = q * self.step
         elif self.kind == "local":
             self._sigmas, _ = layer.noise_plan(self.spec)
         self.scalar_notes = self._scalar_release()
