@@ -691,12 +691,13 @@ def _add_dp_audit_parser(sub: Any) -> None:
     d = sub.add_parser(
         "dp-audit",
         help="measure a lower bound on each DP mechanism's epsilon",
-        description="Empirical privacy audit (threat_models.dp_audit): run a DP mechanism "
-        "many times without and with a worst-case canary (a record or client at its "
-        "bound), and turn the best distinguishing test's error rates into a lower bound on "
-        "epsilon (Clopper-Pearson). A lower bound above the claimed epsilon proves the "
-        "mechanism broken. Layers are audited on a bare bounded sum through their own noise "
-        "paths; dp-sgd trains a linear model with Opacus and a gradient canary.",
+        description="Empirical privacy audit (threat_models.dp_audit): run a DP mechanism\n"
+        "many times without and with a worst-case canary (a record or client at its\n"
+        "bound), and turn the best distinguishing test's error rates into a lower bound\n"
+        "on epsilon (Clopper-Pearson). A lower bound above the claimed epsilon proves the\n"
+        "mechanism broken. The DP layers are audited on a bare bounded sum through their\n"
+        "own noise paths; dp-sgd trains a linear model with Opacus and a gradient canary\n"
+        "(record level; --adjacency, --mechanism and --clients apply to the sums).",
         epilog=DP_AUDIT_EXIT_CODES + "\n\nexample: secagg dp-audit --layer central-dp "
         "--epsilon 2 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
