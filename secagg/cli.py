@@ -4,6 +4,7 @@
 ``secagg audit`` read a transcript and print what the server saw, per phase and field.
 ``secagg check`` verify that an algorithm's additive fields are sums over records.
 ``secagg sweep`` run or resume a privacy-utility sweep; ``secagg plot`` redraws its plots.
+``secagg dp-audit`` measure a lower bound on each DP mechanism's epsilon (threat_models).
 
 Algorithms are found through the ``secagg.algorithms`` entry-point group (the ``algorithms``
 package registers its own; a third-party package can add more), or given as
@@ -358,6 +359,7 @@ def _make_parser() -> argparse.ArgumentParser:
                     help="results.jsonl/.csv or the sweep's directory (repeatable)")
     pl.add_argument("--out", type=Path, default=None,
                     help="where to draw (default: beside the first results)")
+    _add_dp_audit_parser(sub)
     return p
 
 
@@ -640,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit,
                                                                  "check": _check}
     commands.update(sweep=_sweep, plot=_plot)
+    commands["dp-audit"] = _dp_audit
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -654,6 +657,94 @@ def main(argv: Sequence[str] | None = None) -> int:
             msg += " (--on-abort skip skips such rounds and goes on)"
         print(f"secagg {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_ERROR
+
+
+# --- secagg dp-audit (issue 22) ----------------------------------------------------------
+# Self-contained: the parser and a thin handler; the audits live in threat_models.dp_audit,
+# imported lazily (secagg never imports threat_models at module level).
+
+DP_AUDIT_LAYERS = ("central-dp", "local-dp", "distributed-dp", "dp-sgd", "all")
+EXIT_DP_VIOLATED = 6
+DP_AUDIT_EXIT_CODES = """exit status:
+  0    every lower bound is at most the epsilon its mechanism claims
+  1    error: bad input or a refused configuration (the reason is printed on stderr)
+  2    usage error (unknown option, bad value)
+  6    some lower bound is above its claim: that mechanism is not (epsilon, delta)-DP
+       (at the stated confidence); the offending rows are named on stderr
+  130  interrupted"""
+
+
+def _ranged(kind: type, low: float, high: float | None = None, what: str = "") -> Any:
+    """An argparse type: ``kind`` in (low, high) (exclusive; high None: no upper end)."""
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (v > low and (high is None or v < high)):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return v
+    return parse
+
+
+def _add_dp_audit_parser(sub: Any) -> None:
+    d = sub.add_parser(
+        "dp-audit",
+        help="measure a lower bound on each DP mechanism's epsilon",
+        description="Empirical privacy audit (threat_models.dp_audit): run a DP mechanism\n"
+        "many times without and with a worst-case canary (a record or client at its\n"
+        "bound), and turn the best distinguishing test's error rates into a lower bound\n"
+        "on epsilon (Clopper-Pearson). A lower bound above the claimed epsilon proves the\n"
+        "mechanism broken. The DP layers are audited on a bare bounded sum through their\n"
+        "own noise paths; dp-sgd trains a linear model with Opacus and a gradient canary\n"
+        "(record level; --adjacency, --mechanism and --clients apply to the sums).",
+        epilog=DP_AUDIT_EXIT_CODES + "\n\nexample: secagg dp-audit --layer central-dp "
+        "--epsilon 2 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d.add_argument("--layer", action="append", choices=DP_AUDIT_LAYERS, default=None,
+                   help="mechanism to audit (repeatable; default: all)")
+    d.add_argument("--epsilon", type=_ranged(float, 0.0, what="a positive number"),
+                   nargs="+", default=[1.0, 2.0, 4.0], metavar="EPS",
+                   help="claimed epsilon(s) to audit (default: 1 2 4)")
+    d.add_argument("--delta", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=1e-5,
+                   help="claimed delta (%(default)g)")
+    d.add_argument("--adjacency", choices=("record", "client"), default="record",
+                   help="what the canary is: one record or one client (%(default)s)")
+    d.add_argument("--mechanism", choices=("discrete_gaussian", "skellam"),
+                   default="discrete_gaussian",
+                   help="distributed-dp's integer noise (%(default)s)")
+    d.add_argument("--clients", type=_ranged(int, 0, what="a positive integer"), default=None,
+                   help="cohort size of the sum (default: 1; 2 for distributed-dp)")
+    d.add_argument("--trials", type=_ranged(int, 7, what="an integer >= 8"), default=None,
+                   help="releases per world, without and with the canary (default: "
+                   "1000000 for the sums, 1000 trainings for dp-sgd)")
+    d.add_argument("--seed", type=int, default=0,
+                   help="seed of the auditor and of the layers' noise streams (%(default)s)")
+    d.add_argument("--confidence", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=0.95,
+                   help="confidence of the lower bounds (%(default)g)")
+    d.add_argument("--one-run", action="store_true",
+                   help="dp-sgd: also audit in one training run (Steinke et al. 2023)")
+    d.add_argument("--canaries", type=_ranged(int, 1, what="an integer >= 2"), default=1000,
+                   help="dp-sgd --one-run: canaries in the run (%(default)s)")
+    d.add_argument("--json", action="store_true",
+                   help="print JSON rows (mechanism, epsilon_claimed, epsilon_lower, "
+                   "confidence, trials, canary, ...) instead of the table")
+    d.add_argument("--plot", type=Path, default=None, metavar="PATH",
+                   help="also draw the empirical trade-off curves against the region each "
+                   "claim forbids, to PATH.png and PATH.svg")
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _dp_audit(args: argparse.Namespace) -> int:
+    try:
+        from threat_models.dp_audit import EXIT_VIOLATED, main_cli
+    except ImportError as exc:
+        raise SecaggError(f"secagg dp-audit needs the threat_models package: {exc}") from None
+    assert EXIT_VIOLATED == EXIT_DP_VIOLATED
+    if args.layer is None:
+        args.layer = ["all"]
+    return main_cli(args)
 
 
 if __name__ == "__main__":
