@@ -134,6 +134,13 @@ class FedUV(FedAvg):
             raise ConfigurationError(f"FedUV weights must be >= 0, got mu={mu}, lam={lam}")
         if kernel_scale <= 0:
             raise ConfigurationError(f"kernel_scale must be positive, got {kernel_scale}")
+        if kwargs.get("dpsgd") is not None and (mu > 0 or lam is None or lam > 0):
+            raise ConfigurationError(
+                "FedUV's regularisers couple the records of a batch (L_V is a std across "
+                "the batch, L_U a mean over its pairs), so one record moves every other "
+                "record's gradient and DP-SGD's per-sample clipping does not bound its "
+                "effect: record-level DP-SGD would not be private. Use client-level DP "
+                "(clip=C with adjacency='client'), or mu=0 and lam=0 (plain FedAvg)")
         super().__init__(**kwargs)
         self.mu = mu
         self.lam = lam

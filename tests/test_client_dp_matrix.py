@@ -29,13 +29,18 @@ LAYERS = {
 }
 #: The cells that refuse, and the words their reason must contain. TurboSVM-FL's server
 #: needs each client's class embeddings: a layer that noises only sums cannot carry them,
-#: and DP-SGD would not make them private.
+#: and DP-SGD would not make them private. FedUV's batch-level regularisers make DP-SGD's
+#: per-sample clipping meaningless (it ran, and reported itself private, before the fix).
 REFUSED = {
     ("turbosvm", "central-dp", "client"): (InadmissibleField, "embeddings"),
     ("turbosvm", "distributed-dp", "client"): (InadmissibleField, "embeddings"),
     ("turbosvm", "central-dp", "record"): (ConfigurationError, "embeddings"),
     ("turbosvm", "local-dp", "record"): (ConfigurationError, "embeddings"),
     ("turbosvm", "distributed-dp", "record"): (ConfigurationError, "embeddings"),
+    # FedUV's regularisers couple a batch's records: per-sample clipping bounds nothing
+    ("feduv", "central-dp", "record"): (ConfigurationError, "couple the records"),
+    ("feduv", "local-dp", "record"): (ConfigurationError, "couple the records"),
+    ("feduv", "distributed-dp", "record"): (ConfigurationError, "couple the records"),
 }
 
 
