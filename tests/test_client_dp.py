@@ -309,3 +309,26 @@ def test_a_budget_refusal_of_the_first_release_is_a_failure(part):
                      CentralDP(Plaintext(), epsilon=1.0), part, rounds=1, seed=0).run()
     why = res.failure()
     assert why is not None and "refused the first release" in why and "budget" in why
+
+
+@pytest.mark.parametrize("make", [
+    lambda: CentralDP(__import__("secagg").SecureSum(threshold=0.7), epsilon=4.0,
+                      adjacency="client"),
+    lambda: CentralDP(__import__("secagg").Homomorphic("bfv"), epsilon=4.0,
+                      adjacency="client"),
+    lambda: __import__("secagg").LocalDP(__import__("secagg").SecureSum(threshold=0.7),
+                                         epsilon=4.0, adjacency="client"),
+], ids=["central-dp/secure-sum", "central-dp/bfv", "local-dp/secure-sum"])
+def test_adaptive_clipping_count_travels_through_the_same_inner_layer(make, part):
+    """The under-the-clip count is carried like the update: no server observation of it is
+    a clear individual upload, and its release is on the same ledger events."""
+    res = Federation(FedAvg(local_epochs=1, feature_dim=16, clip="adaptive"), make(), part,
+                     rounds=2, seed=0).run()
+    assert res.failure() is None and res.privacy.private
+    seen = [o for o in res.transcript.observations()
+            if o["party"] == "server" and "unclipped" in str(o["field"])]
+    assert seen
+    assert not any(o["form"] == "clear" and o.get("what") == "upload" for o in seen)
+    assert all("unclipped" in e.fields and "update" in e.fields
+               for e in res.privacy.events)
+    assert res.measurements[-1]["next_clip"] != res.measurements[0]["clip"]
