@@ -467,10 +467,12 @@ def _run(args: argparse.Namespace) -> int:
     from secagg.data import dirichlet_split, iid_split, load_dataset
     from secagg.federation import Federation
 
+    # Every argument is checked (and the algorithm and layer built) before the output
+    # folder is looked at, so a bad argument is reported as such even where a previous run
+    # left its outputs.
     _check_run_args(args)
-    out = _out_dir(args)
     algo_cls = load_algorithm(args.algorithm)
-    algo_kwargs = _algorithm_kwargs(args, algo_cls)
+    algorithm = algo_cls(**_algorithm_kwargs(args, algo_cls))
     layer = build_layer(args)
     ds = load_dataset(args.dataset, args.data_dir)
     if args.alpha == 0:
@@ -481,7 +483,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     _quiet_library_warnings()
     fed = Federation(
-        algo_cls(**algo_kwargs),
+        algorithm,
         layer,
         part,
         rounds=args.rounds,
@@ -492,6 +494,7 @@ def _run(args: argparse.Namespace) -> int:
         include_values=args.include_values,
         progress=False if args.quiet else None,
     )
+    out = _out_dir(args)
     result = fed.run()
     paths = result.save(out, args.device_profile)
     print(result.table(args.device_profile))
