@@ -17,7 +17,6 @@ import math
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from secagg.cli import LAYERS, _make_parser, _run, load_algorithm
 from secagg.errors import EncodingOverflow, InadmissibleField, PrivacyError
@@ -32,6 +31,10 @@ REFUSALS: tuple[type[Exception], ...] = (InadmissibleField, PrivacyError)
 
 def _algorithms() -> list[str]:
     """The algorithms pyproject.toml registers (the ``secagg.algorithms`` entry points)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     return sorted(meta["project"]["entry-points"]["secagg.algorithms"])
 
