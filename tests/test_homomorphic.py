@@ -655,7 +655,7 @@ def test_bfv_splits_a_field_wider_than_the_plain_modulus_into_limbs_and_sums_it_
     ups = {c: Upload.validate(spec, {"wide": v, "n": np.array([c + 1])}, c, c + 1)
            for c, v in vals.items()}
     layer = Homomorphic("bfv", precision=2.0**-40)
-    fps = layer.fixed_point(spec, 16)
+    fps = layer.fixed_point(spec, 16, limbs=True)
     assert fps["wide"].ring_bits == 58 + 4 > 59 and fps["n"].ring_bits == 59
     assert layer.limbs(spec, 16) == {"wide": 2} and layer.limb_bits(16) == 54
     agg = layer.aggregate(ups, spec, ctx())
@@ -685,12 +685,15 @@ def test_bfv_limb_sums_and_recombination_are_exact_at_the_widest_ring():
 
 
 def test_bfv_refuses_a_wide_field_packed_without_limbs():
-    """A caller that packs a wide field in one slot (the packing before limbs) gets a typed
-    refusal naming the field, never a wrapped sum."""
+    """A caller that packs one value per slot (as before limbs; the Flower runtime still
+    does) gets a typed refusal naming the field, never a wrapped sum: from the plan, and
+    from the layer's encoder if it packs without limbs anyway."""
     spec = _wide_spec()
     layer = Homomorphic("bfv", precision=2.0**-40)
+    with pytest.raises(EncodingOverflow, match="'wide'.*62-bit ring.*limbs"):
+        layer.fixed_point(spec, 16)
     params = layer.params_for(spec, 16)
     flat_packing = Packing.from_spec(spec, params.slots)
     up = Upload.validate(spec, {"wide": np.ones(40), "n": np.array([1])}, 0, 1)
     with pytest.raises(EncodingOverflow, match="'wide'.*limb"):
-        layer._flatten(up, spec, flat_packing, layer.fixed_point(spec, 16))
+        layer._flatten(up, spec, flat_packing, layer.fixed_point(spec, 16, limbs=True))

@@ -254,18 +254,30 @@ class Homomorphic(Layer):
             return self.max_clients
         return 1 << max(0, math.ceil(math.log2(max(cohort, 1))))
 
-    def fixed_point(self, spec: UploadSpec, n_clients: int) -> dict[str, FixedPoint]:
+    def fixed_point(self, spec: UploadSpec, n_clients: int, *,
+                    limbs: bool = False) -> dict[str, FixedPoint]:
         """BFV: the fixed-point plan of the additive fields for a sum of ``n_clients``
         uploads. When every field fits a 59-bit ring, all share the smallest ring that
-        holds them (one limb each); otherwise the fields that fit take the 59-bit ring and
-        each wider field its own ring (<= 64 bits), carried in limbs (:meth:`limbs`).
+        holds them (one limb each). Otherwise, with ``limbs=True`` (the layer's own use,
+        with :meth:`packing`), the fields that fit take the 59-bit ring and each wider
+        field its own ring (<= 64 bits), carried in limbs (:meth:`limbs`).
 
         Raises:
-            EncodingOverflow: a field's sum needs more than 64 bits."""
+            EncodingOverflow: a field's sum needs more than 64 bits, or more than 59 bits
+                and ``limbs`` is False (a caller that packs one value per slot)."""
         wide = plan(spec, n_clients, self.precision, ring_bits=64)
         ring = plan_ring_bits(wide)
         if ring <= MAX_BFV_RING_BITS:
             return {name: replace(fp, ring_bits=ring) for name, fp in wide.items()}
+        if not limbs:
+            names = [n for n, fp in wide.items()
+                     if required_bits(fp.sum_bound_int) > MAX_BFV_RING_BITS]
+            raise EncodingOverflow(
+                f"field(s) {', '.join(map(repr, names))}: the sum of {n_clients} clients needs "
+                f"a {ring}-bit ring, wider than the {MAX_BFV_RING_BITS} bits one BFV slot "
+                "holds; the Homomorphic layer carries such fields in limbs "
+                "(Homomorphic.packing, fixed_point(..., limbs=True)), a caller that packs one "
+                "value per slot cannot")
         return {name: replace(fp, ring_bits=max(MAX_BFV_RING_BITS,
                                                 required_bits(fp.sum_bound_int)))
                 for name, fp in wide.items()}
@@ -284,7 +296,7 @@ class Homomorphic(Layer):
         slot holds (fields carried whole are left out)."""
         w = self.limb_bits(n_clients)
         return {name: math.ceil(fp.ring_bits / w)
-                for name, fp in self.fixed_point(spec, n_clients).items()
+                for name, fp in self.fixed_point(spec, n_clients, limbs=True).items()
                 if fp.ring_bits > MAX_BFV_RING_BITS}
 
     def packing(self, spec: UploadSpec, n_clients: int) -> Packing:
@@ -304,7 +316,8 @@ class Homomorphic(Layer):
     def params_for(self, spec: UploadSpec, n_clients: int) -> HEParams:
         """The encryption parameters this layer uses for ``spec`` and a planned cohort."""
         if self.scheme == "bfv":
-            ring = min(plan_ring_bits(self.fixed_point(spec, n_clients)), MAX_BFV_RING_BITS)
+            ring = min(plan_ring_bits(self.fixed_point(spec, n_clients, limbs=True)),
+                       MAX_BFV_RING_BITS)
             return bfv_params(ring, n_clients, self.poly_modulus_degree)
         return ckks_params(self.sum_bound(spec, n_clients), n_clients, self.precision,
                            self.poly_modulus_degree, self.max_decryptions,
@@ -370,7 +383,7 @@ class Homomorphic(Layer):
         cohort = sorted(uploads)
         n_plan = self.planned_clients(len(cohort))
         params = self.params_for(spec, n_plan)
-        fps = self.fixed_point(spec, n_plan) if self.scheme == "bfv" else None
+        fps = self.fixed_point(spec, n_plan, limbs=True) if self.scheme == "bfv" else None
         packing = self.packing(spec, n_plan)
         ks = self.keyset(params)
         if self.scheme == "ckks":
