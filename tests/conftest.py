@@ -1,17 +1,12 @@
 """Shared fixtures: small, deterministic federations on scikit-learn's digits; every test
 runs in its own temporary working directory."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from secagg.data import dirichlet_split, load_dataset
 
 torch.set_num_threads(1)
-
-#: The checkout's root, for tests that read its files (README, examples, pyproject.toml).
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
