@@ -16,6 +16,16 @@ packed sum of outer products); the server places the K initial means at
 seed), with equal weights and the global covariance for every component. The initial
 mixture is kept in :attr:`GMM.initial` so a pooled run can start from it.
 
+Under a DP layer the sums arrive noised: a count can come out negative and a covariance
+indefinite. The server then post-processes (which spends no privacy): counts below zero are
+taken as zero (then guarded by ``10 eps`` as scikit-learn's M-step does), and a covariance
+with an eigenvalue below half a floor is projected onto the matrices whose eigenvalues are
+all at least that floor (eigenvalues floored, eigenvectors kept; the floor is
+``reg_covar``, or 1e-9 of the largest eigenvalue where that is larger); projected
+covariances are counted in :attr:`GMM.projected`. Exact sums never trigger either (counts
+are >= 0 and every exact covariance has eigenvalues >= ``reg_covar``), so plaintext,
+SecureSum and BFV runs still match scikit-learn.
+
 Records are clamped to the public box ``[low, high]^d`` before any statistic (clamped
 entries are counted in :attr:`GMM.clamped`), which gives every field a declared bound: per
 record ``||r|| <= 1``, ``||r (x) x|| <= ||x|| <= B sqrt(d)`` and ``||r (x) x x^T|| <= ||x||^2 <=
@@ -65,6 +75,27 @@ def precision_cholesky(cov: np.ndarray) -> np.ndarray:
             ) from None
         out[j] = solve_triangular(low, np.eye(d), lower=True).T
     return out
+
+
+def floor_eigenvalues(cov: np.ndarray, floor: float) -> tuple[np.ndarray, int]:
+    """``(covariances, count)``: each symmetric ``cov[j]`` whose smallest eigenvalue is
+    below half its floor replaced by the matrix with the same eigenvectors and its
+    eigenvalues raised to at least the floor (the others are returned unchanged); the
+    floor is ``floor``, or 1e-9 of the largest |eigenvalue| where that is larger (so that
+    the result stays well conditioned in float64). ``count`` is the number replaced.
+    ``floor`` 0 leaves every matrix as it is."""
+    out = np.array(cov, dtype=np.float64)
+    if floor <= 0:
+        return out, 0
+    count = 0
+    for j in range(out.shape[0]):
+        w, v = np.linalg.eigh(out[j])
+        low = max(floor, 1e-9 * float(np.max(np.abs(w))))
+        if w[0] < low / 2:
+            out[j] = (v * np.maximum(w, low)) @ v.T
+            out[j] = 0.5 * (out[j] + out[j].T)
+            count += 1
+    return out, count
 
 
 def log_gaussian(x: np.ndarray, means: np.ndarray, prec_chol: np.ndarray) -> np.ndarray:
@@ -118,6 +149,7 @@ class GMM(Algorithm):
         self.covariances: np.ndarray | None = None
         self.initial: dict[str, np.ndarray] | None = None
         self.iterations = 0
+        self.projected = 0
 
     # -- Algorithm ------------------------------------------------------------------------
     def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None:
@@ -129,6 +161,7 @@ class GMM(Algorithm):
         self.initial = None
         self.iterations = 0
         self.clamped = 0
+        self.projected = 0
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
         """Round 0: ``init`` then ``em``; later rounds: ``em``."""
@@ -201,9 +234,15 @@ class GMM(Algorithm):
 
     def initialise(self, n: np.ndarray, s: np.ndarray, q: np.ndarray) -> None:
         """Server: the initial mixture from the global moments (see the module docstring)."""
+        n = np.maximum(np.asarray(n, dtype=np.float64), 10 * np.finfo(np.float64).eps)
         _, mean, cov = moments_to_gaussians(n, s, q, reg=self.reg_covar)
+        cov = self._positive(cov)
         rng = np.random.default_rng(derive_seed(self.seed, "gmm-init"))
-        low = np.linalg.cholesky(cov[0])
+        try:
+            low = np.linalg.cholesky(cov[0])
+        except np.linalg.LinAlgError:
+            raise ConfigurationError("the global covariance is not positive definite; "
+                                     "increase reg_covar") from None
         z = rng.standard_normal((self.k, self.d))
         self.means = mean[0] + z @ low.T
         self.weights = np.full(self.k, 1.0 / self.k)
@@ -213,10 +252,16 @@ class GMM(Algorithm):
 
     def m_step(self, n: np.ndarray, s: np.ndarray, q: np.ndarray) -> None:
         """Server: the M-step from summed statistics (scikit-learn's update)."""
-        n = np.asarray(n, dtype=np.float64) + 10 * np.finfo(np.float64).eps
-        self.weights, self.means, self.covariances = moments_to_gaussians(
-            n, s, q, reg=self.reg_covar)
+        n = np.maximum(np.asarray(n, dtype=np.float64), 0.0) + 10 * np.finfo(np.float64).eps
+        self.weights, self.means, cov = moments_to_gaussians(n, s, q, reg=self.reg_covar)
+        self.covariances = self._positive(cov)
         self.iterations += 1
+
+    def _positive(self, cov: np.ndarray) -> np.ndarray:
+        """Noised covariances projected to eigenvalues >= reg_covar (counted)."""
+        cov, count = floor_eigenvalues(cov, self.reg_covar)
+        self.projected += count
+        return cov
 
 
 class _InitPhase(Phase):

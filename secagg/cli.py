@@ -8,27 +8,33 @@
 
 Algorithms are found through the ``secagg.algorithms`` entry-point group (the ``algorithms``
 package registers its own; a third-party package can add more), or given as
-``module:Class``.
+``module:Class`` (:mod:`secagg.algorithm_registry`); layers by their registered names
+(:mod:`secagg.layers.registry`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
 from secagg import __version__
+from secagg.algorithm_registry import available_algorithms, load_algorithm
 from secagg.costs import PROFILES
 from secagg.errors import ConfigurationError, SecaggError, SecureSumAborted
+from secagg.layers.registry import LayerOptions, get_layer, layer_names, make_layer
 
-LAYERS = ("plaintext", "secure-sum", "homomorphic", "central-dp", "local-dp", "distributed-dp")
-DP_LAYERS = ("central-dp", "local-dp", "distributed-dp")
+__all__ = ["DP_LAYERS", "LAYERS", "available_algorithms", "build_layer", "load_algorithm",
+           "main"]
+
+#: The layer names ``--layer`` accepts (the registry's, in its order).
+LAYERS = layer_names()
+#: Those that add DP noise.
+DP_LAYERS = layer_names(dp=True)
 
 #: Exit statuses of the ``secagg`` command.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_MODEL, EXIT_INCOMPLETE, EXIT_LEAK = 0, 1, 2, 3, 4, 5
@@ -48,30 +54,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def available_algorithms() -> dict[str, Any]:
-    """Registered algorithm entry points, by name."""
-    return {ep.name: ep for ep in entry_points(group="secagg.algorithms")}
-
-
-def load_algorithm(name: str) -> type:
-    """The algorithm class registered as ``name``, or named ``module:Class``."""
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigurationError(f"cannot load algorithm {name!r}: {exc}") from None
-    eps = available_algorithms()
-    if name not in eps:
-        known = ", ".join(sorted(eps)) or "none (is the package installed? pip install -e .)"
-        raise ConfigurationError(f"unknown algorithm {name!r}; available: {known}")
-    try:
-        return eps[name].load()
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"algorithm {name!r} is registered but cannot be loaded: {exc}") from None
 
 
 def build_layer(args: argparse.Namespace) -> Any:
@@ -95,35 +77,19 @@ def build_layer(args: argparse.Namespace) -> Any:
 
 
 def _one_layer(args: argparse.Namespace, name: str) -> Any:
-    from secagg.layers.plaintext import Plaintext
-
-    if name == "plaintext":
-        return Plaintext()
-    if name == "secure-sum":
-        from secagg.secure_sum import SecureSum
-
-        return SecureSum(threshold=args.threshold, graph=args.graph)
-    if name == "homomorphic":
-        from secagg.homomorphic import Homomorphic
-
-        return Homomorphic(scheme=args.he_scheme)
-    if args.epsilon is None:
+    """The registered layer ``name`` with the options given on the command line."""
+    if get_layer(name).dp and args.epsilon is None:
         raise ConfigurationError(f"--layer {name} needs --epsilon (and optionally --delta)")
-    from secagg import privacy
-
-    common = {"epsilon": args.epsilon, "delta": args.delta, "rounds": args.rounds,
-              "adjacency": args.adjacency}
-    if name == "central-dp":
-        if args.dp_ftrl:  # plan for the rounds a client can take part in, at most
-            k = args.rounds if args.fraction >= 1 else min(
-                args.rounds, math.ceil(2 * args.fraction * args.rounds))
-            return privacy.CentralDP(Plaintext(), tree=True, tree_participations=k, **common)
-        return privacy.CentralDP(Plaintext(), **common)
-    if name == "local-dp":
-        return privacy.LocalDP(Plaintext(), **common)
-    from secagg.secure_sum import SecureSum
-
-    return privacy.DistributedDP(SecureSum(threshold=args.threshold, graph=args.graph), **common)
+    dp: dict[str, Any] = {"adjacency": args.adjacency}
+    if name == "central-dp" and args.dp_ftrl:  # plan for the rounds a client can take
+        # part in, at most: every round at fraction 1, else twice the expected number
+        k = args.rounds if args.fraction >= 1 else min(
+            args.rounds, math.ceil(2 * args.fraction * args.rounds))
+        dp.update(tree=True, tree_participations=k)
+    return make_layer(name, LayerOptions(threshold=args.threshold, graph=args.graph,
+                                         he_scheme=args.he_scheme, epsilon=args.epsilon,
+                                         delta=args.delta, rounds=args.rounds,
+                                         dp=dp if get_layer(name).dp else {}))
 
 
 def _make_parser() -> argparse.ArgumentParser:
@@ -534,10 +500,12 @@ def _run(args: argparse.Namespace) -> int:
     from secagg.data import dirichlet_split, iid_split, load_dataset
     from secagg.federation import Federation
 
+    # Every argument is checked (and the algorithm and layer built) before the output
+    # folder is looked at, so a bad argument is reported as such even where a previous run
+    # left its outputs.
     _check_run_args(args)
-    out = _out_dir(args)
     algo_cls = load_algorithm(args.algorithm)
-    algo_kwargs = _algorithm_kwargs(args, algo_cls)
+    algorithm = algo_cls(**_algorithm_kwargs(args, algo_cls))
     layer = build_layer(args)
     ds = load_dataset(args.dataset, args.data_dir)
     if args.alpha == 0:
@@ -548,7 +516,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     _quiet_library_warnings()
     fed = Federation(
-        algo_cls(**algo_kwargs),
+        algorithm,
         layer,
         part,
         rounds=args.rounds,
@@ -560,6 +528,7 @@ def _run(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
         max_records=args.max_records,
     )
+    out = _out_dir(args)
     result = fed.run()
     paths = result.save(out, args.device_profile)
     print(result.table(args.device_profile))

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -28,14 +27,9 @@ from secagg.dropouts import DropoutModel
 from secagg.errors import BudgetExceeded, ConfigurationError, InadmissibleField, SecureSumAborted
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
+from secagg.seeds import derive_seed  # re-exported: algorithms import it from here
 from secagg.transcript import Transcript
 from secagg.wire import pack_arrays, unpack_arrays
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed derived deterministically from ints and strings."""
-    words = [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
-    return int(np.random.SeedSequence(words).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
 
 
 def cohort_size(n: int, fraction: float) -> int:

@@ -1,4 +1,5 @@
-"""Shared fixtures: small, deterministic federations on scikit-learn's digits."""
+"""Shared fixtures: small, deterministic federations on scikit-learn's digits; every test
+runs in its own temporary working directory."""
 
 import pytest
 import torch
@@ -6,6 +7,14 @@ import torch
 from secagg.data import dirichlet_split, load_dataset
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_cwd(tmp_path, monkeypatch):
+    """Run every test in a fresh temporary directory, so that no test depends on the
+    directory pytest was started from or on what a user ran there before (a ``secagg run``
+    leaves ``runs/...`` in the working directory)."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The command line: a run writes its outputs, errors are one line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,26 @@ def test_arg_passes_constructor_arguments_checked_against_the_signature(tmp_path
     assert rc == 1 and "NAME=VALUE" in err
     rc, _, err = _main(["run", *FAST, "--arg", "release_rounds=0"], capsys)
     assert rc == 1 and "release_rounds" in err
+
+
+def test_argument_errors_are_reported_in_a_folder_holding_the_default_run(tmp_path, capsys):
+    """The README's order: ``secagg run`` (default output folder in the working directory),
+    then the tests in the same directory. A bad argument must still be reported as such,
+    not as "already holds a run": the CLI validates every argument before it looks at the
+    output folder."""
+    assert Path.cwd() == tmp_path  # conftest runs every test in its own directory
+    rc, _, err = _main(["run", *FAST], capsys)  # FAST changes no part of the default folder
+    assert rc == 0, err
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name == "fedlog-plaintext-digits-seed0"
+    for argv, needle in (
+            (["--arg", "no_such=1"], "no_such"),
+            (["--arg", "release_rounds"], "NAME=VALUE"),
+            (["--arg", "release_rounds=0"], "release_rounds"),
+            (["--layer", "central-dp"], "needs --epsilon"),
+            (["--group-layer", "embeddings"], "GROUP=LAYER"),
+            (["--lr", "0"], "--lr must be > 0")):
+        rc, _, err = _main(["run", *FAST, *argv], capsys)
+        assert rc == 1 and needle in err and "already holds a run" not in err, (argv, err)
+    rc, _, err = _main(["run", *FAST], capsys)  # a valid run is still refused there
+    assert rc == 1 and "already holds a run" in err

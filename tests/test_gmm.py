@@ -91,3 +91,30 @@ def test_gmm_clamps_to_the_public_box_and_counts(blobs):
     gmm = GMM(high=0.5)
     Federation(gmm, Plaintext(), blobs, rounds=1, seed=0).run()
     assert gmm.clamped > 0
+
+
+def test_gmm_runs_under_dp_noise_with_covariances_projected_to_positive_definite(digits):
+    """Noised sums can give an indefinite covariance (before: numpy's LinAlgError in the
+    initialisation at the CLI defaults under every DP layer); the server floors its
+    eigenvalues at reg_covar (post-processing) and counts it, and EM goes on."""
+    from secagg.data import dirichlet_split
+    from secagg.privacy import CentralDP
+
+    part = dirichlet_split(digits, 10, 0.5, seed=0, local_test_fraction=0.2)
+    gmm = GMM()
+    layer = CentralDP(Plaintext(), epsilon=1.0, delta=1e-5, rounds=2)
+    res = Federation(gmm, layer, part, rounds=2, seed=0, progress=False).run()
+    assert res.failure() is None and 0.0 <= res.accuracy <= 1.0
+    assert gmm.projected > 0
+    assert np.all(np.linalg.eigvalsh(gmm.covariances) > 0)
+    assert np.all(gmm.weights >= 0) and gmm.weights.sum() == pytest.approx(1.0)
+
+
+def test_exact_covariances_are_left_as_they_are():
+    from algorithms.gmm import floor_eigenvalues
+
+    a = np.array([[[2.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, -0.3]]])
+    out, count = floor_eigenvalues(a, 1e-6)
+    assert count == 1 and np.array_equal(out[0], a[0])
+    assert np.linalg.eigvalsh(out[1]).min() == pytest.approx(1e-6)
+    assert out[1][0, 0] == pytest.approx(1.0)

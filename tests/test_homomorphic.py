@@ -632,3 +632,68 @@ def test_fuzzed_framed_uploads_raise_typed_errors_and_never_change_the_sum():
     for f in spec.additive:
         want = quantised_sum(ups, f.name, range(2), fps[f.name].scale_bits)
         assert sums[f.name].ravel().tolist() == np.asarray(want).ravel().tolist(), f.name
+
+
+# --- BFV: fields wider than the plain modulus, in limbs ----------------------------------
+
+
+def _wide_spec() -> UploadSpec:
+    """A 62-bit field (2^16 x 16 clients at 2^-40 precision) beside a narrow one."""
+    return UploadSpec((
+        Field("wide", (40,), bound=Bound(linf=65536.0, adjacency="client"), additive=True),
+        Field("n", (1,), "int64", bound=Bound(linf=100, adjacency="client"), additive=True),
+    ))
+
+
+def test_bfv_splits_a_field_wider_than_the_plain_modulus_into_limbs_and_sums_it_exactly():
+    spec = _wide_spec()
+    rng = np.random.default_rng(3)
+    vals = {c: rng.uniform(-65536, 65536, 40) for c in range(16)}
+    vals[0][:4] = [65536.0, -65536.0, 65536.0, -65536.0]  # the bound's edges, in every client
+    for c in range(1, 16):
+        vals[c][:4] = vals[0][:4]
+    ups = {c: Upload.validate(spec, {"wide": v, "n": np.array([c + 1])}, c, c + 1)
+           for c, v in vals.items()}
+    layer = Homomorphic("bfv", precision=2.0**-40)
+    fps = layer.fixed_point(spec, 16, limbs=True)
+    assert fps["wide"].ring_bits == 58 + 4 > 59 and fps["n"].ring_bits == 59
+    assert layer.limbs(spec, 16) == {"wide": 2} and layer.limb_bits(16) == 54
+    agg = layer.aggregate(ups, spec, ctx())
+    # bit-exact: the sum of the quantised inputs, computed independently in Python integers
+    want = [sum(round(v * 2**40) for v in (vals[c][i] for c in range(16))) for i in range(40)]
+    assert np.array_equal(agg["wide"], np.array([w / 2**40 for w in want]))
+    assert agg["wide"][0] == 16 * 65536.0 and agg["wide"][1] == -16 * 65536.0
+    assert agg["n"].tolist() == [sum(range(1, 17))]
+    assert agg.notes["limbs"] == {"limb_bits": 54, "fields": {"wide": 2}}
+    assert agg.notes["ciphertexts_per_upload"] == 1  # 81 values in one ciphertext
+    assert agg.notes["he_params"]["plain_modulus"].bit_length() == 60
+
+
+def test_bfv_limb_sums_and_recombination_are_exact_at_the_widest_ring():
+    """64-bit ring elements, split and joined, add exactly modulo 2^64."""
+    from secagg.homomorphic.layer import join_limbs, split_limbs
+
+    rng = np.random.default_rng(0)
+    ring = rng.integers(0, 2**63, (8, 5), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    limbs = split_limbs(ring.ravel(), 2, 54)
+    assert limbs.shape == (2, 40) and int(limbs.min()) >= 0 and int(limbs.max()) < 2**54
+    sums = limbs.reshape(2, 8, 5).sum(axis=1)  # the cohort's limb sums, as BFV decrypts them
+    want = sum(int(v) for v in ring[:, 0]) % 2**64
+    assert int(join_limbs(sums, 54)[0]) == want
+    with pytest.raises(EncodingOverflow):
+        join_limbs(-sums, 54)
+
+
+def test_bfv_refuses_a_wide_field_packed_without_limbs():
+    """A caller that packs one value per slot (as before limbs; the Flower runtime still
+    does) gets a typed refusal naming the field, never a wrapped sum: from the plan, and
+    from the layer's encoder if it packs without limbs anyway."""
+    spec = _wide_spec()
+    layer = Homomorphic("bfv", precision=2.0**-40)
+    with pytest.raises(EncodingOverflow, match="'wide'.*62-bit ring.*limbs"):
+        layer.fixed_point(spec, 16)
+    params = layer.params_for(spec, 16)
+    flat_packing = Packing.from_spec(spec, params.slots)
+    up = Upload.validate(spec, {"wide": np.ones(40), "n": np.array([1])}, 0, 1)
+    with pytest.raises(EncodingOverflow, match="'wide'.*limb"):
+        layer._flatten(up, spec, flat_packing, layer.fixed_point(spec, 16, limbs=True))

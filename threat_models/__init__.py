@@ -1,6 +1,7 @@
 """Threat models: adversaries, their views of a transcript, admissibility, and attacks.
 
-* :class:`ThreatModel` (:mod:`threat_models.threat`) — who colludes.
+* :class:`ThreatModel` (:mod:`threat_models.threat`) — who colludes (a
+  :class:`Coalition`, :mod:`threat_models.coalition`), and the hook the engine calls.
 * :func:`view` (:mod:`threat_models.views`) — what a coalition saw in a run.
 * :func:`admissible` (:mod:`threat_models.admissibility`) — per field, whether a layer
   protects it against a coalition, and why.
@@ -13,7 +14,7 @@ Nothing here is imported by :mod:`secagg`.
 from secagg.lazy import lazy_exports
 
 _EXPORTS = {
-    "ThreatModel": "threat_models.threat",
+    "ThreatModel": "threat_models.threat", "Coalition": "threat_models.coalition",
     "view": "threat_models.views", "FieldView": "threat_models.views",
     "admissible": "threat_models.admissibility", "Verdict": "threat_models.admissibility",
     "check_additivity": "threat_models.additivity",

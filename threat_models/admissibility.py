@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from secagg.messages import Field, UploadSpec
-from threat_models.threat import ThreatModel
+from threat_models.coalition import Coalition
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def share_threshold(desc: Mapping[str, Any], n: int | None) -> int | None:
     return min(k + 1, max(2, math.ceil(frac * (k + 1) - 1e-9)))
 
 
-def _secure_sum(desc: Mapping[str, Any], f: Field, th: ThreatModel, n: int | None) -> _Rule:
+def _secure_sum(desc: Mapping[str, Any], f: Field, th: Coalition, n: int | None) -> _Rule:
     if not f.additive:
         return _Rule(False, "nothing (refused)", "secure summation cannot carry a "
                      "non-additive field; the layer refuses it")
@@ -126,7 +126,7 @@ def _secure_sum(desc: Mapping[str, Any], f: Field, th: ThreatModel, n: int | Non
                  f"masked uploads only; {below}, so no client's masks can be removed")
 
 
-def _homomorphic(desc: Mapping[str, Any], f: Field, th: ThreatModel) -> _Rule:
+def _homomorphic(desc: Mapping[str, Any], f: Field, th: Coalition) -> _Rule:
     if not f.additive:
         return _Rule(False, "nothing (refused)", "the server can only add ciphertexts; the "
                      "layer refuses a non-additive field")
@@ -148,7 +148,7 @@ def _homomorphic(desc: Mapping[str, Any], f: Field, th: ThreatModel) -> _Rule:
     return _Rule(True, "nothing of other clients", "clients see only their own ciphertexts")
 
 
-def _rule(desc: Mapping[str, Any], f: Field, th: ThreatModel, n: int | None) -> _Rule:
+def _rule(desc: Mapping[str, Any], f: Field, th: Coalition, n: int | None) -> _Rule:
     name = desc.get("name", "?")
     if name == "per-group":
         routed = desc.get("routes", {}).get(f.group, desc.get("default"))
@@ -207,7 +207,7 @@ def _specs_of(algorithm: Any, rounds: int = 2) -> dict[str, UploadSpec]:
     return out
 
 
-def admissible(algorithm: Any, layer: Any, threat: ThreatModel | str,
+def admissible(algorithm: Any, layer: Any, threat: Coalition | str,
                specs: Mapping[str, UploadSpec] | None = None,
                n_clients: int | None = None) -> list[Verdict]:
     """One :class:`Verdict` per (phase, field) of ``algorithm`` carried by ``layer``.
@@ -216,11 +216,12 @@ def admissible(algorithm: Any, layer: Any, threat: ThreatModel | str,
         algorithm: an algorithm (after ``setup``, so its specs have shapes) or None when
             ``specs`` is given.
         layer: a layer, or its ``describe()`` dict (e.g. from a transcript header).
-        threat: a :class:`ThreatModel` or its CLI name (``"server+3"``).
+        threat: a :class:`~threat_models.coalition.Coalition` (e.g. a ThreatModel) or its
+            CLI name (``"server+3"``).
         specs: phase name -> UploadSpec (default: the phases of rounds 0 and 1 of 2).
         n_clients: the cohort size (thresholds given as fractions need it).
     """
-    th = ThreatModel.parse(threat) if isinstance(threat, str) else threat
+    th = Coalition.parse(threat) if isinstance(threat, str) else threat
     desc = layer if isinstance(layer, Mapping) else layer.describe()
     specs = _specs_of(algorithm) if specs is None else specs
     out = []
@@ -231,7 +232,7 @@ def admissible(algorithm: Any, layer: Any, threat: ThreatModel | str,
     return out
 
 
-def reads_individual(layer: Any, field: Field, threat: ThreatModel,
+def reads_individual(layer: Any, field: Field, threat: Coalition,
                      n_clients: int | None = None) -> bool:
     """True when ``threat`` reads single clients' values of ``field`` exactly."""
     desc = layer if isinstance(layer, Mapping) else layer.describe()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from secagg.transcript import Transcript
-from threat_models.threat import ThreatModel
+from threat_models.coalition import Coalition
 
 
 @dataclass
@@ -67,12 +67,12 @@ class FieldView:
 
 
 def _parties(who: Any, clients: Iterable[int]) -> frozenset[Any]:
-    if isinstance(who, ThreatModel):
+    if isinstance(who, Coalition):
         return who.parties(clients)
     if isinstance(who, str) and who in ("server", "decryptor"):
         return frozenset({who})
     if isinstance(who, str):
-        return ThreatModel.parse(who).parties(clients)
+        return Coalition.parse(who).parties(clients)
     if isinstance(who, int):
         return frozenset({who})
     return frozenset(who)

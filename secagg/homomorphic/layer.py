@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from secagg.costs import SERVER, he_flops
-from secagg.encoding import FixedPoint, plan, plan_ring_bits
+from secagg.encoding import FixedPoint, plan, plan_ring_bits, required_bits
 from secagg.errors import (
     ConfigurationError,
     EncodingOverflow,
@@ -42,16 +42,55 @@ DECRYPTOR = "decryptor"
 PROVISIONER = "provisioner"
 
 
+def _check_limbs(packing: Packing, fps: Mapping[str, FixedPoint]) -> None:
+    """Refuse a packing that carries a field wider than the plain modulus in one limb."""
+    for name, fp in fps.items():
+        if fp.ring_bits > MAX_BFV_RING_BITS and packing.field_limbs(name) == 1:
+            raise EncodingOverflow(
+                f"field {name!r} needs a {fp.ring_bits}-bit ring, wider than the "
+                f"{MAX_BFV_RING_BITS} bits one BFV slot holds, and this packing carries it "
+                "in one limb; build the packing with Homomorphic.packing(spec, n_clients)")
+
+
+def split_limbs(ring: np.ndarray, n_limbs: int, limb_bits: int) -> np.ndarray:
+    """Ring elements (uint64) as ``n_limbs`` words of ``limb_bits`` bits, low word first:
+    an int64 array of shape ``(n_limbs, *ring.shape)`` with entries in [0, 2^limb_bits)."""
+    u = np.asarray(ring, dtype=np.uint64)
+    mask = np.uint64((1 << limb_bits) - 1)
+    return np.stack([((u >> np.uint64(limb_bits * j)) & mask).view(np.int64)
+                     for j in range(n_limbs)])
+
+
+def join_limbs(limb_sums: np.ndarray, limb_bits: int) -> np.ndarray:
+    """The ring sum (uint64, modulo 2^64) from per-limb sums (int64, ``(L, ...)``, each
+    non-negative): sum_j S_j * 2^(j limb_bits). Exact modulo 2^64, which is all a ring of
+    at most 64 bits needs."""
+    s = np.asarray(limb_sums)
+    if s.size and int(s.min()) < 0:
+        raise EncodingOverflow("a limb sum decrypted negative: it wrapped the plain modulus")
+    out = np.zeros(s.shape[1:], dtype=np.uint64)
+    for j in range(s.shape[0]):
+        out += s[j].astype(np.uint64) << np.uint64(limb_bits * j)  # wraps modulo 2^64
+    return out
+
+
 def decode_sums(flat: np.ndarray, packing: Packing, spec: UploadSpec,
                 fps: Mapping[str, FixedPoint] | None) -> dict[str, np.ndarray]:
     """The decrypted flat sum ``flat`` as one array per additive field of ``spec``: BFV
-    (``fps``, the fields' fixed-point plans) decodes each field's ring elements; CKKS
-    rounds integer fields and keeps float fields as decrypted."""
+    (``fps``, the fields' fixed-point plans) decodes each field's ring elements, first
+    recombining a field carried in limbs; CKKS rounds integer fields and keeps float
+    fields as decrypted."""
+    if fps is not None:
+        _check_limbs(packing, fps)
     parts = packing.unflatten(flat)
     sums: dict[str, np.ndarray] = {}
     for f in spec.additive:
         if fps is not None:
-            ring = parts[f.name].ravel().view(np.uint64)
+            if packing.field_limbs(f.name) > 1:
+                ring = join_limbs(parts[f.name].reshape(packing.field_limbs(f.name), -1),
+                                  packing.limb_bits)
+            else:
+                ring = parts[f.name].ravel().view(np.uint64)
             sums[f.name] = fps[f.name].decode_sum(ring).reshape(f.shape)
         elif f.is_integer:
             sums[f.name] = np.rint(parts[f.name]).astype(np.int64)
@@ -101,9 +140,13 @@ class Homomorphic(Layer):
       :func:`secagg.encoding.plan` (from their bounds, the cohort size and ``precision``,
       the quantisation step), into the smallest ring Z_{2^k} that holds the cohort's sum;
       the plain modulus t is a prime > 2^k, so the integer sum cannot wrap and the decoded
-      sum equals the sum of the quantised inputs bit for bit. t is at most 60 bits, so
-      k <= 59: a plan needing more is refused with
-      :class:`~secagg.errors.EncodingOverflow` (values are not split into limbs).
+      sum equals the sum of the quantised inputs bit for bit. t is at most 60 bits, so a
+      slot holds a ring of k <= 59 bits; a field whose sum needs a wider ring (up to 64
+      bits) is split into limbs (its ring element cut into words of
+      ``59 - 1 - ceil(log2 n)`` bits, low word first, each summed in its own slot, so no
+      limb sum of ``n`` clients can wrap) and recombined exactly after decryption
+      (:meth:`packing`). Beyond 64 bits the plan is refused with
+      :class:`~secagg.errors.EncodingOverflow`.
     * ``"ckks"``: approximate. The key holder never releases the raw decryption (its error
       reveals the secret key: Li and Micciancio, EUROCRYPT 2021); it adds fresh Gaussian
       flooding noise sized by Li, Micciancio, Schultz and Sorrell (CRYPTO 2022) for
@@ -211,11 +254,60 @@ class Homomorphic(Layer):
             return self.max_clients
         return 1 << max(0, math.ceil(math.log2(max(cohort, 1))))
 
-    def fixed_point(self, spec: UploadSpec, n_clients: int) -> dict[str, FixedPoint]:
-        """BFV: the fixed-point plan of the additive fields in the smallest ring that holds
-        the sum of ``n_clients`` uploads (raises EncodingOverflow beyond 59 bits)."""
-        wide = plan(spec, n_clients, self.precision, ring_bits=MAX_BFV_RING_BITS)
-        return plan(spec, n_clients, self.precision, ring_bits=plan_ring_bits(wide))
+    def fixed_point(self, spec: UploadSpec, n_clients: int, *,
+                    limbs: bool = False) -> dict[str, FixedPoint]:
+        """BFV: the fixed-point plan of the additive fields for a sum of ``n_clients``
+        uploads. When every field fits a 59-bit ring, all share the smallest ring that
+        holds them (one limb each). Otherwise, with ``limbs=True`` (the layer's own use,
+        with :meth:`packing`), the fields that fit take the 59-bit ring and each wider
+        field its own ring (<= 64 bits), carried in limbs (:meth:`limbs`).
+
+        Raises:
+            EncodingOverflow: a field's sum needs more than 64 bits, or more than 59 bits
+                and ``limbs`` is False (a caller that packs one value per slot)."""
+        wide = plan(spec, n_clients, self.precision, ring_bits=64)
+        ring = plan_ring_bits(wide)
+        if ring <= MAX_BFV_RING_BITS:
+            return {name: replace(fp, ring_bits=ring) for name, fp in wide.items()}
+        if not limbs:
+            names = [n for n, fp in wide.items()
+                     if required_bits(fp.sum_bound_int) > MAX_BFV_RING_BITS]
+            raise EncodingOverflow(
+                f"field(s) {', '.join(map(repr, names))}: the sum of {n_clients} clients needs "
+                f"a {ring}-bit ring, wider than the {MAX_BFV_RING_BITS} bits one BFV slot "
+                "holds; the Homomorphic layer carries such fields in limbs "
+                "(Homomorphic.packing, fixed_point(..., limbs=True)), a caller that packs one "
+                "value per slot cannot")
+        return {name: replace(fp, ring_bits=max(MAX_BFV_RING_BITS,
+                                                required_bits(fp.sum_bound_int)))
+                for name, fp in wide.items()}
+
+    @staticmethod
+    def limb_bits(n_clients: int) -> int:
+        """Bits per limb for a cohort of ``n_clients``: the sum of n limbs of w bits stays
+        below 2^58, the centred half of a 59-bit ring, so w = 58 - ceil(log2 n)."""
+        w = MAX_BFV_RING_BITS - 1 - math.ceil(math.log2(max(n_clients, 1)))
+        if w < 1:
+            raise EncodingOverflow(f"a cohort of {n_clients} clients leaves no bits for a limb")
+        return w
+
+    def limbs(self, spec: UploadSpec, n_clients: int) -> dict[str, int]:
+        """BFV: the number of limbs of each additive field whose ring is wider than one
+        slot holds (fields carried whole are left out)."""
+        w = self.limb_bits(n_clients)
+        return {name: math.ceil(fp.ring_bits / w)
+                for name, fp in self.fixed_point(spec, n_clients, limbs=True).items()
+                if fp.ring_bits > MAX_BFV_RING_BITS}
+
+    def packing(self, spec: UploadSpec, n_clients: int) -> Packing:
+        """How one upload of ``spec`` is laid out in ciphertext slots for a planned cohort
+        of ``n_clients`` (BFV: wide fields in limbs)."""
+        params = self.params_for(spec, n_clients)
+        if self.scheme != "bfv":
+            return Packing.from_spec(spec, params.slots)
+        limbs = self.limbs(spec, n_clients)
+        return Packing.from_spec(spec, params.slots, limbs,
+                                 self.limb_bits(n_clients) if limbs else 0)
 
     def sum_bound(self, spec: UploadSpec, n_clients: int) -> float:
         """Largest |entry| of a sum of ``n_clients`` uploads over all additive fields."""
@@ -224,7 +316,8 @@ class Homomorphic(Layer):
     def params_for(self, spec: UploadSpec, n_clients: int) -> HEParams:
         """The encryption parameters this layer uses for ``spec`` and a planned cohort."""
         if self.scheme == "bfv":
-            ring = plan_ring_bits(self.fixed_point(spec, n_clients))
+            ring = min(plan_ring_bits(self.fixed_point(spec, n_clients, limbs=True)),
+                       MAX_BFV_RING_BITS)
             return bfv_params(ring, n_clients, self.poly_modulus_degree)
         return ckks_params(self.sum_bound(spec, n_clients), n_clients, self.precision,
                            self.poly_modulus_degree, self.max_decryptions,
@@ -270,8 +363,16 @@ class Homomorphic(Layer):
                         f"{float(np.max(np.abs(x))):.6g} exceeds the per-client bound "
                         f"{spec.client_linf(f.name):.6g} the CKKS parameters were sized for")
             return packing.flatten({f.name: up[f.name] for f in spec.additive}, np.float64)
-        return packing.flatten({f.name: fps[f.name].to_int(up[f.name]) for f in spec.additive},
-                               np.int64)
+        _check_limbs(packing, fps)
+        values = {}
+        for f in spec.additive:
+            n_limbs = packing.field_limbs(f.name)
+            if n_limbs == 1:
+                values[f.name] = fps[f.name].to_int(up[f.name])
+            else:
+                values[f.name] = split_limbs(fps[f.name].encode(up[f.name]), n_limbs,
+                                             packing.limb_bits)
+        return packing.flatten(values, np.int64)
 
     def aggregate(
         self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
@@ -282,8 +383,8 @@ class Homomorphic(Layer):
         cohort = sorted(uploads)
         n_plan = self.planned_clients(len(cohort))
         params = self.params_for(spec, n_plan)
-        fps = self.fixed_point(spec, n_plan) if self.scheme == "bfv" else None
-        packing = Packing.from_spec(spec, params.slots)
+        fps = self.fixed_point(spec, n_plan, limbs=True) if self.scheme == "bfv" else None
+        packing = self.packing(spec, n_plan)
         ks = self.keyset(params)
         if self.scheme == "ckks":
             if packing.n_ciphertexts > params.max_decryptions:
@@ -304,6 +405,10 @@ class Homomorphic(Layer):
             "ciphertexts_per_upload": packing.n_ciphertexts,
             "slot_utilisation": packing.utilisation,
         }
+        if packing.limbs:
+            notes["limbs"] = {"limb_bits": packing.limb_bits,
+                              "fields": {n: packing.field_limbs(n) for n in packing.names
+                                         if packing.field_limbs(n) > 1}}
         if self.scheme == "ckks":
             notes["error_bound"] = ckks_error_bound(params, max(len(live), 1),
                                                     self.sum_bound(spec, max(len(live), 1)))
@@ -322,7 +427,8 @@ class Homomorphic(Layer):
 
         agg = ks.aggregator
         agg.start(packing)
-        share = {f.name: f.size / packing.total for f in spec.additive}
+        share = {f.name: f.size * packing.field_limbs(f.name) / packing.total
+                 for f in spec.additive}
         for c in live:
             up = uploads[c]
             t0 = time.process_time()

@@ -5,6 +5,12 @@ that is cut into ``ceil(total / slots)`` chunks, one ciphertext each; only the l
 ciphertext has empty slots. So an upload of L values costs ceil(L / slots) ciphertexts
 whatever its number of fields (no one-ciphertext-per-tensor waste).
 
+Limbs (BFV): a field whose fixed-point sum needs a wider ring than the plain modulus holds
+is carried as ``L`` limbs of ``limb_bits`` bits each (its ring element split into words,
+low word first); the field then takes ``L * size`` slots, limb-major. Each limb's sum over
+the cohort fits the plain modulus without wrapping, so the sum is recombined exactly after
+decryption (:mod:`secagg.homomorphic.layer`).
+
 Wire format of a ciphertext message (big-endian), sent as frames -- the header frame, then
 one frame per ciphertext -- whose concatenation is the single-buffer form::
 
@@ -72,8 +78,11 @@ class Packing:
 
     Attributes:
         names, shapes, offsets: per additive field, in spec order.
-        total: number of values of one upload.
+        total: number of values of one upload (limbs included).
         slots: values per ciphertext.
+        limbs: per additive field, the number of limbs it is carried in (1: the value
+            itself); empty means one limb for every field.
+        limb_bits: bits per limb of the fields carried in more than one (0 when none is).
     """
 
     names: tuple[str, ...]
@@ -81,19 +90,38 @@ class Packing:
     offsets: tuple[int, ...]
     total: int
     slots: int
+    limbs: tuple[int, ...] = ()
+    limb_bits: int = 0
 
     @classmethod
-    def from_spec(cls, spec: UploadSpec, slots: int) -> Packing:
-        """The packing of ``spec``'s additive fields into ``slots``-value ciphertexts."""
+    def from_spec(cls, spec: UploadSpec, slots: int, limbs: Mapping[str, int] | None = None,
+                  limb_bits: int = 0) -> Packing:
+        """The packing of ``spec``'s additive fields into ``slots``-value ciphertexts;
+        ``limbs`` gives the fields carried in several ``limb_bits``-bit limbs (BFV)."""
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
-        names, shapes, offsets, pos = [], [], [], 0
+        limbs = {k: v for k, v in (limbs or {}).items() if v != 1}
+        unknown = set(limbs) - {f.name for f in spec.additive}
+        if unknown:
+            raise ValueError(f"limbs name fields that are not additive: {sorted(unknown)}")
+        if any(v < 1 for v in limbs.values()):
+            raise ValueError(f"a field takes at least one limb, got {limbs}")
+        if limbs and not 1 <= limb_bits <= 62:
+            raise ValueError(f"limb_bits must be in 1..62 when fields take limbs, got "
+                             f"{limb_bits}")
+        names, shapes, offsets, counts, pos = [], [], [], [], 0
         for f in spec.additive:
             names.append(f.name)
             shapes.append(f.shape)
             offsets.append(pos)
-            pos += f.size
-        return cls(tuple(names), tuple(shapes), tuple(offsets), pos, slots)
+            counts.append(limbs.get(f.name, 1))
+            pos += f.size * counts[-1]
+        return cls(tuple(names), tuple(shapes), tuple(offsets), pos, slots,
+                   tuple(counts) if limbs else (), limb_bits if limbs else 0)
+
+    def field_limbs(self, name: str) -> int:
+        """The number of limbs field ``name`` is carried in (1: not split)."""
+        return self.limbs[self.names.index(name)] if self.limbs else 1
 
     @property
     def n_ciphertexts(self) -> int:
@@ -111,22 +139,24 @@ class Packing:
         return [(a, min(a + self.slots, self.total)) for a in range(0, self.total, self.slots)]
 
     def flatten(self, values: Mapping[str, np.ndarray], dtype: type) -> np.ndarray:
-        """Concatenate the fields (ravelled, spec order) into one ``dtype`` vector."""
+        """Concatenate the fields (ravelled, spec order) into one ``dtype`` vector; a field
+        carried in L limbs is given as L x its size values (limb-major)."""
         out = np.empty(self.total, dtype=dtype)
         for name, shape, off in zip(self.names, self.shapes, self.offsets, strict=True):
-            size = int(np.prod(shape, dtype=np.int64))
+            size = int(np.prod(shape, dtype=np.int64)) * self.field_limbs(name)
             out[off:off + size] = np.asarray(values[name]).ravel()
         return out
 
     def unflatten(self, vec: np.ndarray) -> dict[str, np.ndarray]:
-        """Inverse of :meth:`flatten`: field name -> array of its declared shape (views
-        into ``vec``)."""
+        """Inverse of :meth:`flatten`: field name -> array of its declared shape, or of
+        shape ``(L, *shape)`` for a field carried in L > 1 limbs (views into ``vec``)."""
         if vec.shape != (self.total,):
             raise CiphertextError(f"decrypted {vec.shape[0]} values, expected {self.total}")
         out = {}
         for name, shape, off in zip(self.names, self.shapes, self.offsets, strict=True):
-            size = int(np.prod(shape, dtype=np.int64))
-            out[name] = vec[off:off + size].reshape(shape)
+            n_limbs = self.field_limbs(name)
+            size = int(np.prod(shape, dtype=np.int64)) * n_limbs
+            out[name] = vec[off:off + size].reshape((n_limbs, *shape) if n_limbs > 1 else shape)
         return out
 
 

@@ -148,7 +148,7 @@ def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD,
     if config.seed is None:
         noise_seed = sampling_seed = None
     else:
-        from secagg.federation import derive_seed
+        from secagg.seeds import derive_seed
 
         parts = (config.seed, "" if stream is None else stream)
         noise_seed = derive_seed(*parts, "dp-sgd noise")

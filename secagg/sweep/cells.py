@@ -1,0 +1,142 @@
+"""Running one cell of a sweep: its data partition, its layers (from the layer registry),
+its algorithm, and the results row (:func:`run_cell`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from secagg.algorithm_registry import load_algorithm
+from secagg.errors import ConfigurationError
+from secagg.layers.base import Layer
+from secagg.layers.registry import LayerOptions, get_layer, make_layer
+from secagg.sweep.cache import _CacheMiss, _Staged, _Tape, _TapedAlgorithm
+from secagg.sweep.config import CLIP_ARGUMENT, Cell, SweepConfig
+
+# -- running one cell -------------------------------------------------------------------
+
+_DATA: dict[str, Any] = {}
+
+
+def _partition(data: Mapping[str, Any], seed: int) -> Any:
+    """The cell's partition (the loaded data set is kept per process)."""
+    from secagg.data import dirichlet_split, iid_split, load_dataset
+
+    name = data.get("dataset", "digits")
+    key = json.dumps([name, data.get("data_dir"), data.get("train_limit")])
+    if key not in _DATA:
+        ds = load_dataset(name, data.get("data_dir"))
+        if data.get("train_limit"):
+            n = data["train_limit"]
+            ds = dataclasses.replace(ds, x_train=ds.x_train[:n], y_train=ds.y_train[:n])
+        _DATA.clear()
+        _DATA[key] = ds
+    ds = _DATA[key]
+    ltf = data.get("local_test_fraction", 0.2)
+    if data.get("alpha", 0.5) == 0:
+        return iid_split(ds, data["clients"], seed=seed, local_test_fraction=ltf)
+    return dirichlet_split(ds, data["clients"], data["alpha"], seed=seed,
+                           local_test_fraction=ltf)
+
+
+def _layers(cfg: SweepConfig, cell: Cell) -> tuple[Layer | None, Layer]:
+    """(the DP layer or None, the inner layer) of a cell, built through the layer registry;
+    the DP layer wraps that same inner layer."""
+    th = cfg.threshold
+    threshold: float | int = int(th) if th >= 1 and float(th).is_integer() else th
+    dp_kwargs: dict[str, Any] = {}
+    if cfg.adjacency is not None:
+        dp_kwargs["adjacency"] = cfg.adjacency
+    if cfg.noise_seed is not None:
+        dp_kwargs["seed"] = cfg.noise_seed
+    options = LayerOptions(threshold=threshold, epsilon=cell.epsilon, delta=cell.delta,
+                           dp=dp_kwargs)
+    entry = get_layer(cell.layer)
+    inner = make_layer(entry.inner or cell.layer, options)
+    if not entry.dp:
+        return None, inner
+    return make_layer(cell.layer, options, inner=inner), inner
+
+
+def _algorithm(cfg: SweepConfig, cell: Cell) -> Any:
+    """A fresh instance of the cell's algorithm, with the config's arguments and its clip."""
+    kwargs = dict(cfg.algorithm_args.get(cell.algorithm, {}))
+    if cell.clip is not None:
+        kwargs[CLIP_ARGUMENT[cell.algorithm]] = cell.clip
+    return load_algorithm(cell.algorithm)(**kwargs)
+
+
+def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",
+             tape_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Run one cell and return its results row.
+
+    ``mode``: ``"off"`` (plain run), ``"record"`` (run and store the statistics tape at
+    ``tape_path``) or ``"replay"`` (re-noise the tape; falls back to a plain run, reported
+    as ``"miss"``, when the cell's uploads turn out to depend on earlier noise).
+    """
+    from secagg.costs import get_profile
+    from secagg.federation import Federation
+
+    if mode not in ("off", "record", "replay"):
+        raise ConfigurationError(f"mode must be off, record or replay, got {mode!r}")
+    t0 = time.perf_counter()
+    part = _partition(cfg.data, cell.seed)
+
+    def select(r: int, phase: str) -> bool:
+        return ((cfg.dp_phases is None or phase in cfg.dp_phases)
+                and (cfg.dp_rounds == "all" or r == cfg.rounds - 1))
+
+    def once(how: str) -> Any:
+        dp, inner = _layers(cfg, cell)
+        algo = _algorithm(cfg, cell)
+        tape = None
+        if how == "replay":
+            with open(tape_path, "rb") as fh:  # type: ignore[arg-type]
+                tape = pickle.load(fh)
+        elif how == "record":
+            tape = _Tape()
+        run_algo = algo if tape is None else _TapedAlgorithm(
+            algo, tape, how == "replay", select, cfg.rounds)
+        layer = _Staged(dp, inner, select, algo, cfg.rounds, tape, how == "replay")
+        res = Federation(run_algo, layer, part, rounds=cfg.rounds, fraction=cfg.fraction,
+                         dropout=cell.dropout, seed=cell.seed, progress=False).run()
+        if how == "record" and tape is not None and tape.states is not None:
+            tmp = Path(f"{tape_path}.tmp{os.getpid()}")
+            with open(tmp, "wb") as fh:
+                pickle.dump(tape, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, tape_path)  # type: ignore[arg-type]
+        return res
+
+    status = mode
+    if mode == "replay":
+        try:
+            res = once("replay")
+            status = "hit"
+        except _CacheMiss:
+            res, status = once("off"), "miss"
+    else:
+        res = once(mode)
+    prof = get_profile(cfg.device_profile)
+    est = res.costs.estimate(prof)
+    row: dict[str, Any] = {
+        "id": cfg.cell_id(cell), **dataclasses.asdict(cell),
+        "accuracy": res.accuracy, "accuracy_kind": res.accuracy_kind, "rounds": res.rounds,
+        "epsilon_spent": None, "private": None, "not_private_reasons": [],
+        "uplink_bytes": int(res.costs.total("up")["wire_bytes"]),
+        "downlink_bytes": int(res.costs.total("down")["wire_bytes"]),
+        "energy_j": est["energy_j"], "latency_s_per_client_round":
+            est["latency_s_per_client_round"],
+        "device_profile": prof.name, "cache": status, "wall_s": time.perf_counter() - t0,
+        "history": res.history, "status": "ok",
+    }
+    if res.privacy is not None:
+        row["epsilon_spent"] = float(res.privacy.epsilon(cell.delta))
+        row["private"] = bool(res.privacy.private)
+        row["not_private_reasons"] = list(res.privacy.not_private_reasons)
+    return row

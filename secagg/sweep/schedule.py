@@ -1,0 +1,155 @@
+"""Scheduling a sweep: which cells are still to run, which record or replay the statistics
+cache, and the worker pool that runs them (:func:`sweep`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from secagg.errors import SecaggError
+from secagg.sweep.cells import run_cell
+from secagg.sweep.config import DP_LAYERS, Cell, SweepConfig, load_config
+from secagg.sweep.report import SweepResult, _append, _csv_line, _read_jsonl
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued cells and end the workers now (a plain shutdown would wait for the
+    running cells, which can take an hour, and a killed parent would leave them running)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+
+
+def _task(cfg: SweepConfig, cell: Cell, mode: str, tape: str | None) -> dict[str, Any]:
+    """Worker entry point: one cell, errors returned as an error row (never lost)."""
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        return run_cell(cfg, cell, mode, tape)
+    except SecaggError as exc:
+        return {"id": cfg.cell_id(cell), **dataclasses.asdict(cell), "status": "error",
+                "error": f"{type(exc).__name__}: {exc}", "cache": mode}
+
+
+
+def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
+          out: str | os.PathLike[str] | None = None, workers: int | None = None,
+          cache: bool | None = None, progress: bool | None = None,
+          limit: Sequence[Cell] | None = None) -> SweepResult:
+    """Run (or resume) a sweep; return every finished row.
+
+    Args:
+        config: a :class:`SweepConfig`, a TOML path or a parsed mapping.
+        out: output directory (overrides ``sweep.out``).
+        workers: worker processes (overrides ``sweep.workers``; 0 runs in-process).
+        cache: use the statistics cache (overrides ``sweep.cache``).
+        progress: progress bar over cells (default: on a terminal, not in CI).
+        limit: run only these cells of the grid (the rest stay pending).
+    """
+    cfg = config if isinstance(config, SweepConfig) else load_config(config, out)
+    if out is not None:
+        cfg.out = Path(out)
+    use_cache = cfg.cache if cache is None else cache
+    n_workers = cfg.workers if workers is None else workers
+    if n_workers is None:
+        n_workers = os.cpu_count() or 1
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    jsonl, csv_path = cfg.out / "results.jsonl", cfg.out / "results.csv"
+    old = [r for r in _read_jsonl(jsonl) if r.get("status") == "ok"]
+    done = {r["id"] for r in old}
+    # the CSV mirrors the finished JSONL rows (rewritten in case an interruption cut it)
+    csv_path.write_text("".join(_csv_line(r, i == 0) for i, r in enumerate(old))
+                        or _csv_line({}, True).splitlines(keepends=True)[0])
+    cells = cfg.cells() if limit is None else list(limit)
+    todo = [c for c in cells if cfg.cell_id(c) not in done]
+    skipped = [cfg.cell_id(c) for c in cells if cfg.cell_id(c) in done]
+    tapes = cfg.out / "cache"
+    groups: dict[str, list[Cell]] = {}
+    for c in todo:
+        groups.setdefault(cfg.cache_key(c) if use_cache else cfg.cell_id(c), []).append(c)
+    first: list[tuple[Cell, str, str | None]] = []
+    waiting: dict[str, list[Cell]] = {}
+    for key, members in groups.items():
+        tape = tapes / f"{key}.pkl"
+        if use_cache and len(members) > 1 or (use_cache and tape.exists()):
+            tapes.mkdir(exist_ok=True)
+            if tape.exists():
+                first.extend((c, "replay", str(tape)) for c in members)
+                continue
+            # record with a non-DP cell when there is one (its run is needed anyway)
+            members = sorted(members, key=lambda c: c.layer in DP_LAYERS)
+            first.append((members[0], "record", str(tape)))
+            waiting[str(tape)] = members[1:]
+        else:
+            first.extend((c, "off", None) for c in members)
+    from secagg.federation import _progress_wanted
+
+    bar = None
+    if (progress if progress is not None else _progress_wanted()) and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="sweep", unit="cell", file=sys.stderr)
+    new: list[dict[str, Any]] = []
+    has_csv_header = True
+
+    def finish(row: dict[str, Any], tape: str | None) -> list[tuple[Cell, str, str | None]]:
+        _append(jsonl, json.dumps(row, default=float) + "\n")
+        if row.get("status") == "ok":
+            _append(csv_path, _csv_line(row, not has_csv_header))
+        new.append(row)
+        if bar is not None:
+            bar.set_postfix(acc=f"{row.get('accuracy', float('nan')):.3f}")
+            bar.update(1)
+        if tape is None or tape not in waiting:
+            return []
+        rest = waiting.pop(tape)
+        how = "replay" if Path(tape).exists() else "off"
+        return [(c, how, tape if how == "replay" else None) for c in rest]
+
+    try:
+        if n_workers == 0:
+            queue = list(first)
+            while queue:
+                c, how, tape = queue.pop(0)
+                queue.extend(finish(_task(cfg, c, how, tape), tape if how == "record"
+                                    else None))
+        else:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("spawn")
+            pool = ProcessPoolExecutor(n_workers, mp_context=ctx)
+            try:
+                running: dict[Future[dict[str, Any]], str | None] = {
+                    pool.submit(_task, cfg, c, how, tape): (tape if how == "record" else None)
+                    for c, how, tape in first}
+                while running:
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        tape = running.pop(fut)
+                        for c, how, t in finish(fut.result(), tape):
+                            running[pool.submit(_task, cfg, c, how, t)] = None
+            except BaseException:
+                _stop(pool)  # interrupted: the finished cells are on disk, the rest is dropped
+                raise
+            pool.shutdown()
+    finally:
+        if bar is not None:
+            bar.close()
+    rows = old + [r for r in new if r.get("status") == "ok"]
+    result = SweepResult(rows, jsonl, csv_path, [r["id"] for r in new], skipped)
+    if cfg.plot and rows:
+        from secagg.plots import plot_results
+
+        result.plots = plot_results(rows, cfg.out)
+    return result

@@ -1,0 +1,191 @@
+"""Every ``secagg ...`` command line shown in README.md and docs/*.md runs.
+
+The commands of each page run in order, in one fresh directory per page (as a reader who
+follows the page runs them: an ``audit`` reads the run shown above it), through the same
+entry point as the ``secagg`` script. Only the length of the work is cut, by this mapping:
+
+* ``secagg run``: ``--rounds 1 --quiet`` appended (a later option wins in argparse), and
+  ``--local-epochs 1`` when the algorithm takes it;
+* ``secagg sweep CONFIG``: CONFIG is a copy of the checkout's file at the same relative
+  path, with ``sweep.rounds = 1``, ``sweep.workers = 0``, one seed and the first epsilon
+  of each axis;
+* everything else runs as written.
+
+A command whose comment says ``exit N`` must exit with N; every other one with 0. A new
+command on a page is picked up and run without changing this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from secagg.algorithm_registry import load_algorithm
+from secagg.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL_LANGS = {"bash", "sh", "shell", "console", ""}
+FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+def shell_lines(text: str) -> list[str]:
+    """The command lines of a page's shell code blocks (continuations joined, prompts
+    stripped)."""
+    out: list[str] = []
+    lang: str | None = None
+    pending = ""
+    for raw in text.splitlines():
+        fence = re.match(r"^\s*```\s*([\w-]*)", raw)
+        if fence:
+            lang = None if lang is not None else fence.group(1).lower()
+            continue
+        if lang is None or lang not in SHELL_LANGS:
+            continue
+        line = raw.strip()
+        if line.startswith("$ "):
+            line = line[2:]
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        out.append(pending + line)
+        pending = ""
+    return out
+
+
+def secagg_commands(text: str) -> list[tuple[list[str], int, str]]:
+    """``(argv after "secagg", expected exit status, the line)`` for each ``secagg``
+    command of a page, in order; a line's comment ``exit N`` sets the expected status."""
+    found = []
+    for line in shell_lines(text):
+        comment = line.partition(" #")[2]
+        code = re.search(r"\bexit (\d+)", comment)
+        for part in re.split(r"&&|\|\||;", line):
+            try:
+                tokens = shlex.split(part, comments=True)
+            except ValueError:
+                continue
+            if tokens and tokens[0] == "secagg":
+                found.append((tokens[1:], int(code.group(1)) if code else 0, line))
+    return found
+
+
+def _fast_sweep_config(source: Path, target: Path) -> None:
+    """A copy of a sweep config that runs in seconds (see the module docstring)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    cfg = tomllib.loads(source.read_text())
+    cfg.setdefault("sweep", {}).update(rounds=1, workers=0)
+    grid = cfg.get("grid", {})
+    for axis in ("seeds", "epsilon"):
+        if grid.get(axis):
+            grid[axis] = grid[axis][:1]
+
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = []
+    for table, keys in cfg.items():
+        if table == "algorithm":
+            for name, args in keys.items():
+                lines.append(f"[algorithm.{name}]")
+                lines += [f"{k} = {value(v)}" for k, v in args.items()]
+            continue
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {value(v)}" for k, v in keys.items()]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("\n".join(lines) + "\n")
+
+
+def fast_argv(argv: list[str]) -> list[str]:
+    """The command with the flags that cut its work (see the module docstring)."""
+    if not argv or argv[0] != "run":
+        return list(argv)
+    extra = ["--rounds", "1", "--quiet"]
+    name = "fedlog"
+    for i, tok in enumerate(argv):
+        if tok == "--algorithm" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif tok.startswith("--algorithm="):
+            name = tok.split("=", 1)[1]
+    if "local_epochs" in inspect.signature(load_algorithm(name)).parameters:
+        extra += ["--local-epochs", "1"]
+    return [*argv, *extra]
+
+
+def _needs_fashion(argv: list[str]) -> bool:
+    return any(t in ("fashion-mnist", "--dataset=fashion-mnist") for t in argv)
+
+
+def test_the_pages_show_commands_and_the_extraction_reads_them():
+    """The extraction finds what a reader sees (so the test below is not vacuous)."""
+    text = "```bash\npip install -e . && secagg run\nsecagg audit runs/x --threat server+3 " \
+           "   # who reads it; exit 5\n$ secagg sweep a.toml \\\n    --quiet\n```\n" \
+           "```python\nsecagg = 1\n```\n"
+    assert secagg_commands(text) == [
+        (["run"], 0, "pip install -e . && secagg run"),
+        (["audit", "runs/x", "--threat", "server+3"], 5,
+         "secagg audit runs/x --threat server+3    # who reads it; exit 5"),
+        (["sweep", "a.toml", "--quiet"], 0, "secagg sweep a.toml  --quiet")]
+    shown = [argv for page in PAGES for argv, _, _ in secagg_commands(page.read_text())]
+    assert len(shown) >= 12 and {a[0] for a in shown} >= {"run", "audit", "check", "sweep",
+                                                           "plot"}
+    assert fast_argv(["run", "--algorithm", "gmm", "--rounds", "20"]) == [
+        "run", "--algorithm", "gmm", "--rounds", "20", "--rounds", "1", "--quiet"]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if secagg_commands(p.read_text())],
+                         ids=lambda p: p.name)
+def test_every_secagg_command_on_the_page_runs(page, tmp_path, capsys):
+    assert Path.cwd() == tmp_path
+    ran = 0
+    for argv, expected, line in secagg_commands(page.read_text()):
+        if _needs_fashion(argv) and not FASHION.exists():
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{line}: Fashion-MNIST is not installed (CI installs it)")
+            continue
+        if argv and argv[0] == "sweep":
+            config = next((a for a in argv[1:] if not a.startswith("-")), None)
+            if config is not None and (ROOT / config).exists():
+                _fast_sweep_config(ROOT / config, tmp_path / config)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = main(fast_argv(argv))
+        except SystemExit as exc:  # argparse: usage errors, --help
+            rc = exc.code if isinstance(exc.code, int) else 1
+        err = capsys.readouterr().err
+        assert rc == expected, f"{page.name}: `{line}` exited {rc}, not {expected}: {err}"
+        ran += 1
+    assert ran >= 1
+
+
+def test_ci_runs_the_readme_run_command_then_its_test_command():
+    """.ci/run extracts README's run command and its test command with the same awk as a
+    reader's eye, and runs them in that order in the same checkout."""
+    import subprocess
+
+    script = (ROOT / ".ci" / "run").read_text()
+    extract = {m.group(1): m.group(2)
+               for m in re.finditer(r"^(run_cmd|cmd)=\$\((awk .*)\)$", script, re.M)}
+    assert set(extract) == {"run_cmd", "cmd"}
+    got = {k: subprocess.run(["bash", "-c", v], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip() for k, v in extract.items()}
+    readme = (ROOT / "README.md").read_text()
+    assert got["run_cmd"].endswith("secagg run") and got["run_cmd"] in readme
+    assert "python -m pytest" in got["cmd"] and got["cmd"] in readme
+    assert script.index('bash -c "$run_cmd"') < script.index('bash -c "$cmd"')
