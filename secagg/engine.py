@@ -240,7 +240,7 @@ def check_threat(algorithm: AlgorithmLike, layer: Layer, threat: Any, rounds: in
     return [str(v) for v in leaks]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunState:
     """What one run accumulates: the cost ledger, the transcript, the privacy ledger (None
     until a DP layer or DP-SGD needs one), the accuracy after each round, and per phase
@@ -420,7 +420,7 @@ class InProcess(TransportHooks):
     process; the broadcast is packed and unpacked as it would travel (its bytes booked);
     the accuracy is computed here."""
 
-    def __init__(self, algorithm: AlgorithmLike, partition: Partition) -> None:
+    def __init__(self, *, algorithm: AlgorithmLike, partition: Partition) -> None:
         self.algorithm = algorithm
         self.dataset = partition.dataset
         self.states = [ClientState(cd) for cd in partition]
@@ -472,9 +472,10 @@ def _servers() -> dict[type, Callable[..., LayerServer]]:
     from secagg.secure_sum.layer import SecureSum
     from secagg.secure_sum.remote import SecureSumServer
 
-    return {Plaintext: lambda layer, decryptor=None: PlaintextServer(layer),
-            SecureSum: lambda layer, decryptor=None: SecureSumServer(layer),
-            Homomorphic: lambda layer, decryptor=None: HomomorphicServer(layer, decryptor)}
+    return {Plaintext: lambda layer, decryptor=None: PlaintextServer(layer=layer),
+            SecureSum: lambda layer, decryptor=None: SecureSumServer(layer=layer),
+            Homomorphic: lambda layer, decryptor=None: HomomorphicServer(
+                layer=layer, decryptor=decryptor)}
 
 
 def _wrappers() -> dict[type, tuple[type, ...] | None]:
@@ -605,8 +606,9 @@ class Engine:
             alg, layer, self.threat, self.rounds, len(tr.states), self.fraction,
             self._max_records, self.allow_leaks)
         made = plan_privacy(alg, layer, self.rounds, self.max_records is not None)
-        run = RunState(Ledger(), Transcript(self.include_values),
+        run = RunState(ledger=Ledger(), transcript=Transcript(self.include_values),
                        privacy=self.privacy if self.privacy is not None else made)
+        self.privacy = run.privacy  # the run's ledger (DP-SGD may make one later)
         # open: reach the clients (a remote layer's first stage may ride on the hello)
         first = list(alg.phases(0, self.rounds))[:1]
         announced = [0]

@@ -138,7 +138,6 @@ class Federation:
         self.threat = threat
         self.allow_leaks = allow_leaks
 
-
     def run(self) -> Result:
         """Run all rounds and return the :class:`Result`.
 
@@ -149,8 +148,8 @@ class Federation:
         """
         engine = Engine(
             algorithm=self.algorithm, layer=self.layer,
-            transport=InProcess(self.algorithm, self.partition), rounds=self.rounds,
-            fraction=self.fraction, seed=self.seed, dropouts=self.dropouts,
+            transport=InProcess(algorithm=self.algorithm, partition=self.partition),
+            rounds=self.rounds, fraction=self.fraction, seed=self.seed, dropouts=self.dropouts,
             on_violation=self.on_violation, on_abort=self.on_abort,
             include_values=self.include_values, max_records=self.max_records,
             privacy=self._privacy_arg, threat=self.threat, allow_leaks=self.allow_leaks,

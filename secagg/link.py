@@ -84,7 +84,7 @@ Upcoming = Callable[[], "tuple[int, str, list[int]] | None"]
 """The phase after the current one, as (round, phase name, cohort), or None after the last."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PhaseCall:
     """One phase as a layer's server driver runs it over a :class:`Link`.
 

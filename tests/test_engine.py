@@ -145,7 +145,7 @@ def test_a_layer_server_runs_over_any_link_and_books_what_it_drops():
                      release=Release.begin(None, spec, ctx, 4),
                      instruction={"phase": "p", "broadcast": b""},
                      clips=secagg.messages.ClipReport())
-    agg = PlaintextServer(Plaintext()).aggregate(call, link)
+    agg = PlaintextServer(layer=Plaintext()).aggregate(call, link)
     assert agg.contributors == (0, 1)
     np.testing.assert_array_equal(agg["x"], values[0] + values[1])
     assert set(agg.notes["dropped"]["upload"]) == {2, 3}

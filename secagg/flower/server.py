@@ -39,6 +39,7 @@ from secagg.data import Dataset
 from secagg.dropouts import DropoutModel
 from secagg.engine import (
     AlgorithmLike,
+    ClientState,
     Engine,
     RunState,
     TransportHooks,
@@ -221,7 +222,7 @@ class FlowerFederation(TransportHooks):
                 or poll_interval <= 0):
             raise ConfigurationError("min_nodes >= 1 and positive timeouts are required")
         self.algorithm, self.layer, self.dataset = algorithm, layer, dataset
-        self.states: list = []  # the clients live on the nodes
+        self.states: list[ClientState] = []  # the clients live on the nodes
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
         self.on_violation, self.on_abort = on_violation, on_abort
         self.include_values = include_values

@@ -47,7 +47,7 @@ class HomomorphicServer:
         decryptions: CKKS: decryptions of the current key per parameter set.
     """
 
-    def __init__(self, layer: Homomorphic, decryptor: int | None = None) -> None:
+    def __init__(self, *, layer: Homomorphic, decryptor: int | None = None) -> None:
         self.layer = layer
         self.decryptor = decryptor
         self.keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}

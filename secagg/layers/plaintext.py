@@ -79,7 +79,7 @@ class PlaintextServer:
     on each node, the server's re-check of every upload against the spec, then the layer
     on the uploads that arrived, exactly as in one process."""
 
-    def __init__(self, layer: Layer) -> None:
+    def __init__(self, *, layer: Layer) -> None:
         self.layer = layer
 
     def hello(self, round: int, phase: str, n: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ DP_WRAPPERS: tuple[type, ...] = (CentralDP, LocalDP, DistributedDP)
 DPWrapper = CentralDP | LocalDP | DistributedDP
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Release:
     """One phase's release of ``spec`` (see the module docstring).
 
@@ -58,7 +58,7 @@ class Release:
     def begin(cls, dp: DPWrapper | None, spec: UploadSpec,
               ctx: RoundContext, n: int) -> Release:
         """Begin the release of ``spec`` by a cohort of ``n`` under ``dp`` (or no DP)."""
-        rel = cls(dp, spec, spec, ctx)
+        rel = cls(dp=dp, spec=spec, carried=spec, ctx=ctx)
         if dp is None:
             return rel
         rel.ledger = dp.begin(spec, ctx)

@@ -87,7 +87,7 @@ class SecureSumServer:
             long-term key and every other node's public key pinned from outside).
     """
 
-    def __init__(self, layer: SecureSum) -> None:
+    def __init__(self, *, layer: SecureSum) -> None:
         self.layer = layer
         self._ahead: _PreAdvertised | None = None  # the first session's, on the hello
         self._pre: _PreAdvertised | None = None  # the next session's, advertised ahead
