@@ -23,6 +23,7 @@ from secagg.costs import SERVER, he_flops
 from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
 from secagg.homomorphic.keys import Aggregator
 from secagg.homomorphic.layer import DECRYPTOR, Homomorphic, decode_sums
+from secagg.homomorphic.node import LAYER_KEYS
 from secagg.homomorphic.packing import Packing
 from secagg.layers.base import Aggregate
 from secagg.link import Dropped, Link, PhaseCall, Reply, add_clips, book_drops, keep_live
@@ -109,9 +110,7 @@ class HomomorphicServer:
             if c not in provisioned:
                 ctx.message(DECRYPTOR, c, "keys", wire_bytes=len(pub))
                 provisioned.add(c)
-        desc = {k: getattr(layer, k) for k in
-                ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients",
-                 "max_decryptions", "flood_security_bits")}
+        desc = {k: getattr(layer, k) for k in LAYER_KEYS}
         got, failed = link.exchange("upload", ctx, {c: dict(
             step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
             context=None if c in sent else pub, **common)

@@ -22,10 +22,20 @@ from typing import Any
 
 import numpy as np
 
+from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
 from secagg.layers.base import Aggregate, RoundContext
-from secagg.messages import UploadSpec
+from secagg.link import Reply, reply_field
+from secagg.messages import Upload, UploadSpec
 from secagg.privacy.accountant import PrivacyLedger
-from secagg.privacy.layers import CentralDP, DistributedDP, DistributedRelease, LocalDP, relabel
+from secagg.privacy.layers import (
+    CentralDP,
+    DistributedDP,
+    DistributedRelease,
+    LocalDP,
+    node_layer,
+    noise_source,
+    relabel,
+)
 
 #: the DP wrappers whose release a remote runtime splits by party
 DP_WRAPPERS: tuple[type, ...] = (CentralDP, LocalDP, DistributedDP)
@@ -97,3 +107,39 @@ class Release:
                                                     self.dp.seed is None,
                                                     len(agg.contributors))
         return agg
+
+
+# ---------------------------------------------------------------- a node's part
+
+
+def node_noiser(rec: Reply) -> LocalDP | DistributedDP:
+    """The noise side of the run's DP layer on a node, rebuilt from an instruction's ``dp``
+    parameters (:func:`~secagg.privacy.layers.node_layer`; DistributedDP around the
+    session's SecureSum, whose threshold sizes each share); parameters the node cannot
+    check are a ProtocolError (an error reply: the node drops, it never noises less)."""
+    from secagg.layers.plaintext import Plaintext
+    from secagg.secure_sum.layer import SecureSum
+
+    try:
+        params = json.loads(reply_field(rec, "dp", str))
+        inner = (SecureSum(**json.loads(reply_field(rec, "layer", str))) if "layer" in rec
+                 and params.get("layer") == DistributedDP.name else Plaintext())
+        return node_layer(params, inner)
+    except (PrivacyError, ConfigurationError, ValueError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"DP parameters refused: {exc}") from None
+
+
+def noise_on_node(rec: Reply, spec: UploadSpec, up: Upload, client: int
+                  ) -> tuple[LocalDP | DistributedDP, np.random.Generator, Upload, UploadSpec]:
+    """A node's part of the release, after its client step: the noise side
+    (:func:`node_noiser`), this node's own noise stream for the round and phase, and under
+    LocalDP the upload noised before it leaves (with the widened spec the inner layer
+    carries); DistributedDP's share is added when the upload is encoded."""
+    noiser = node_noiser(rec)
+    rng = noise_source(noiser.seed, reply_field(rec, "round", int), reply_field(rec, "phase", str),
+                       int(client)).rng
+    if isinstance(noiser, LocalDP):
+        sigmas, wide = noiser.noise_plan(spec)
+        if sigmas:
+            up, spec = noiser.noise_upload(up, spec, sigmas, wide, rng), wide
+    return noiser, rng, up, spec
