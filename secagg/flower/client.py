@@ -54,11 +54,12 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from secagg.data import ClientData, Dataset, Partition
+from secagg.engine import AlgorithmLike, ClientState
 from secagg.errors import ConfigurationError, ProtocolError
-from secagg.federation import AlgorithmLike, ClientState
 from secagg.flower.records import RECORD, content, field, read
+from secagg.layers.plaintext import upload_on_node
 from secagg.messages import Upload, UploadSpec
-from secagg.wire import pack_arrays, unpack_arrays
+from secagg.wire import unpack_arrays
 
 PartitionLoader = Callable[[Context], tuple[Dataset, ClientData]]
 """Given the node's Flower ``Context``, its data set description and its own partition."""
@@ -224,16 +225,6 @@ class _Node:
 
 
 
-def _plaintext_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int,
-                      noiser: Any, rng: Any, out: dict[str, Any], cpu: float,
-                      store: ConfigRecord) -> dict[str, Any]:
-    """Plaintext: the upload packed as it is."""
-    t0 = time.process_time()
-    out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
-    out["cpu_s"] = cpu + time.process_time() - t0
-    return out
-
-
 def _he_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int, noiser: Any,
                rng: Any, out: dict[str, Any], cpu: float, store: ConfigRecord
                ) -> dict[str, Any]:
@@ -255,7 +246,7 @@ def _secure_sum_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: 
 #: the instructions that run the client step (``share`` only ``with_step``: else it is the
 #: secure-sum stage), each with how the upload then leaves the node
 _UPLOADS: dict[str, Callable[..., dict[str, Any]]] = {
-    "upload": _plaintext_upload, "he-upload": _he_upload,
+    "upload": upload_on_node, "he-upload": _he_upload,
     "advertise": _secure_sum_upload, "share": _secure_sum_upload}
 
 
