@@ -153,7 +153,7 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name, ledger_message
 def test_bfv_decryptor_is_a_node_and_the_server_holds_no_secret_key(flower_runs):
     aggs, _, result, fed = flower_runs["bfv"]
     assert aggs[(0, "stats")].notes["decryptor_client"] == 0
-    _, aggregator, provisioned, sent = next(iter(fed._he_keys.values()))
+    _, aggregator, provisioned, sent = next(iter(fed.layer_server.keys.values()))
     assert not aggregator.context.has_secret_key()
     assert provisioned == sent == set(range(N_NODES))
     keys = [r for r in result.costs.rows if r.stage == "keys"]

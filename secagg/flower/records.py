@@ -14,6 +14,7 @@ from typing import Any
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from secagg.errors import ProtocolError
+from secagg.link import reply_field as field  # noqa: F401 - re-exported: a checked field
 
 #: Name of the ConfigRecord that holds secagg's fields in every message.
 RECORD = "secagg"
@@ -40,18 +41,6 @@ def read(message: Message) -> ConfigRecord:
     if rec is None:
         raise ProtocolError(f"Flower message without a {RECORD!r} ConfigRecord")
     return rec
-
-
-def field(rec: ConfigRecord, name: str, kind: type) -> Any:
-    """``rec[name]`` checked to be of ``kind`` (a ProtocolError names what is missing)."""
-    value = rec.get(name)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind):
-        raise ProtocolError(
-            f"secagg record field {name!r}: expected {kind.__name__}, got {type(value).__name__}"
-        )
-    return value
 
 
 def flower_bytes(message: Message) -> int:

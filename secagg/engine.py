@@ -1,0 +1,798 @@
+"""The round engine: one round, whatever carries the messages.
+
+Both runtimes -- the embedded :class:`~secagg.federation.Federation`, whose clients live in
+this process, and :class:`~secagg.flower.server.FlowerFederation`, whose clients live on
+Flower's SuperNodes -- run :meth:`Engine.run`. They differ only in their
+:class:`Transport`: how the broadcast reaches the clients, how the clients are reached at
+all (a :class:`~secagg.link.Link` for a remote runtime), and where the accuracy is
+computed. Everything else happens here, once.
+
+A run: plan (the algorithm's setup, the threat check, the DP layer's noise calibrated for
+the run's releases and its privacy ledger), open (the transport connects the clients),
+then for every round a cohort (:func:`sample_cohort`) and, for each phase the algorithm
+declares, under the abort and budget guard (:func:`guard_phase`):
+
+1. **broadcast** -- the phase's public state, booked as one downlink message per client;
+2. **collect** -- each client's step on its own data, checked against the phase's
+   :class:`~secagg.messages.UploadSpec` (:meth:`~secagg.messages.Upload.validate`), after
+   which the local training's DP events are spent (:func:`account_local_training`);
+3. **layer** -- the privacy layer turns the uploads into the server's
+   :class:`~secagg.layers.base.Aggregate`;
+4. **release** -- a DP layer's noise and its privacy event;
+5. **solve** -- the phase's server step on the aggregate (:func:`solve`).
+
+In one process (:meth:`Engine._in_process`) steps 2-4 are the clients' steps here followed
+by ``layer.aggregate``, which runs every party's part of the layer and of its release.
+Over a link (:meth:`Engine._remote`) the clients' steps run on their nodes inside the
+layer's own protocol: the release is begun here (:class:`~secagg.privacy.release.Release`),
+the layer's server side (:func:`layer_server`) exchanges its stages with the nodes, and the
+release is ended here. Both book the same ledger rows and reach the same aggregate.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+from secagg.costs import SERVER, CostRow, Ledger
+from secagg.data import ClientData, Dataset, Partition
+from secagg.dropouts import DropoutModel
+from secagg.errors import (
+    BudgetExceeded,
+    ConfigurationError,
+    InadmissibleField,
+    SecureSumAborted,
+)
+from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.link import LayerServer, Link, PhaseCall, Reply
+from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
+from secagg.result import Result
+from secagg.seeds import derive_seed
+from secagg.transcript import Transcript
+from secagg.wire import pack_arrays, unpack_arrays
+
+if TYPE_CHECKING:
+    from secagg.privacy.release import DPWrapper
+
+
+# ---------------------------------------------------------------- what the engine runs
+
+
+@dataclass
+class ClientState:
+    """One client during a run: its data and its persistent private state."""
+
+    data: ClientData
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> int:
+        """The client id."""
+        return self.data.id
+
+    @property
+    def n_records(self) -> int:
+        """Number of training records."""
+        return len(self.data.y)
+
+
+class _Phase(Protocol):
+    name: str
+
+    def spec(self) -> UploadSpec: ...
+    def broadcast(self) -> dict[str, np.ndarray]: ...
+    def client_step(
+        self, client: ClientState, broadcast: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]: ...  # noqa: E501
+    def server_step(self, aggregate: Aggregate) -> None: ...
+    def client_flops(self, client: ClientState) -> float: ...
+
+
+class AlgorithmLike(Protocol):
+    """What the engine needs of an algorithm (see :class:`algorithms.base.Algorithm`)."""
+
+    name: str
+    personalized: bool
+
+    def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None: ...
+    def phases(self, round: int, rounds: int) -> Sequence[_Phase]: ...
+    def evaluate(self, dataset: Dataset, clients: Sequence[ClientState]) -> float: ...
+    def describe(self) -> dict[str, Any]: ...
+
+
+# ---------------------------------------------------------------- the shared steps
+
+
+def cohort_size(n: int, fraction: float) -> int:
+    """How many of ``n`` clients one round samples: max(1, round(fraction * n))."""
+    return max(1, int(round(fraction * n)))
+
+
+def sample_cohort(rng: np.random.Generator, n: int, fraction: float) -> list[int]:
+    """The indices (sorted) of one round's cohort: :func:`cohort_size` of n clients drawn
+    without replacement from ``rng`` (all of them when that is n). Shared by both
+    runtimes, so both sample the same cohorts."""
+    k = cohort_size(n, fraction)
+    if k == n:
+        return list(range(n))
+    return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
+
+
+def run_spec(phase: _Phase, layer: Layer, max_records: int, checked: set[str]) -> UploadSpec:
+    """The spec a phase runs under: its own, with the run's public ``max_records`` where it
+    declares none; the layer checks it the first time the phase runs (``checked`` holds the
+    phase names already checked)."""
+    spec = phase.spec()
+    if spec.max_records is None:
+        spec = replace(spec, max_records=max_records)
+    if phase.name not in checked:
+        layer.check(spec)
+        checked.add(phase.name)
+    return spec
+
+
+def guard_phase(
+    step: Callable[[], int], round: int, phase: str, cohort: int, on_abort: str,
+    aborted: list[tuple[int, str, str]], participation: list[tuple[int, str, int, int]],
+) -> bool:
+    """Run one phase's ``step`` (which returns how many uploads its aggregate holds) and
+    book the outcome, as every runtime does: its participation; or, for an aborted secure
+    sum, the abort (re-raised when ``on_abort="raise"``, else recorded with 0 uploads); or,
+    when the privacy guard refused a release before it happened, the refusal. Returns False
+    when the run must stop there (the refusal), True otherwise."""
+    try:
+        got = step()
+    except SecureSumAborted as exc:
+        if on_abort == "raise":
+            raise
+        aborted.append((round, phase, str(exc)))
+        participation.append((round, phase, 0, cohort))
+        return True
+    except BudgetExceeded as exc:
+        # the guard refused a release before it happened: stop here, keep results
+        aborted.append((round, phase, str(exc)))
+        return False
+    participation.append((round, phase, got, cohort))
+    return True
+
+
+def solve(phase: _Phase, agg: Aggregate, ctx: RoundContext,
+          measurements: list[dict[str, Any]], cohort: int) -> None:
+    """The server's end of a phase, as every runtime does it: the aggregate learns the size
+    of the sampled ``cohort`` (:attr:`Aggregate.cohort`, a fixed denominator for means),
+    the phase's server step runs on it (booked as a ``solve`` row with its CPU time), then
+    what the phase measured (:meth:`algorithms.base.Phase.measurements`, when it has that
+    hook and reports anything) is appended to ``measurements`` as
+    ``{"round", "phase", **values}``."""
+    agg.cohort = int(cohort)
+    t0 = time.process_time()
+    phase.server_step(agg)
+    ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
+    measure = getattr(phase, "measurements", None)
+    values = measure() if callable(measure) else None
+    if values:
+        measurements.append({"round": ctx.round, "phase": ctx.phase, **values})
+
+
+def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
+                 max_records_given: bool) -> Any | None:
+    """What every runtime does before round 0 of a run: a DP layer calibrates its noise for
+    the run's real release count (every phase with upload fields, in every round:
+    ``plan_releases``), every phase's DP sensitivity is checked against what its clients
+    trained (:func:`~secagg.privacy.sensitivity.check_training_adjacency`; a per-record
+    bound on trained uploads is refused here, before anything is released), and the run
+    gets a fresh privacy ledger from the layer (None for a layer that adds no DP noise).
+
+    Args:
+        max_records_given: whether a public max_records bound was given (client-level DP
+            on a record-level bound needs one).
+    """
+    released = [ph.name for r in range(rounds) for ph in algorithm.phases(r, rounds)
+                if ph.spec().fields]
+    plan = getattr(layer, "plan_releases", None)
+    if callable(plan):  # DP layers calibrate their noise for the run's release count
+        plan(len(released))
+    phases = getattr(layer, "plan_phases", None)
+    if callable(phases):  # e.g. DP-FTRL's one tree refuses releases of several phases
+        phases(released)
+    from secagg.privacy.sensitivity import check_training_adjacency, dp_adjacency
+
+    seen: set[tuple[Any, ...]] = set()
+    for r in range(rounds):
+        for phase in algorithm.phases(r, rounds):
+            trained = tuple(getattr(phase, "trained_fields", lambda: ())())
+            dpsgd = bool(getattr(phase, "trained_with_dpsgd", lambda: False)())
+            if (phase.name, trained, dpsgd) in seen:
+                continue
+            seen.add((phase.name, trained, dpsgd))
+            spec = phase.spec()
+            check_training_adjacency(
+                phase.name, spec, trained, dp_adjacency(layer, spec), dpsgd,
+                getattr(phase, "training_note", ""),
+                max_records_given or spec.max_records is not None)
+    maker = getattr(layer, "make_privacy_ledger", None)
+    return maker() if callable(maker) else None
+
+
+def check_threat(algorithm: AlgorithmLike, layer: Layer, threat: Any, rounds: int,
+                 n_clients: int, fraction: float, max_records: int,
+                 allow_leaks: bool) -> list[str]:
+    """Judge every phase's fields against ``threat`` (``check(algorithm, layer, specs,
+    n_clients)`` returning per-field verdicts); raise InadmissibleField for the first
+    unprotected one unless ``allow_leaks`` (then return them all, as text)."""
+    specs: dict[str, UploadSpec] = {}
+    for r in range(rounds):
+        for ph in algorithm.phases(r, rounds):
+            if ph.name not in specs:
+                spec = ph.spec()
+                specs[ph.name] = spec if spec.max_records is not None else replace(
+                    spec, max_records=max_records)
+    cohort = cohort_size(n_clients, fraction)
+    verdicts = threat.check(algorithm, layer, specs, n_clients=cohort)
+    leaks = [v for v in verdicts if not v.ok]
+    if leaks and not allow_leaks:
+        v = leaks[0]
+        name = getattr(threat, "name", str(threat))
+        raise InadmissibleField(
+            layer.name, v.field,
+            f"phase {v.phase!r}: not protected against threat {name!r}: {v.reason} "
+            "(choose a layer that protects it, or pass allow_leaks=True to run anyway; "
+            "the transcript then records the leak)")
+    return [str(v) for v in leaks]
+
+
+@dataclass(kw_only=True)
+class RunState:
+    """What one run accumulates: the cost ledger, the transcript, the privacy ledger (None
+    until a DP layer or DP-SGD needs one), the accuracy after each round, and per phase
+    run the clips, aborts, participation and measurements (see
+    :class:`~secagg.result.Result`)."""
+
+    ledger: Ledger
+    transcript: Transcript
+    privacy: Any | None = None
+    history: list[float] = field(default_factory=list)
+    clips: ClipReport = field(default_factory=ClipReport)
+    aborted: list[tuple[int, str, str]] = field(default_factory=list)
+    participation: list[tuple[int, str, int, int]] = field(default_factory=list)
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    #: (phase, field) -> why it was released without DP noise (kept before a ledger exists)
+    unnoised: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+def account_local_training(phase: _Phase, spec: UploadSpec, layer: Layer, ctx: RoundContext,
+                           run: RunState) -> None:
+    """Spend the phase's DP-SGD events before anything leaves a client (one dominating
+    event per round: the clients' records are disjoint; a user-seeded training's events
+    mark the run not private), and, when a privacy ledger is in use, mark every field
+    that neither the layer noises nor DP-SGD covers as released without DP noise."""
+    covered = set(getattr(phase, "dp_covered_fields", lambda: ())())
+    # Un-noised releases are remembered even before a ledger exists (DP-SGD may start
+    # in a later round): a ledger made then still reports every one of them.
+    for name, why in layer.unnoised_fields(spec).items():
+        if name not in covered:
+            run.unnoised.setdefault((phase.name, name), why)
+    events = list(getattr(phase, "privacy_events", lambda: [])())
+    if events:
+        from secagg.privacy.accountant import PrivacyLedger
+        from secagg.privacy.dpsgd import round_event
+
+        if run.privacy is None:  # DP-SGD under a non-DP layer: a ledger at delta 1e-5
+            run.privacy = PrivacyLedger(delta=1e-5)
+            ctx.privacy = run.privacy
+        # every field of the upload is computed after the training, so each field's
+        # guarantee composes with it (conservative for fields that do not use the model)
+        run.privacy.spend(
+            round_event(events, round=ctx.round, phase=ctx.phase, fields=tuple(spec.names))
+        )
+    if run.privacy is not None:
+        for (ph, name), why in run.unnoised.items():
+            run.privacy.mark_unnoised(name, ph, why)
+
+
+def book_broadcast(ctx: RoundContext, cohort: Sequence[int], wire: bytes,
+                   payload: Mapping[str, np.ndarray], client_cpu_s: float = 0.0,
+                   server_cpu_s: float = 0.0) -> None:
+    """Book a phase's broadcast: one downlink message of ``wire`` per client."""
+    plain = int(sum(np.asarray(v).nbytes for v in payload.values()))
+    for c in cohort:
+        ctx.message(SERVER, c, "broadcast", wire, plaintext_bytes=plain,
+                    fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()},
+                    client_cpu_s=client_cpu_s, server_cpu_s=server_cpu_s)
+
+
+#: where the transcript records the clients' own evaluation (phase, field)
+EVALUATION_PHASE, EVALUATION_FIELD = "evaluate", "local test accuracy"
+
+
+def clients_evaluated(run: RunState, round: int, acc: Mapping[int, tuple[float, bool]]
+                      ) -> None:
+    """The accuracy after ``round`` of a personalized model evaluated where it lives (on
+    each client, on its own local test set): ``acc`` holds, per client that answered,
+    (accuracy, has a local test set). The round's accuracy is their mean over the clients
+    that have a local test set (in client-id order, as the algorithm's own evaluate; NaN
+    when none). What the server saw is on the record: each client's pair as a clear
+    observation in the transcript and, under a privacy ledger, the field marked released
+    without DP noise."""
+    if acc:
+        for c in sorted(acc):
+            run.transcript.observe(
+                round=round, phase=EVALUATION_PHASE, stage="evaluate", party=SERVER,
+                sender=c, field=EVALUATION_FIELD, form="clear",
+                value=np.array(acc[c], dtype=np.float64))
+        if run.privacy is not None:
+            run.privacy.mark_unnoised(
+                EVALUATION_FIELD, EVALUATION_PHASE,
+                "node evaluation: each node sent the server its local test accuracy, of a "
+                "model trained on its records, in the clear (FlowerFederation("
+                "node_evaluation=False) keeps it on the nodes)")
+    accs = [acc[c][0] for c in sorted(acc) if acc[c][1]]
+    run.history[round] = float(np.mean(accs)) if accs else float("nan")
+
+
+# ---------------------------------------------------------------- transports
+
+
+class Transport(Protocol):
+    """What a runtime supplies to the :class:`Engine`: its clients, how the broadcast
+    reaches them and, for a remote runtime, a :class:`~secagg.link.Link` that carries every
+    other message. :class:`TransportHooks` gives every hook a default."""
+
+    #: the data set description (its global test set evaluates non-personalized models)
+    dataset: Dataset
+    #: the clients in this process (empty for a remote runtime)
+    states: Sequence[ClientState]
+    #: the link to the clients' nodes, or None when they run in this process
+    link: Link | None
+
+    def open(self, run: RunState, hello: Callable[[int], dict[str, Any]],
+             greeted: Callable[[int, Reply], None]) -> list[int]:
+        """Reach the clients; return their ids, sorted. A remote runtime sends each node a
+        hello carrying ``hello(number of nodes)`` and hands each reply to ``greeted``."""
+        ...
+
+    def meta(self) -> dict[str, Any]:
+        """Extra fields for the transcript's run header."""
+        ...
+
+    def broadcast(self, payload: Mapping[str, np.ndarray], cohort: Sequence[int],
+                  ctx: RoundContext) -> Any:
+        """Book the phase's broadcast and return what the clients' steps get: the decoded
+        payload (in one process) or its wire bytes (remote: they ride on the step)."""
+        ...
+
+    def round_begins(self, round: int) -> None:
+        """A round starts."""
+        ...
+
+    def phase_begins(self, index: int, run: RunState) -> None:
+        """Phase ``index`` of the round starts."""
+        ...
+
+    def evaluate(self, round: int, run: RunState) -> float:
+        """The accuracy after ``round`` (may be NaN until :meth:`close` fills it in)."""
+        ...
+
+    def round_ends(self, round: int) -> None:
+        """A round ended."""
+        ...
+
+    def aborted(self, exc: SecureSumAborted) -> None:
+        """A phase over the link aborted (the runtime may annotate ``exc``)."""
+        ...
+
+    def close(self, run: RunState) -> None:
+        """The last round ended."""
+        ...
+
+
+class TransportHooks:
+    """No-op defaults for :class:`Transport`'s hooks."""
+
+    link: Link | None = None
+
+    def open(self, run: RunState, hello: Callable[[int], dict[str, Any]],
+             greeted: Callable[[int, Reply], None]) -> list[int]:
+        """The clients in this process: ids 0..n-1."""
+        return list(range(len(self.states)))  # type: ignore[attr-defined]
+
+    def meta(self) -> dict[str, Any]:
+        """No extra header fields."""
+        return {}
+
+    def round_begins(self, round: int) -> None:
+        """Nothing to do."""
+
+    def phase_begins(self, index: int, run: RunState) -> None:
+        """Nothing to do."""
+
+    def round_ends(self, round: int) -> None:
+        """Nothing to do."""
+
+    def aborted(self, exc: SecureSumAborted) -> None:
+        """Nothing to add."""
+
+    def close(self, run: RunState) -> None:
+        """Nothing to do."""
+
+
+class InProcess(TransportHooks):
+    """The embedded transport: the clients are :class:`ClientState` objects in this
+    process; the broadcast is packed and unpacked as it would travel (its bytes booked);
+    the accuracy is computed here."""
+
+    def __init__(self, *, algorithm: AlgorithmLike, partition: Partition) -> None:
+        self.algorithm = algorithm
+        self.dataset = partition.dataset
+        self.states = [ClientState(cd) for cd in partition]
+
+    def broadcast(self, payload: Mapping[str, np.ndarray], cohort: Sequence[int],
+                  ctx: RoundContext) -> dict[str, np.ndarray]:
+        """Pack the payload (the server's CPU), unpack it (the clients'), book it."""
+        if not payload:
+            return {}
+        t0 = time.process_time()
+        wire = pack_arrays(payload)
+        server_s = time.process_time() - t0
+        t0 = time.process_time()
+        decoded = unpack_arrays(wire)
+        client_s = time.process_time() - t0
+        book_broadcast(ctx, cohort, wire, payload, client_s, server_s)
+        return decoded
+
+    def evaluate(self, round: int, run: RunState) -> float:
+        """The algorithm's own evaluation on the clients here."""
+        return float(self.algorithm.evaluate(self.dataset, self.states))
+
+
+# ---------------------------------------------------------------- layers over a link
+
+
+def check_phase(phase: _Phase) -> None:
+    """Refuse, on a remote runtime, a phase whose spec has no fields (a "local-only"
+    phase: clients compute and upload nothing, the layer is not called). A remote runtime
+    reaches the nodes only through a layer's stages, so such a phase would have to become
+    its own client-step exchange with no layer; it is refused before any node is contacted
+    for it, instead of running it through a layer that has nothing to carry.
+
+    Raises:
+        ConfigurationError: the phase uploads nothing.
+    """
+    if not phase.spec().fields:
+        raise ConfigurationError(
+            f"phase {phase.name!r} uploads no fields (a local-only phase); the Flower "
+            "runtime does not run local-only phases yet: use the embedded Federation")
+
+
+def _servers() -> dict[type, Callable[..., LayerServer]]:
+    """The registry: each layer type a remote runtime carries -> its server side (exact
+    types: a subclass may change what the nodes would have to rebuild)."""
+    from secagg.homomorphic.layer import Homomorphic
+    from secagg.homomorphic.remote import HomomorphicServer
+    from secagg.layers.plaintext import Plaintext, PlaintextServer
+    from secagg.secure_sum.layer import SecureSum
+    from secagg.secure_sum.remote import SecureSumServer
+
+    return {Plaintext: lambda layer, decryptor=None: PlaintextServer(layer=layer),
+            SecureSum: lambda layer, decryptor=None: SecureSumServer(layer=layer),
+            Homomorphic: lambda layer, decryptor=None: HomomorphicServer(
+                layer=layer, decryptor=decryptor)}
+
+
+def _wrappers() -> dict[type, tuple[type, ...] | None]:
+    """Each DP wrapper a remote runtime carries -> the inner layer types it may wrap there
+    (None: any carried layer)."""
+    from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
+    from secagg.secure_sum.layer import SecureSum
+
+    return {CentralDP: None, LocalDP: None, DistributedDP: (SecureSum,)}
+
+
+def check_remote(layer: Layer) -> None:
+    """Refuse a layer a remote runtime cannot carry yet (with what can be used): carried
+    are Plaintext, SecureSum (without pinned identities), Homomorphic with a decryptor
+    node, and CentralDP / LocalDP around any of them or DistributedDP around SecureSum.
+
+    Raises:
+        ConfigurationError: the layer (or its inner layer) does not run remotely.
+    """
+    servers, wrappers = _servers(), _wrappers()
+    if type(layer) in wrappers:
+        inners = wrappers[type(layer)] or tuple(servers)
+        inner = layer.inner  # type: ignore[attr-defined]
+        if type(inner) not in inners:
+            raise ConfigurationError(
+                f"{type(layer).__name__} around {type(inner).__name__} does not run on "
+                f"Flower yet: its inner layer must be one of "
+                f"{[t.__name__ for t in inners]} there")
+        check_remote(inner)
+        return
+    if type(layer) not in servers:
+        raise ConfigurationError(
+            f"layer {getattr(layer, 'name', type(layer).__name__)!r} "
+            f"({type(layer).__name__}) does not run on Flower yet: its client side would "
+            "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there (alone "
+            "or inside CentralDP, LocalDP, or DistributedDP around SecureSum), or the "
+            "embedded Federation"
+        )
+    if getattr(layer, "identities", None) is not None:
+        raise ConfigurationError(
+            "SecureSum(identities=...) does not run on Flower yet: each node would need its "
+            "own long-term Ed25519 key and every other node's public key pinned from outside "
+            "the protocol; without identities the layer runs (honest-but-curious server model)"
+        )
+    if getattr(layer, "key_holder", "decryptor") != "decryptor":
+        raise ConfigurationError(
+            "Homomorphic(key_holder='clients') does not run on Flower: the shared secret "
+            "context would have to reach the clients without passing through the server, "
+            "and Flower routes every message through it; use key_holder='decryptor'"
+        )
+
+
+def is_dp(layer: Layer) -> bool:
+    """Whether ``layer`` is a DP wrapper (CentralDP, LocalDP or DistributedDP)."""
+    return type(layer) in _wrappers()
+
+
+def layer_server(layer: Layer, *, decryptor: int | None = None
+                 ) -> tuple[DPWrapper | None, LayerServer]:
+    """(the DP wrapper or None, the server side of the layer that carries the uploads) for
+    a remote runtime (:func:`check_remote` first). ``decryptor``: Homomorphic's decryptor
+    client id (None: the smallest connected)."""
+    check_remote(layer)
+    dp = layer if is_dp(layer) else None
+    carrier = layer.inner if dp is not None else layer  # type: ignore[attr-defined]
+    return dp, _servers()[type(carrier)](carrier, decryptor=decryptor)  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- the engine
+
+
+class Engine:
+    """Run ``algorithm`` with ``layer`` over the clients a :class:`Transport` reaches.
+
+    Args:
+        algorithm, layer, rounds, fraction, seed, on_violation, on_abort, include_values,
+            max_records, threat, allow_leaks: see :class:`~secagg.federation.Federation`
+            (already checked by the runtime).
+        transport: the runtime's :class:`Transport`.
+        dropouts: the injected dropout model, for the layer's stages.
+        privacy: a privacy ledger to book DP events in (default: one from the layer).
+        progress: show a progress bar.
+        on_aggregate: called with (round, phase, Aggregate) after each phase's solve.
+        decryptor: remote Homomorphic: the decryptor node's client id.
+    """
+
+    def __init__(
+        self, *, algorithm: AlgorithmLike, layer: Layer, transport: Transport, rounds: int,
+        fraction: float, seed: int, dropouts: DropoutModel,
+        on_violation: Literal["raise", "clip"] = "raise",
+        on_abort: Literal["raise", "skip"] = "raise", include_values: bool = False,
+        max_records: int | None = None, privacy: Any | None = None,
+        threat: Any | None = None, allow_leaks: bool = False, progress: bool = False,
+        on_aggregate: Callable[[int, str, Aggregate], None] | None = None,
+        decryptor: int | None = None,
+    ) -> None:
+        self.algorithm, self.layer, self.transport = algorithm, layer, transport
+        self.rounds, self.fraction, self.seed = rounds, fraction, seed
+        self.dropouts = dropouts
+        self.on_violation, self.on_abort = on_violation, on_abort
+        self.include_values = include_values
+        self.max_records = max_records
+        self.privacy, self.threat, self.allow_leaks = privacy, threat, allow_leaks
+        self.progress, self.on_aggregate = progress, on_aggregate
+        self.dp: DPWrapper | None = None
+        self.server: LayerServer | None = None
+        if transport.link is not None:  # the layer's server side runs over the link
+            self.dp, self.server = layer_server(layer, decryptor=decryptor)
+
+    @property
+    def _max_records(self) -> int:
+        # public, never derived from the clients' data
+        return DEFAULT_MAX_RECORDS if self.max_records is None else self.max_records
+
+    def run(self) -> Result:
+        """Run all rounds and return the :class:`~secagg.result.Result`.
+
+        Raises:
+            SecureSumAborted: a secure sum lost too many clients (unless on_abort="skip").
+            UploadError: a client's upload broke its spec (unless on_violation="clip").
+            InadmissibleField: the layer cannot carry a field of some phase.
+        """
+        t_start = time.perf_counter()
+        alg, layer, tr = self.algorithm, self.layer, self.transport
+        # plan: before any client is contacted
+        alg.setup(tr.dataset, tr.states, self.seed)
+        leaks = None if self.threat is None else check_threat(
+            alg, layer, self.threat, self.rounds, len(tr.states), self.fraction,
+            self._max_records, self.allow_leaks)
+        made = plan_privacy(alg, layer, self.rounds, self.max_records is not None)
+        run = RunState(ledger=Ledger(), transcript=Transcript(self.include_values),
+                       privacy=self.privacy if self.privacy is not None else made)
+        self.privacy = run.privacy  # the run's ledger (DP-SGD may make one later)
+        # open: reach the clients (a remote layer's first stage may ride on the hello)
+        first = list(alg.phases(0, self.rounds))[:1]
+        announced = [0]
+
+        def hello(n_nodes: int) -> dict[str, Any]:
+            announced[0] = cohort_size(n_nodes, self.fraction)
+            if self.server is None or not first:
+                return {}
+            return self.server.hello(0, first[0].name, announced[0])
+
+        greeted = self.server.greeted if self.server is not None else (lambda c, r: None)
+        clients = tr.open(run, hello, greeted)
+        run.transcript.meta(
+            algorithm=alg.describe(), layer=layer.describe(), seed=self.seed,
+            rounds=self.rounds, clients=len(clients), fraction=self.fraction, **tr.meta(),
+            **({} if self.threat is None else {
+                "threat": self.threat.describe(), "allow_leaks": self.allow_leaks}),
+        )
+        if leaks is not None:
+            run.transcript.records[-1]["leaks"] = leaks
+        rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
+        cohorts: list[list[int]] = []
+
+        def cohort_of(r: int) -> list[int]:
+            """Round r's cohort: the draws in round order, each once (a round's cohort is
+            drawn early when the previous round's last phase advertises to it)."""
+            while len(cohorts) <= r:
+                cohorts.append([clients[i] for i in
+                                sample_cohort(rng, len(clients), self.fraction)])
+            return cohorts[r]
+
+        if self.server is not None:
+            self.server.start(cohort_of(0), announced[0])
+        checked: set[str] = set()
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.rounds, desc=f"{alg.name}/{layer.name}", unit="round",
+                       file=sys.stderr)
+        stopped = False
+        for r in range(self.rounds):
+            tr.round_begins(r)
+            cohort = cohort_of(r)
+            phases = list(alg.phases(r, self.rounds))
+            for i, phase in enumerate(phases):
+                tr.phase_begins(i, run)
+                spec = phase.spec()
+                local = not spec.fields  # a local-only phase: no layer, no release
+                if local and tr.link is not None:
+                    check_phase(phase)
+                if not local:
+                    spec = run_spec(phase, layer, self._max_records, checked)
+                ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
+                                   run.ledger, run.transcript, self.dropouts, run.privacy)
+                if local:
+                    got = self._local(phase, cohort, ctx)
+                    run.participation.append((r, phase.name, got, len(cohort)))
+                    continue
+
+                def upcoming(i: int = i, r: int = r, phases: list = phases,
+                             cohort: list[int] = cohort) -> tuple[int, str, list[int]] | None:
+                    """The phase after this one: (round, name, cohort), None after the last."""
+                    if i + 1 < len(phases):
+                        return r, phases[i + 1].name, cohort
+                    if r + 1 < self.rounds:
+                        nxt = list(alg.phases(r + 1, self.rounds))[:1]
+                        return (r + 1, nxt[0].name, cohort_of(r + 1)) if nxt else None
+                    return None
+
+                step = partial(self._phase, run, phase, spec, cohort, ctx, upcoming)
+                if not guard_phase(step, r, phase.name, len(cohort), self.on_abort,
+                                   run.aborted, run.participation):
+                    stopped = True
+                    break
+            run.history.append(tr.evaluate(r, run))
+            tr.round_ends(r)
+            if bar is not None:
+                bar.set_postfix(acc=f"{run.history[-1]:.3f}")
+                bar.update(1)
+            if stopped:
+                break
+        tr.close(run)
+        if bar is not None:
+            bar.close()
+        if run.privacy is not None and hasattr(run.privacy, "record_in"):
+            run.privacy.record_in(run.transcript)
+        self.privacy = run.privacy
+        kind = "mean local test" if getattr(alg, "personalized", False) else "global test"
+        return Result(
+            algorithm=alg.describe(), layer=layer.describe(), rounds=len(run.history),
+            seed=self.seed, accuracy=run.history[-1], accuracy_kind=kind,
+            history=run.history, costs=run.ledger, transcript=run.transcript,
+            privacy=run.privacy, clips=dict(run.clips.counts), aborted=run.aborted,
+            participation=run.participation, measurements=run.measurements,
+            n_clients=len(clients), wall_s=time.perf_counter() - t_start,
+        )
+
+    def _phase(self, run: RunState, phase: _Phase, spec: UploadSpec, cohort: list[int],
+               ctx: RoundContext, upcoming: Callable[[], tuple[int, str, list[int]] | None],
+               ) -> int:
+        """One phase: broadcast, collect + layer + release, solve. Returns how many
+        clients' uploads the aggregate holds."""
+        # 1. broadcast
+        bcast = self.transport.broadcast(phase.broadcast(), cohort, ctx)
+        # 2-4. collect, layer, release
+        if self.transport.link is None:
+            agg = self._in_process(run, phase, spec, cohort, ctx, bcast)
+        else:
+            agg = self._remote(run, phase, spec, cohort, ctx, bcast, upcoming)
+        # 5. solve
+        solve(phase, agg, ctx, run.measurements, len(cohort))
+        if self.on_aggregate is not None:
+            self.on_aggregate(ctx.round, phase.name, agg)
+        return len(agg.contributors)
+
+    def _in_process(self, run: RunState, phase: _Phase, spec: UploadSpec, cohort: list[int],
+                    ctx: RoundContext, bcast: Mapping[str, np.ndarray]) -> Aggregate:
+        """The clients' steps here (each upload validated against the spec), the local
+        training's DP events, then the layer, which runs every party's part (its release
+        included) in this process."""
+        states = self.transport.states
+        uploads: dict[int, Upload] = {}
+        for c in cohort:
+            st = states[c]
+            t0 = time.process_time()
+            values = phase.client_step(st, bcast)
+            dt = time.process_time() - t0
+            up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
+            up.cpu_s, up.flops = dt, float(phase.client_flops(st))
+            run.clips.add(up)
+            uploads[c] = up
+        account_local_training(phase, spec, self.layer, ctx, run)
+        return self.layer.aggregate(uploads, spec, ctx)
+
+    def _remote(self, run: RunState, phase: _Phase, spec: UploadSpec, cohort: list[int],
+                ctx: RoundContext, wire: bytes,
+                upcoming: Callable[[], tuple[int, str, list[int]] | None]) -> Aggregate:
+        """The release begun here, the layer's server side over the link (the clients'
+        steps run on their nodes, inside the layer's first stage), the release ended
+        here."""
+        from secagg.privacy.release import Release
+
+        assert self.server is not None and self.transport.link is not None
+        account_local_training(phase, spec, self.layer, ctx, run)
+        rel = Release.begin(self.dp, spec, ctx, len(cohort))
+        instruction = dict(round=ctx.round, rounds=self.rounds, phase=phase.name,
+                           seed=self.seed, max_records=self._max_records,
+                           on_violation=self.on_violation, broadcast=wire,
+                           dp=rel.node_params)
+        call = PhaseCall(spec=spec, cohort=cohort, ctx=ctx, release=rel,
+                         instruction=instruction, clips=run.clips, upcoming=upcoming)
+        try:
+            agg = self.server.aggregate(call, self.transport.link)
+        except SecureSumAborted as exc:
+            self.transport.aborted(exc)
+            raise
+        return rel.end(agg, ctx)
+
+    def _local(self, phase: _Phase, cohort: list[int], ctx: RoundContext) -> int:
+        """A phase with no upload fields (in one process): broadcast, then each selected
+        client's step, booked as a zero-byte ``local`` ledger row (its FLOPs and CPU time;
+        no transcript message, as nothing is sent); no layer, no server step, no release.
+        Returns the number of clients that ran it."""
+        states = self.transport.states
+        bcast = self.transport.broadcast(phase.broadcast(), cohort, ctx)
+        for c in cohort:
+            t0 = time.process_time()
+            out = phase.client_step(states[c], bcast)
+            dt = time.process_time() - t0
+            if out:
+                raise ConfigurationError(
+                    f"phase {phase.name!r} declares no upload fields but its client step "
+                    f"returned {sorted(out)}: a local phase must return {{}}")
+            flops = float(phase.client_flops(states[c]))
+            # work, not a message: a ledger row of 0 bytes, nothing in the transcript
+            ctx.ledger.record(CostRow(round=ctx.round, phase=ctx.phase, stage="local",
+                                      sender=c, receiver=c, client_cpu_s=dt, flops=flops,
+                                      step_flops=flops))
+        return len(cohort)

@@ -1,0 +1,107 @@
+"""The Homomorphic layer's client side on a node (Flower's SuperNodes): the steps that
+answer :class:`~secagg.homomorphic.remote.HomomorphicServer`'s instructions.
+
+* :func:`encrypt` -- after a client's step (``he-upload``): pack, (BFV: fixed-point encode,)
+  encrypt under the decryptor's public context (relayed by the server once per run and
+  parameter set, then kept in the node's private store);
+* :func:`decryptor_step` -- the designated decryptor's ``he-keygen`` (keys for the
+  parameters the server asks for; the secret context stays in its store) and
+  ``he-decrypt`` (the aggregate ciphertext to the flat clear sum).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+from secagg.errors import ProtocolError
+from secagg.homomorphic.layer import Homomorphic
+from secagg.link import Reply
+from secagg.link import reply_field as field
+from secagg.messages import Upload, UploadSpec
+from secagg.wire import pack_arrays
+
+NodeStore = MutableMapping[str, Any]
+"""A node's private store between messages (Flower: a ConfigRecord in ``Context.state``)."""
+
+#: the layer parameters an ``he-upload`` instruction carries (its ``layer`` JSON)
+LAYER_KEYS = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_clients",
+              "max_decryptions", "flood_security_bits")
+
+
+def layer_of(rec: Reply) -> Homomorphic:
+    """The Homomorphic layer an instruction's ``layer`` JSON describes."""
+    cfg = json.loads(field(rec, "layer", str))
+    return Homomorphic(**{k: cfg[k] for k in LAYER_KEYS if k in cfg})
+
+
+def encrypt(rec: Reply, spec: UploadSpec, up: Upload, store: NodeStore) -> dict[str, Any]:
+    """This client's encrypted upload (see the module docstring); the frames go back as a
+    list of bytes."""
+    from secagg.homomorphic.keys import Encryptor
+    from secagg.homomorphic.packing import Packing, fingerprint
+
+    layer = layer_of(rec)
+    n_plan = field(rec, "n_plan", int)
+    t0 = time.process_time()
+    params = layer.params_for(spec, n_plan)
+    fps = layer.fixed_point(spec, n_plan) if layer.scheme == "bfv" else None
+    key = "he-context/" + field(rec, "params", str)
+    if "context" in rec:
+        store[key] = field(rec, "context", bytes)
+    if key not in store:
+        raise ProtocolError("he-upload without the public context, and none is held")
+    pub = store[key]
+    enc = Encryptor(layer.scheme, pub, fingerprint(pub))
+    packing = Packing.from_spec(spec, params.slots)
+    frames = enc.encrypt(layer._flatten(up, spec, packing, fps), packing)
+    return {"frames": [bytes(f) for f in frames],
+            "enc_cpu_s": time.process_time() - t0}
+
+
+def decryptor_step(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
+    """The designated decryptor's ``he-keygen`` and ``he-decrypt`` (see the module
+    docstring)."""
+    import tenseal as ts
+
+    from secagg.homomorphic.keys import KeyHolder
+    from secagg.homomorphic.packing import Packing, fingerprint
+    from secagg.homomorphic.params import HEParams
+    from secagg.privacy.samplers import noise_generator
+
+    d = json.loads(field(rec, "params", str))
+    d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
+    params = HEParams(**d)
+    key = "he-secret/" + field(rec, "params", str)
+    t0 = time.process_time()
+    if step == "he-keygen":
+        holder = KeyHolder(params, "decryptor")
+        store[key] = holder._ctx.serialize(save_public_key=True, save_secret_key=True,
+                                           save_galois_keys=False, save_relin_keys=False)
+        store[key + "/public"] = holder.public_context
+        store[key + "/decryptions"] = 0  # a new key: its CKKS decryption quota starts afresh
+        return {"msg": holder.public_context, "cpu_s": time.process_time() - t0}
+    if step != "he-decrypt":
+        raise ProtocolError(f"unknown secagg step {step!r}")
+    if key not in store:
+        raise ProtocolError("he-decrypt for parameters this node holds no keys of")
+    holder = KeyHolder.__new__(KeyHolder)
+    holder.params, holder.mode = params, "decryptor"
+    holder._ctx = ts.context_from(store[key], n_threads=1)
+    holder.public_context = holder.client_context = store[key + "/public"]
+    holder.fingerprint = fingerprint(holder.public_context)
+    # the key's decryption count (CKKS quota) persists on the node with the key; the flooding
+    # noise generator is fresh (a new OS key) per message
+    holder.decryptions = int(store.get(key + "/decryptions", 0))
+    holder._noise = noise_generator()
+    p = json.loads(field(rec, "packing", str))
+    packing = Packing(tuple(p["names"]), tuple(tuple(x) for x in p["shapes"]),
+                      tuple(p["offsets"]), int(p["total"]), int(p["slots"]))
+    frames = rec.get("frames")
+    if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+        raise ProtocolError("he-decrypt without the aggregate's frames")
+    flat = holder.decrypt(frames, packing)
+    store[key + "/decryptions"] = holder.decryptions
+    return {"msg": pack_arrays({"flat": flat}), "cpu_s": time.process_time() - t0}

@@ -1,0 +1,198 @@
+"""What a run produced: the :class:`Result` both runtimes return, and its formatting
+(``to_dict``, ``save``, the closing ``table``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from secagg.costs import DIRECTIONS, HardwareProfile, Ledger, get_profile
+from secagg.transcript import Transcript
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """An accuracy and what it measures."""
+
+    accuracy: float
+    kind: Literal["global test", "mean local test"]
+
+
+
+@dataclass
+class Result:
+    """What a run produced.
+
+    Attributes:
+        accuracy: final accuracy; ``accuracy_kind`` says whether it is on the global test
+            set or the mean local test accuracy (personalized algorithms).
+        history: accuracy after each round.
+        costs: the cost ledger (one row per message).
+        transcript: what each party observed.
+        privacy: the run's privacy ledger when a DP layer was used, else None.
+        clips: clipped uploads per field (when clipping was asked for).
+        aborted: (round, phase, reason) for phases that aborted and were skipped.
+        participation: (round, phase, contributors, cohort) per phase run: how many
+            sampled clients' uploads made it into the aggregate (dropouts show here; an
+            aborted and skipped secure sum counts 0).
+        measurements: per phase run, what the phase reported after its server step
+            (:meth:`algorithms.base.Phase.measurements`, e.g. the clip bound and how many
+            clients' updates were clipped), as ``{"round", "phase", **measurements}``.
+    """
+
+    algorithm: dict[str, Any]
+    layer: dict[str, Any]
+    rounds: int
+    seed: int
+    accuracy: float
+    accuracy_kind: str
+    history: list[float]
+    costs: Ledger
+    transcript: Transcript
+    privacy: Any | None = None
+    clips: dict[str, int] = field(default_factory=dict)
+    aborted: list[tuple[int, str, str]] = field(default_factory=list)
+    participation: list[tuple[int, str, int, int]] = field(default_factory=list)
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    n_clients: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def best_accuracy(self) -> float:
+        """The highest accuracy over the rounds (see :attr:`best_round`)."""
+        return max(self.history) if self.history else float("nan")
+
+    @property
+    def best_round(self) -> int:
+        """The 0-based round after which :attr:`best_accuracy` was measured (the first such)."""
+        return int(np.argmax(self.history)) if self.history else -1
+
+    @property
+    def planned_rounds(self) -> int:
+        """The rounds the run was asked for (from the transcript header; :attr:`rounds` is
+        how many ran)."""
+        head = next((r for r in self.transcript.records if r.get("type") == "run"), {})
+        return int(head.get("rounds", self.rounds))
+
+    def failure(self) -> str | None:
+        """Why the run did not produce a usable model, or None: every phase aborted (no
+        upload was ever aggregated), or the privacy budget guard stopped it early."""
+        ran = {(p[0], p[1]) for p in self.participation}
+        refused = [a for a in self.aborted if (a[0], a[1]) not in ran]
+        if refused and not any(p[2] for p in self.participation):
+            r, phase, why = refused[0]
+            return (f"the privacy budget guard refused the first release (round {r + 1}, "
+                    f"phase {phase!r}): {why}; nothing was aggregated, the model is the "
+                    "untrained initial one")
+        if refused:
+            r, phase, why = refused[0]
+            return (f"stopped in round {r + 1} of {self.planned_rounds} (phase {phase!r}) by "
+                    f"the privacy budget guard: {why}")
+        if self.participation and all(p[2] == 0 for p in self.participation):
+            return (f"every phase aborted ({len(self.aborted)} of {len(self.participation)}); "
+                    "no upload was aggregated, the model is the untrained initial one")
+        if self.rounds < self.planned_rounds:
+            why = self.aborted[-1][2] if self.aborted else "stopped"
+            return (f"stopped after {self.rounds} of {self.planned_rounds} rounds by the "
+                    f"privacy budget guard: {why}")
+        return None
+
+    def to_dict(self, profile: HardwareProfile | str = "phone-wifi") -> dict[str, Any]:
+        """JSON-able summary (no ledger rows or transcript records): final and best-round
+        accuracy, the accuracy curve (``history``), byte totals per direction and the
+        deterministic client device figures on ``profile``."""
+        prof = get_profile(profile) if isinstance(profile, str) else profile
+        d = {
+            "algorithm": self.algorithm,
+            "layer": self.layer,
+            "rounds": self.rounds,
+            "planned_rounds": self.planned_rounds,
+            "seed": self.seed,
+            "n_clients": self.n_clients,
+            "accuracy": self.accuracy,
+            "accuracy_kind": self.accuracy_kind,
+            "best_accuracy": self.best_accuracy,
+            "best_round": self.best_round,
+            "history": self.history,
+            "failure": self.failure(),
+            "clips": self.clips,
+            "aborted": self.aborted,
+            "participation": self.participation,
+            "measurements": self.measurements,
+            "wall_s": self.wall_s,
+            "costs": {d: self.costs.total(direction=d) for d in DIRECTIONS},
+            "client_rounds": self.costs.client_rounds(),
+            "device": {"profile": prof.name, **self.costs.estimate(prof)},
+        }
+        if self.privacy is not None and hasattr(self.privacy, "to_dict"):
+            d["privacy"] = self.privacy.to_dict()
+        return d
+
+    def save(self, out_dir: str | Path,
+             profile: HardwareProfile | str = "phone-wifi") -> dict[str, Path]:
+        """Write ``result.json``, ``costs.csv`` (with the device columns for ``profile``) and
+        ``transcript.jsonl`` (closed: see :meth:`secagg.transcript.Transcript.close`) into
+        ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {
+            "result": out / "result.json",
+            "costs": out / "costs.csv",
+            "transcript": out / "transcript.jsonl",
+        }
+        paths["result"].write_text(
+            json.dumps(self.to_dict(profile), indent=2, default=str) + "\n")
+        self.costs.to_csv(paths["costs"], profile)
+        self.transcript.close(self.rounds, self.failure())
+        self.transcript.write(paths["transcript"])
+        return paths
+
+    def table(self, profile: HardwareProfile | str = "phone-wifi") -> str:
+        """The closing table: final and best-round accuracy, bytes per client per round,
+        the client's compute (FLOPs) and its deterministic device time and energy on
+        ``profile``, internal traffic, and the measured host CPU seconds apart."""
+        prof = get_profile(profile) if isinstance(profile, str) else profile
+        up, down = self.costs.total("up"), self.costs.total("down")
+        internal = self.costs.total("internal")
+        per = max(1, self.costs.client_rounds())  # clients only: server/decryptor never count
+        est = self.costs.estimate(prof)
+        rows = [
+            (f"accuracy ({self.accuracy_kind}), final", f"{self.accuracy:.4f}"),
+            ("accuracy, best round", f"{self.best_accuracy:.4f} after round "
+             f"{self.best_round + 1} of {self.rounds} (curve in result.json: history)"),
+            ("rounds", str(self.rounds) if self.rounds == self.planned_rounds
+             else f"{self.rounds} of {self.planned_rounds}"),
+            ("uplink bytes / client / round", f"{up['wire_bytes'] / per:,.0f}"),
+            ("downlink bytes / client / round", f"{down['wire_bytes'] / per:,.0f}"),
+            ("uplink / downlink bytes, total",
+             f"{int(up['wire_bytes']):,} / {int(down['wire_bytes']):,}"),
+            ("internal bytes (server, decryptor), total", f"{int(internal['wire_bytes']):,}"),
+            ("client compute / client / round", f"{est['flops_per_client_round']:,.3g} FLOP"),
+            (f"est. client latency / client / round ({prof.name})",
+             f"{est['latency_s_per_client_round']:.3f} s "
+             f"(compute {est['compute_s_per_client_round']:.3f} s)"),
+            (f"est. client energy / client / round ({prof.name})",
+             f"{est['energy_j_per_client_round']:.4g} J"),
+            (f"est. client energy, total ({prof.name})", f"{est['energy_j']:.4g} J"),
+            ("host CPU s, measured (client / server)",
+             f"{up['client_cpu_s'] + down['client_cpu_s']:.2f} / "
+             f"{sum(self.costs.total(d)['server_cpu_s'] for d in DIRECTIONS):.2f}"),
+        ]
+        if self.privacy is not None and hasattr(self.privacy, "summary_rows"):
+            rows.extend(self.privacy.summary_rows())
+        if self.clips:
+            rows.append(("clipped uploads", json.dumps(self.clips)))
+        got = sum(p[2] for p in self.participation)
+        asked = sum(p[3] for p in self.participation)
+        if got < asked:
+            rows.append(("uploads aggregated / sampled", f"{got:,} / {asked:,} "
+                         f"({got / asked:.1%}; dropouts and aborted sums)"))
+        if self.aborted:
+            rows.append(("aborted phases", str(len(self.aborted))))
+        w = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+

@@ -1,0 +1,194 @@
+"""The SecureSum layer's client side on a node (Flower's SuperNodes): the steps that answer
+:class:`~secagg.secure_sum.remote.SecureSumServer`'s instructions.
+
+A node keeps its secure-sum party between messages in its own private store (Flower: a
+``ConfigRecord`` in the node's ``Context.state``, never sent anywhere), frozen to bytes
+(:func:`freeze` / :func:`thaw`). The steps:
+
+* :func:`advertise_next` -- ADVERTISE ahead for the next session (its id, round and cohort
+  size in the instruction's ``next_*`` fields): fresh keys, and the party kept until that
+  session's share instruction brings the client step (which fixes the vector length and
+  ring);
+* :func:`upload` -- after the client step: encode the upload with the layer's fixed-point
+  plan (or, under DistributedDP, the release plan with this node's noise share), then
+  ``advertise`` afresh or ``share`` keys with the party advertised ahead;
+* :func:`stage` -- ``share`` / ``masked-input`` / ``consistency`` / ``unmask``: the stages
+  of :class:`~secagg.secure_sum.client.Client` (``consistency``: sign the survivor set the
+  server shows); after ``unmask`` the session's secrets are forgotten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from secagg.errors import ProtocolError
+from secagg.link import Reply
+from secagg.link import reply_field as field
+from secagg.messages import Upload, UploadSpec
+from secagg.secure_sum.client import Client
+from secagg.secure_sum.graph import auto_degree, resolve_threshold
+from secagg.secure_sum.keys import KeyPairs, private_bytes
+from secagg.secure_sum.layer import SecureSum
+from secagg.wire import pack_arrays, unpack_arrays
+
+NodeStore = MutableMapping[str, Any]
+"""A node's private store between messages (Flower: a ConfigRecord in ``Context.state``)."""
+
+_SESSION_KEYS = ("party", "vector", "party_n")  # what a node holds for one session
+
+
+def freeze(c: Client) -> bytes:
+    """A secure-sum party as bytes for the node's own store (private keys -- the two
+    X25519 pairs and the Ed25519 signing key -- as raw bytes; the AES-GCM channels are
+    rebuilt from them)."""
+    skip = ("_rand", "_channels", "_keys", "_sign")
+    d = {k: v for k, v in vars(c).items() if k not in skip}
+    if c._keys is not None:
+        d["_keys"] = (private_bytes(c._keys.enc), private_bytes(c._keys.mask))
+    if c._sign is not None:
+        d["_sign"] = c._sign.private_bytes(serialization.Encoding.Raw,
+                                           serialization.PrivateFormat.Raw,
+                                           serialization.NoEncryption())
+    return pickle.dumps(d)
+
+
+def thaw(raw: bytes) -> Client:
+    """The party :func:`freeze` stored."""
+    d = pickle.loads(raw)  # noqa: S301 - this node's own state, written by freeze
+    c = Client.__new__(Client)
+    keys = d.pop("_keys", None)
+    sign = d.pop("_sign", None)
+    vars(c).update(d)
+    c._rand = os.urandom
+    c._keys = None if keys is None else KeyPairs(
+        X25519PrivateKey.from_private_bytes(keys[0]), X25519PrivateKey.from_private_bytes(keys[1])
+    )
+    c._sign = None if sign is None else Ed25519PrivateKey.from_private_bytes(sign)
+    c._channels = {}
+    if c._keys is not None and c._roster is not None:
+        c._channels = {v: c._channel(v) for v in c._roster.keys}
+    return c
+
+
+def session_bounds(layer: Any, n: int) -> tuple[int, int | None]:
+    """(t, the fewest share holders a ROSTER may list) for a cohort of ``n`` under the
+    SecureSum ``layer``, computed on the node from the public layer parameters and cohort
+    size (as :func:`secagg.secure_sum.graph.build` chooses them; the node does not take the
+    server's word for its threshold). The holder bound is t on the complete graph, None on
+    the sparse SecAgg+ graph (as the embedded engine's clients are configured)."""
+    t = resolve_threshold(layer.threshold, n)
+    deg = auto_degree(n) if layer.k is None else int(layer.k)
+    kind = layer.graph
+    if kind == "auto":
+        kind = "harary" if deg < n - 1 else "complete"
+    complete = kind == "complete" or n < 2
+    return t, (t if complete else None)
+
+
+def _forget(store: NodeStore) -> None:
+    for k in _SESSION_KEYS:
+        if k in store:
+            del store[k]
+
+
+def advertise_next(rec: Reply, cid: int, store: NodeStore) -> dict[str, Any]:
+    """ADVERTISE for the next session (see the module docstring); replies ``next_msg``
+    and ``next_cpu_s``."""
+    _forget(store)  # a session this node was dropped from
+    layer = SecureSum(**json.loads(field(rec, "next_layer", str)))
+    n = field(rec, "next_n", int)
+    t, min_holders = session_bounds(layer, n)
+    t0 = time.process_time()
+    party = Client(int(cid), field(rec, "next_session", bytes), field(rec, "next_round", int),
+                   threshold=t, min_holders=min_holders)
+    msg = party.advertise()
+    store["party"] = freeze(party)
+    store["party_n"] = n
+    return {"next_msg": msg, "next_cpu_s": time.process_time() - t0}
+
+
+def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
+           rng: np.random.Generator | None, out: dict[str, Any], cpu: float,
+           store: NodeStore) -> dict[str, Any]:
+    """After the client step (``out`` holds its reply fields, ``cpu`` its CPU seconds):
+    encode ``up`` (under DistributedDP, ``noiser``'s release plan with this node's noise
+    share from ``rng``), then ``advertise`` afresh, or ``share`` keys with the party
+    advertised ahead (its vector length and ring are fixed now, before the ROSTER is read,
+    which must announce the same)."""
+    store["cid"] = int(client)
+    layer = SecureSum(**json.loads(field(rec, "layer", str)))
+    n = field(rec, "n", int)
+    rnd = field(rec, "round", int)
+    t, min_holders = session_bounds(layer, n)
+    t0 = time.process_time()
+    if noiser is not None and hasattr(noiser, "release_plan"):  # DistributedDP: the
+        release = noiser.release_plan(spec, n)  # server's release plan, derived here
+        vector, bits = noiser.encode_noised(release, up, rng), release.ring_bits
+    else:
+        plans = layer.plan(spec, n)
+        bits = next(iter(plans.values())).ring_bits if plans else 8
+        parts = [p.encode(np.asarray(up[f])) for f, p in plans.items()]
+        vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+    store["vector"] = pack_arrays({"v": vector})
+    if field(rec, "step", str) == "advertise":
+        # configured as the embedded engine configures its clients (run_secure_sum)
+        party = Client(client, field(rec, "session", bytes), rnd, threshold=t,
+                       length=int(vector.size), ring_bits=bits, min_holders=min_holders)
+        out["msg"] = party.advertise()
+        out["cpu_s"] = cpu + time.process_time() - t0
+        store["party"] = freeze(party)
+        return out
+    if "party" not in store or store.get("party_n") != n:
+        raise ProtocolError("share with the client step, but no party advertised ahead "
+                            f"for a cohort of {n} on this node")
+    party = thaw(store["party"])
+    if party.round != rnd or party.stage != "advertised":
+        raise ProtocolError(f"the party advertised ahead is round {party.round}'s "
+                            f"({party.stage}), not round {rnd}'s")
+    party.length, party.ring_bits = int(vector.size), bits
+    out["step_cpu_s"] = cpu + time.process_time() - t0
+    t0 = time.process_time()
+    out["msg"] = party.share_keys(field(rec, "msg", bytes))
+    out["cpu_s"] = time.process_time() - t0
+    store["party"] = freeze(party)
+    return out
+
+
+def stage(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
+    """One protocol stage of this node's party (see the module docstring)."""
+    if "party" not in store:
+        raise ProtocolError(f"secure-sum step {step!r} before 'advertise' on this node")
+    party = thaw(store["party"])
+    inbox = field(rec, "msg", bytes)
+    t0 = time.process_time()
+    out: dict[str, Any] = {}
+    if step == "share":
+        out["msg"] = party.share_keys(inbox)
+    elif step == "masked-input":
+        out["ack"] = party.receive_forward(inbox)
+        t1 = time.process_time()
+        out["ack_cpu_s"] = t1 - t0
+        out["msg"] = party.masked_input(unpack_arrays(store["vector"])["v"])
+        t0 = t1
+    elif step == "consistency":
+        out["msg"] = party.sign_survivors(inbox)
+    elif step == "unmask":
+        out["msg"] = party.unmask(inbox)
+    else:
+        raise ProtocolError(f"unknown secagg step {step!r}")
+    out["cpu_s"] = time.process_time() - t0
+    if step == "unmask":  # the session is over: forget its secrets
+        _forget(store)
+    else:
+        store["party"] = freeze(party)
+    return out

@@ -1,0 +1,334 @@
+"""The SecureSum layer's server side when the clients run elsewhere (Flower's nodes).
+
+:class:`SecureSumServer` drives one secure-sum session per phase over a
+:class:`~secagg.link.Link`: the same five stages as :func:`~secagg.secure_sum.protocol.
+run_secure_sum` plays in one process (advertise, share, masked input, consistency, unmask),
+with the same :class:`~secagg.secure_sum.server.Server` state machine, but each client's
+part runs on its own node and every message crosses the link.
+
+Each session starts at its share stage: its ADVERTISE (fresh keys for its own session id
+and round) travels with the previous exchange -- the runtime's hello for the run's first
+session (:meth:`SecureSumServer.hello`), the previous session's unmask for the others --
+and its client step with its share instruction, so a session costs four exchanges instead
+of five over a transport where every exchange costs seconds. A node whose unmask reply is
+lost has therefore not advertised for the next session and drops out of it at
+``advertise``. (When the cohort turns out other than announced, e.g. a node missed the
+hello, the session advertises afresh.)
+
+Under ``DistributedDP`` the nodes add their noise shares to their encoded vectors before
+masking, sized from the release plan (:class:`~secagg.privacy.release.Release`), and the
+DP layer decodes the ring sum and accounts the noise the contributors actually added.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from secagg.costs import SERVER, secure_sum_client_flops
+from secagg.errors import ProtocolError
+from secagg.layers.base import Aggregate
+from secagg.link import (
+    PROTOCOL_REPLY,
+    STEP_REPLY,
+    Dropped,
+    Link,
+    Needs,
+    PhaseCall,
+    Reply,
+    add_clips,
+    keep_live,
+    malformed,
+)
+from secagg.link import reply_field as rfield
+from secagg.secure_sum import wire as ss_wire
+from secagg.secure_sum.graph import build
+from secagg.secure_sum.layer import SecureSum
+from secagg.secure_sum.server import Server
+
+# what a reply carries that advertised ahead for the next session
+_ADVERT_REPLY: Needs = (("next_msg", bytes), ("next_cpu_s", float))
+
+
+@dataclass
+class _PreAdvertised:
+    """The next secure-sum session's ADVERTISE, collected during the current session's
+    unmask exchange (or the hello): its (round, phase), session id, cohort, and per node
+    either (ADVERTISE bytes, the node's CPU seconds) or why it has none."""
+
+    round: int
+    phase: str
+    session: bytes
+    cohort: tuple[int, ...]
+    adverts: dict[int, tuple[bytes, float]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+    def take(self, client: int, rec: Reply) -> None:
+        """Keep ``client``'s ADVERTISE from its reply ``rec`` (or why it has none)."""
+        if (bad := malformed(rec, _ADVERT_REPLY)) is not None:
+            self.failed[client] = bad
+        else:
+            self.adverts[client] = (rfield(rec, "next_msg", bytes),
+                                    rfield(rec, "next_cpu_s", float))
+
+
+class SecureSumServer:
+    """SecureSum's server side over a :class:`~secagg.link.Link` (a
+    :class:`~secagg.link.LayerServer`); see the module docstring.
+
+    Args:
+        layer: the SecureSum layer (without pinned identities: a node would need its own
+            long-term key and every other node's public key pinned from outside).
+    """
+
+    def __init__(self, *, layer: SecureSum) -> None:
+        self.layer = layer
+        self._ahead: _PreAdvertised | None = None  # the first session's, on the hello
+        self._pre: _PreAdvertised | None = None  # the next session's, advertised ahead
+
+    def params(self) -> str:
+        """What a node needs to rebuild the SecureSum layer, as JSON (its identity keys, if
+        any, never travel)."""
+        return json.dumps({k: getattr(self.layer, k) for k in ("threshold", "graph", "k",
+                                                               "precision", "ring_bits")})
+
+    def hello(self, round: int, phase: str, n: int) -> dict[str, Any]:
+        """The hello asks every node to advertise for the run's first session, sized for a
+        cohort of ``n``."""
+        self._ahead = _PreAdvertised(round, phase, secrets.token_bytes(ss_wire.SESSION_BYTES),
+                                     ())
+        return dict(next_session=self._ahead.session, next_round=round, next_n=n,
+                    next_layer=self.params())
+
+    def greeted(self, client: int, reply: Reply) -> None:
+        """Keep the node's ADVERTISE for the first session."""
+        if self._ahead is not None:
+            self._ahead.take(client, reply)
+
+    def start(self, cohort: Sequence[int], announced: int) -> None:
+        """The first session uses the hello's ADVERTISEs when its cohort is the size the
+        hello announced (else it advertises afresh)."""
+        ahead, self._ahead, self._pre = self._ahead, None, None
+        if ahead is not None and len(cohort) == announced:
+            ahead.cohort = tuple(cohort)
+            ahead.failed = {c: why for c, why in ahead.failed.items() if c in ahead.cohort}
+            ahead.adverts = {c: a for c, a in ahead.adverts.items() if c in ahead.cohort}
+            self._pre = ahead
+
+    def aggregate(self, call: PhaseCall, link: Link) -> Aggregate:
+        """One session and its decoding: the layer's fixed-point plan, or, under
+        DistributedDP, the release plan (noised vectors; the DP layer decodes and accounts
+        the noise the contributors actually added)."""
+        rel, cohort = call.release, call.cohort
+        if rel.plan is None:
+            plans, bits, segments, fields = self.layer.layout(rel.carried, len(cohort))
+        else:
+            plans, bits, segments = {}, rel.plan.ring_bits, rel.plan.segments
+            fields = {f.name: f.nbytes for f in rel.plan.additive}
+        total, contributors, notes = self._session(call, link, bits, segments, fields)
+        ctx = call.ctx
+        if rel.plan is not None:
+            agg = rel.finish_distributed(total, contributors, ctx)
+            agg.notes.update(notes)
+            return agg
+        sums = {f.name: plans[f.name].decode_sum(total[segments[f.name]]).reshape(f.shape)
+                for f in rel.carried.additive}
+        notes["secure_sum"]["scale_bits"] = {n: p.scale_bits for n, p in plans.items()}
+        return Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
+
+    def _session(self, call: PhaseCall, link: Link, bits: int,
+                 segments: Mapping[str, slice], fields: Mapping[str, int],
+                 ) -> tuple[np.ndarray, tuple[int, ...], dict[str, Any]]:
+        """One SecureSum session over ``link``: five exchanges, or four when the previous
+        session's unmask exchange carried this one's ADVERTISE (``nxt`` names the session
+        after this one, to advertise for in stage 5); the client step then rides on the
+        share instruction instead of the advertise one. The nodes' vectors are ``bits``-bit
+        ring elements, one slice per field (``segments``; ``fields``: plaintext bytes per
+        field). Returns (the ring sum, the contributors, the aggregate's notes)."""
+        layer, cohort, ctx, clips = self.layer, call.cohort, call.release.ctx, call.clips
+        common = call.instruction
+        off = sum(sl.stop - sl.start for sl in segments.values())
+        g = build(cohort, layer.threshold, layer.graph, layer.k, None)
+        params = self.params()
+        dropped: Dropped = {}
+        word = (bits + 7) // 8
+        wire = call.broadcast
+        pre, self._pre = self._pre, None
+        if pre is not None and (pre.round, pre.phase, pre.cohort) != (
+                ctx.round, ctx.phase, tuple(cohort)):
+            pre = None  # not this session's (the nodes' parties are replaced below)
+
+        def to_server(u: int, stage: str, msg: bytes, handler: Callable[[bytes], Any],
+                      cpu: float, **row: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                out = handler(msg)
+            except ProtocolError as exc:
+                dropped.setdefault(stage, {})[u] = f"refused: {exc}"
+                out = None
+            ctx.message(u, SERVER, stage, msg, client_cpu_s=cpu,
+                        server_cpu_s=time.process_time() - t0, **row)
+            link.count(stage, len(msg))
+            return out
+
+        def deliver(stage: str, got: Mapping[int, Any], handler: Callable[[bytes], Any],
+                    flops: Callable[[int], float] = lambda u: 0.0) -> None:
+            """Hand each reply's protocol message to the server, booked as it arrives."""
+            for u, rec in got.items():
+                to_server(u, stage, rfield(rec, "msg", bytes), handler,
+                          rfield(rec, "cpu_s", float), flops=flops(u))
+
+        def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+            t0 = time.process_time()
+            return fn(), time.process_time() - t0
+
+        def book_out(stage: str, inbox: Mapping[int, bytes], close_s: float) -> None:
+            share = close_s / max(len(inbox), 1)
+            for v, m in inbox.items():
+                ctx.message(SERVER, v, stage, m, server_cpu_s=share)
+                link.count(stage, len(m))
+
+        def survive(stage: str, got: Mapping[int, Reply], failed: dict[int, str]
+                    ) -> dict[int, Reply]:
+            return keep_live(link, ctx, stage, got, failed, dropped)
+
+        def round_trip(stage: str, inbox: Mapping[int, bytes], close_s: float,
+                       needs: Needs = PROTOCOL_REPLY, step: bool = False,
+                       per_node: Callable[[int], dict[str, Any]] = lambda v: {},
+                       ) -> dict[int, Reply]:
+            book_out(stage, inbox, close_s)
+            got, failed = link.exchange(
+                stage, ctx, {v: {**per_node(v), "step": stage, "msg": m}
+                             for v, m in inbox.items()}, needs=needs, step=step)
+            return survive(stage, got, failed)
+
+        def stepped(u: int, rec: Reply, cpu_field: str) -> None:
+            """Keep a client step's costs (booked with its masked input) and clip counts."""
+            costs[u] = (rfield(rec, cpu_field, float), rfield(rec, "flops", float))
+            add_clips(clips, rec)
+
+        # stage 1: ADVERTISE -- with the client step and encoding in one message, or
+        # already collected during the previous session's unmask exchange
+        costs: dict[int, tuple[float, float]] = {}
+        if pre is None:
+            session = secrets.token_bytes(ss_wire.SESSION_BYTES)
+            if wire:
+                link.count("advertise", len(wire) * len(cohort))
+            got, failed = link.exchange("advertise", ctx, {
+                c: {"step": "advertise", "session": session, "n": len(cohort), "layer": params,
+                    **common}
+                for c in cohort}, needs=STEP_REPLY, step=True)
+            got = survive("advertise", got, failed)
+            for u, rec in got.items():
+                stepped(u, rec, "cpu_s")
+            adverts = {u: (rfield(rec, "msg", bytes), 0.0) for u, rec in got.items()}
+        else:
+            session = pre.session
+            adverts = survive("advertise", pre.adverts, dict(pre.failed))
+        server = Server(session, ctx.round, g, bits, off)
+        for u, (msg, cpu) in adverts.items():
+            to_server(u, "advertise", msg, server.receive_advertise, cpu,
+                      flops=secure_sum_client_flops("advertise", len(g.neighbours[u])))
+        rosters, dt = timed(server.close_advertise)
+        link.reached(ctx, "advertise")
+
+        # stage 2: share keys (with the client step when ADVERTISE came early)
+        def share_flops(u: int) -> float:
+            return secure_sum_client_flops("share", len(g.neighbours[u]), g.share_threshold)
+
+        if pre is None:
+            deliver("share", round_trip("share", rosters, dt), server.receive_shares,
+                    share_flops)
+        else:
+            if wire:
+                link.count("share", len(wire) * len(rosters))
+            got = round_trip(
+                "share", rosters, dt, needs=(*STEP_REPLY, ("step_cpu_s", float)), step=True,
+                per_node=lambda v: dict(with_step=True, n=len(cohort), layer=params, **common))
+            for u, rec in got.items():
+                stepped(u, rec, "step_cpu_s")
+            deliver("share", got, server.receive_shares, share_flops)
+        forwards, dt = timed(server.close_shares)
+        link.reached(ctx, "share")
+
+        # stage 3: ACK, then the masked vector (one Flower message carries both)
+        got = round_trip("masked-input", forwards, dt,
+                         needs=(("msg", bytes), ("cpu_s", float), ("ack", bytes),
+                                ("ack_cpu_s", float)))
+        acked = [u for u, rec in got.items()
+                 if to_server(u, "masked-input", rfield(rec, "ack", bytes), server.receive_ack,
+                              rfield(rec, "ack_cpu_s", float),
+                              flops=secure_sum_client_flops("ack", len(g.neighbours[u])))
+                 is not None]
+        for u in acked:
+            rec = got[u]
+            extra_cpu, flops = costs.get(u, (0.0, 0.0))
+            res = to_server(u, "masked-input", rfield(rec, "msg", bytes), server.receive_masked,
+                            rfield(rec, "cpu_s", float) + extra_cpu,
+                            plaintext_bytes=sum(fields.values()), fields=dict(fields),
+                            flops=flops + secure_sum_client_flops(
+                                "masked", len(g.neighbours[u]), vector_bytes=off * word,
+                                word_bytes=word))
+            if res is not None:
+                for name, sl in segments.items():
+                    part = res[1][sl]
+                    ctx.observe(SERVER, u, "masked-input", name, "masked", part,
+                                nbytes=int(part.size) * word)
+        survivors, dt = timed(server.close_masked)
+        link.reached(ctx, "masked-input")
+
+        # stage 4: consistency check (each survivor signs the survivor set it was shown;
+        # Bonawitz et al.'s active-security round, as the embedded engine runs it)
+        deliver("consistency", round_trip("consistency", survivors, dt),
+                server.receive_signature)
+        requests, dt = timed(server.close_consistency)
+        link.reached(ctx, "consistency")
+
+        # stage 5: unmasking, with the next session's ADVERTISE in the same exchange (a node
+        # of the next cohort that is not asked to unmask gets an instruction of its own,
+        # sent alongside): the next session then starts at its share stage
+        book_out("unmask", requests, dt)
+        nxt = call.upcoming()
+        ahead = None if nxt is None else _PreAdvertised(
+            nxt[0], nxt[1], secrets.token_bytes(ss_wire.SESSION_BYTES), tuple(nxt[2]))
+        payloads: dict[int, dict[str, Any]] = {v: {"step": "unmask", "msg": m}
+                                               for v, m in requests.items()}
+        if ahead is not None:
+            nf = dict(next_session=ahead.session, next_round=ahead.round,
+                      next_n=len(ahead.cohort), next_layer=params)
+            for v in ahead.cohort:
+                payloads[v] = ({"step": "unmask", "msg": requests[v], **nf} if v in requests
+                               else {"step": "advertise-next", **nf})
+        got, failed = link.exchange("unmask", ctx, payloads, needs=())
+        mine = {v: rec for v, rec in got.items() if v in requests}
+        why = {v: w for v, w in failed.items() if v in requests}
+        for v in list(mine):
+            if (bad := malformed(mine[v], PROTOCOL_REPLY)) is not None:
+                why[v] = bad
+                del mine[v]
+        deliver("unmask", survive("unmask", mine, why), server.receive_unmask)
+        if ahead is not None:
+            for v in ahead.cohort:
+                if v not in got:
+                    ahead.failed[v] = failed.get(v, "no reply")
+                else:
+                    ahead.take(v, got[v])
+            self._pre = ahead
+        (total, contributors), _ = timed(server.finish)
+        for name, sl in segments.items():
+            part = total[sl]
+            ctx.observe(SERVER, SERVER, "unmask", name, "clear", part, what="sum",
+                        nbytes=int(part.size) * word)
+        notes = {"secure_sum": {
+            "ring_bits": bits, "graph": g.kind, "k": g.k, "threshold": g.threshold,
+            "share_threshold": g.share_threshold, "live": dict(server.live),
+            "excluded": sorted(server.excluded), "recovered": sorted(server.dropped),
+            "refused": dict(server.refused), "server_model": "honest-but-curious",
+        }, "dropped": dropped}
+        return total, tuple(contributors), notes
