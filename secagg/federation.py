@@ -89,6 +89,7 @@ class _Phase(Protocol):
     ) -> dict[str, np.ndarray]: ...  # noqa: E501
     def server_step(self, aggregate: Aggregate) -> None: ...
     def client_flops(self, client: ClientState) -> float: ...
+    def round_invariant_fields(self) -> tuple[str, ...]: ...
 
 
 class AlgorithmLike(Protocol):
@@ -480,7 +481,12 @@ class Federation:
                     specs[ph.name] = spec if spec.max_records is not None else replace(
                         spec, max_records=max_records)
         cohort = cohort_size(len(self.partition), self.fraction)
-        verdicts = self.threat.check(self.algorithm, self.layer, specs, n_clients=cohort)
+        d = self.dropouts
+        may_drop = bool(d.default > 0 or (any(float(v) > 0 for v in d.rate.values())
+                                          if isinstance(d.rate, Mapping) else d.rate > 0))
+        verdicts = self.threat.check(self.algorithm, self.layer, specs, n_clients=cohort,
+                                     rounds=self.rounds, fraction=self.fraction,
+                                     dropouts=may_drop)
         leaks = [v for v in verdicts if not v.ok]
         if leaks and not self.allow_leaks:
             v = leaks[0]
@@ -491,6 +497,18 @@ class Federation:
                 "(choose a layer that protects it, or pass allow_leaks=True to run anyway; "
                 "the transcript then records the leak)")
         return [str(v) for v in leaks]
+
+    def _round_invariant(self) -> dict[str, list[str]]:
+        """Phase -> the fields its algorithm declares round-invariant (``Phase.
+        round_invariant_fields``), for the threat audit's differencing rule."""
+        out: dict[str, list[str]] = {}
+        for r in range(self.rounds):
+            for ph in self.algorithm.phases(r, self.rounds):
+                names = list(ph.round_invariant_fields())
+                if names:
+                    out.setdefault(ph.name, [])
+                    out[ph.name] += [n for n in names if n not in out[ph.name]]
+        return out
 
     def _cohort(self, rng: np.random.Generator) -> list[int]:
         return sample_cohort(rng, len(self.partition), self.fraction)
@@ -525,6 +543,7 @@ class Federation:
         made = plan_privacy(self.algorithm, self.layer, self.rounds,
                             self.max_records is not None)
         header["layer"] = self.layer.describe()  # as planned (noise for the real releases)
+        header["round_invariant"] = self._round_invariant()
         # a fresh ledger per run (unless one was given)
         self.privacy = self._privacy_arg if self._privacy_arg is not None else made
         self._unnoised: dict[tuple[str, str], str] = {}  # kept until a ledger exists

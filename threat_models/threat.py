@@ -132,10 +132,13 @@ class ThreatModel:
 
     # -- the Federation hook -------------------------------------------------------------
     def check(self, algorithm: Any, layer: Any, specs: Mapping[str, Any],
-              n_clients: int | None = None) -> list[Any]:
+              n_clients: int | None = None, *, rounds: int = 2, fraction: float = 1.0,
+              dropouts: bool = False) -> list[Any]:
         """Per (phase, field) verdicts of ``layer`` against this coalition (see
-        :func:`threat_models.admissibility.admissible`); each has ``ok``, ``phase``,
+        :func:`threat_models.admissibility.admissible`, whose ``rounds``, ``fraction`` and
+        ``dropouts`` judge differencing across cohorts); each has ``ok``, ``phase``,
         ``field`` and ``reason``."""
         from threat_models.admissibility import admissible
 
-        return admissible(algorithm, layer, self, specs=specs, n_clients=n_clients)
+        return admissible(algorithm, layer, self, specs=specs, n_clients=n_clients,
+                          rounds=rounds, fraction=fraction, dropouts=dropouts)
