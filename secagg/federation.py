@@ -89,7 +89,6 @@ class _Phase(Protocol):
     ) -> dict[str, np.ndarray]: ...  # noqa: E501
     def server_step(self, aggregate: Aggregate) -> None: ...
     def client_flops(self, client: ClientState) -> float: ...
-    def round_invariant_fields(self) -> tuple[str, ...]: ...
 
 
 class AlgorithmLike(Protocol):
@@ -504,7 +503,9 @@ class Federation:
         out: dict[str, list[str]] = {}
         for r in range(self.rounds):
             for ph in self.algorithm.phases(r, self.rounds):
-                names = list(ph.round_invariant_fields())
+                # a duck-typed phase (not an algorithms.base.Phase) declares nothing
+                declared = getattr(ph, "round_invariant_fields", None)
+                names = list(declared()) if callable(declared) else []
                 if names:
                     out.setdefault(ph.name, [])
                     out[ph.name] += [n for n in names if n not in out[ph.name]]

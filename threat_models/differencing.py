@@ -113,7 +113,8 @@ def invariant_fields(algorithm: Any, rounds: int) -> dict[str, tuple[int, tuple[
             if not ph.spec().fields:
                 continue  # a local phase releases nothing
             count, fields = out.get(ph.name, (0, ()))
-            declared = tuple(ph.round_invariant_fields())
+            fn = getattr(ph, "round_invariant_fields", None)  # duck-typed phases: none
+            declared = tuple(fn()) if callable(fn) else ()
             out[ph.name] = (count + 1, tuple(dict.fromkeys(fields + declared)))
     return out
 
