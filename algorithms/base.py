@@ -77,6 +77,18 @@ class Phase(ABC):
         DP-SGD, whose events the run's privacy ledger composes. Default: False."""
         return False
 
+    def round_invariant_fields(self) -> tuple[str, ...]:
+        """Fields whose value for one client is the same in every round it takes part in
+        (a function of its data alone, e.g. its record count or label histogram; not of a
+        model that moves between rounds). Two exact sums of such a field over cohorts that
+        differ by one client give that client's value by subtraction, and more samplings
+        solve for more clients: :mod:`threat_models.differencing` flags an exact (un-noised)
+        release of one in two or more rounds whose cohorts can differ, and
+        :mod:`threat_models.attacks.differencing` recovers the values. Declare a field here
+        when its value does not change between rounds; a DP layer's noise on it (composed
+        over the releases by the ledger) is what protects it. Default: none."""
+        return ()
+
     def measurements(self) -> dict[str, Any]:
         """What this phase reports after its server step, for :attr:`Result.measurements
         <secagg.federation.Result.measurements>` (JSON-able; e.g. the clip bound in force).

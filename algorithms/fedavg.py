@@ -325,6 +325,11 @@ class _TrainPhase(GlobalModelPhase):
         """With DP-FedAvg: the clip bound in force and how many clients it clipped."""
         return self.algo.clip_measurements(self.clip)
 
+    def round_invariant_fields(self) -> tuple[str, ...]:
+        """``n`` (the client's record count, the same in every round) in the classic
+        upload; nothing under DP-FedAvg (the update moves with the model)."""
+        return () if self.algo.clip_policy is not None else ("n",)
+
     def privacy_events(self) -> list[Any]:
         """DP-SGD events of this round's local trainings (cleared once read)."""
         out, self.algo.pending_events[:] = list(self.algo.pending_events), []

@@ -3,13 +3,17 @@
 Part 1: ``secagg dp-audit``'s audits (threat_models.dp_audit) at epsilon 1, 2 and 4,
 delta 1e-5: CentralDP, LocalDP, DistributedDP (discrete Gaussian and Skellam) on a bare
 bounded sum, 10^6 releases per world; DP-SGD (Opacus, one full-batch step, gradient
-canary), 1000 trainings per world and one run with 1000 canaries. Each lower bound holds
-with probability >= 0.95; "ratio" is lower / claimed (the issue asks 0.5..1 for the sums).
+canary), 1000 trainings per world and one run with 1000 canaries; client-level DP-FedAvg
+under each DP layer at client adjacency (threat_models.dp_audit_fedavg: a canary client
+whose update is clipped to the bound C = 1, 3 background clients, model size 8), 10^6
+rounds per world and one round with 1000 canary clients. Each lower bound holds with
+probability >= 0.95; "ratio" is lower / claimed (the issue asks 0.5..1 for the sums).
 
 Part 2: each bug of issue 22 injected by patching the real code (as the tests do), audited
 at a claimed epsilon of 1; every row must read VIOLATED.
 
-Usage: python benchmarks/dp_audit.py [--trials 1000000] [--dpsgd-trials 1000] [--seed 0]
+Usage: python benchmarks/dp_audit.py [--trials 1000000] [--dpsgd-trials 1000]
+       [--fedavg-trials 1000000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from threat_models.dp_audit import (
     format_table,
     run_audits,
 )
+from threat_models.dp_audit_fedavg import audit_fedavg, audit_fedavg_one_run
 
 
 @contextmanager
@@ -99,6 +104,20 @@ def dpsgd_clip_not_applied() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def fedavg_clip_not_applied() -> Iterator[None]:
+    """The client forgets to clip its update and the upload check is broken too (with the
+    check alone working, the upload is refused)."""
+    import algorithms.fedavg as fedavg_mod
+
+    def unclipped(vector, bound, dtype="float64"):  # noqa: ANN001, ANN202 - clip_l2's
+        v = np.asarray(vector, dtype=np.float64)
+        return v.astype(dtype), float(np.linalg.norm(v)), False
+
+    with mock.patch.object(fedavg_mod, "clip_l2", unclipped), clip_not_applied():
+        yield
+
+
 def bugs(trials: int, seed: int) -> list[tuple[str, AuditResult]]:
     """Every injected bug, audited at a claimed epsilon of 1 (DP-SGD: z = 3)."""
     cases: list[tuple[str, Callable[[], object], Callable[[], AuditResult]]] = [
@@ -122,6 +141,11 @@ def bugs(trials: int, seed: int) -> list[tuple[str, AuditResult]]:
          lambda: audit_dpsgd(noise_multiplier=3.0, trials=300, seed=seed)),
         ("clip not applied (DP-SGD 1 run)", dpsgd_clip_not_applied,
          lambda: audit_dpsgd_one_run(noise_multiplier=3.0, canaries=1000, seed=seed)),
+        ("clip not applied (DP-FedAvg)", fedavg_clip_not_applied,
+         lambda: audit_fedavg("central-dp", epsilon=1.0, trials=trials, seed=seed,
+                              progress=False)),
+        ("clip not applied (DP-FedAvg 1 run)", fedavg_clip_not_applied,
+         lambda: audit_fedavg_one_run("central-dp", epsilon=1.0, canaries=1000, seed=seed)),
     ]
     out = []
     for name, patch, run in cases:
@@ -134,6 +158,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1_000_000)
     ap.add_argument("--dpsgd-trials", type=int, default=1000)
+    ap.add_argument("--fedavg-trials", type=int, default=1_000_000)
     ap.add_argument("--bug-trials", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -145,6 +170,9 @@ def main() -> None:
                        trials=args.trials, seed=args.seed, progress=False)
     rows += run_audits(layers=("dp-sgd",), epsilons=eps, trials=args.dpsgd_trials,
                        seed=args.seed, one_run=True, progress=False)
+    rows += run_audits(layers=("central-dp", "local-dp", "distributed-dp"), epsilons=eps,
+                       release="dp-fedavg", trials=args.fedavg_trials, seed=args.seed,
+                       one_run=True, progress=False)
     print(format_table(rows))
     print("\nseconds per audit: " + ", ".join(f"{r.mechanism}@{r.epsilon_claimed:g} "
                                              f"{r.seconds:.1f}" for r in rows))

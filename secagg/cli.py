@@ -666,7 +666,11 @@ def _add_dp_audit_parser(sub: Any) -> None:
         "on epsilon (Clopper-Pearson). A lower bound above the claimed epsilon proves the\n"
         "mechanism broken. The DP layers are audited on a bare bounded sum through their\n"
         "own noise paths; dp-sgd trains a linear model with Opacus and a gradient canary\n"
-        "(record level; --adjacency, --mechanism and --clients apply to the sums).",
+        "(record level; --adjacency, --mechanism and --clients apply to the sums).\n"
+        "--release dp-fedavg audits the DP layers on one round of client-level DP-FedAvg\n"
+        "instead: a canary client whose update is at the clip bound, background clients,\n"
+        "the real clip, upload check, noise and server step (--clients is the cohort;\n"
+        "--one-run adds the one-round audit with --canaries canary clients).",
         epilog=DP_AUDIT_EXIT_CODES + "\n\nexample: secagg dp-audit --layer central-dp "
         "--epsilon 2 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -678,6 +682,9 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    help="claimed epsilon(s) to audit (default: 1 2 4)")
     d.add_argument("--delta", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=1e-5,
                    help="claimed delta (%(default)g)")
+    d.add_argument("--release", choices=("sum", "dp-fedavg"), default="sum",
+                   help="what the DP layers are audited on: a bare bounded sum, or one round "
+                   "of client-level DP-FedAvg with a canary update (%(default)s)")
     d.add_argument("--adjacency", choices=("record", "client"), default="record",
                    help="what the canary is: one record or one client (%(default)s)")
     d.add_argument("--mechanism", choices=("discrete_gaussian", "skellam"),
@@ -687,15 +694,16 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    help="cohort size of the sum (default: 1; 2 for distributed-dp)")
     d.add_argument("--trials", type=_ranged(int, 7, what="an integer >= 8"), default=None,
                    help="releases per world, without and with the canary (default: "
-                   "1000000 for the sums, 1000 trainings for dp-sgd)")
+                   "1000000 for the sums, 100000 for dp-fedavg, 1000 trainings for dp-sgd)")
     d.add_argument("--seed", type=int, default=0,
                    help="seed of the auditor and of the layers' noise streams (%(default)s)")
     d.add_argument("--confidence", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=0.95,
                    help="confidence of the lower bounds (%(default)g)")
     d.add_argument("--one-run", action="store_true",
-                   help="dp-sgd: also audit in one training run (Steinke et al. 2023)")
+                   help="dp-sgd and --release dp-fedavg: also audit in one run with many "
+                   "canaries (Steinke et al. 2023)")
     d.add_argument("--canaries", type=_ranged(int, 1, what="an integer >= 2"), default=1000,
-                   help="dp-sgd --one-run: canaries in the run (%(default)s)")
+                   help="--one-run: canaries in the run (%(default)s)")
     d.add_argument("--json", action="store_true",
                    help="print JSON rows (mechanism, epsilon_claimed, epsilon_lower, "
                    "confidence, trials, canary, ...) instead of the table")

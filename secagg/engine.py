@@ -222,9 +222,10 @@ def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
 
 def check_threat(algorithm: AlgorithmLike, layer: Layer, threat: Any, rounds: int,
                  n_clients: int, fraction: float, max_records: int,
-                 allow_leaks: bool) -> list[str]:
+                 allow_leaks: bool, may_drop: bool = False) -> list[str]:
     """Judge every phase's fields against ``threat`` (``check(algorithm, layer, specs,
-    n_clients)`` returning per-field verdicts); raise InadmissibleField for the first
+    n_clients, rounds=, fraction=, dropouts=)`` returning per-field verdicts; the last
+    three let it judge differencing across cohorts); raise InadmissibleField for the first
     unprotected one unless ``allow_leaks`` (then return them all, as text)."""
     specs: dict[str, UploadSpec] = {}
     for r in range(rounds):
@@ -234,7 +235,8 @@ def check_threat(algorithm: AlgorithmLike, layer: Layer, threat: Any, rounds: in
                 specs[ph.name] = spec if spec.max_records is not None else replace(
                     spec, max_records=max_records)
     cohort = cohort_size(n_clients, fraction)
-    verdicts = threat.check(algorithm, layer, specs, n_clients=cohort)
+    verdicts = threat.check(algorithm, layer, specs, n_clients=cohort, rounds=rounds,
+                            fraction=fraction, dropouts=may_drop)
     leaks = [v for v in verdicts if not v.ok]
     if leaks and not allow_leaks:
         v = leaks[0]
@@ -245,6 +247,21 @@ def check_threat(algorithm: AlgorithmLike, layer: Layer, threat: Any, rounds: in
             "(choose a layer that protects it, or pass allow_leaks=True to run anyway; "
             "the transcript then records the leak)")
     return [str(v) for v in leaks]
+
+
+def round_invariant(algorithm: AlgorithmLike, rounds: int) -> dict[str, list[str]]:
+    """Phase -> the fields its algorithm declares round-invariant
+    (:meth:`algorithms.base.Phase.round_invariant_fields`), for the transcript header and
+    the threat audit's differencing rule; a duck-typed phase declares nothing."""
+    out: dict[str, list[str]] = {}
+    for r in range(rounds):
+        for ph in algorithm.phases(r, rounds):
+            declared = getattr(ph, "round_invariant_fields", None)
+            names = list(declared()) if callable(declared) else []
+            if names:
+                have = out.setdefault(ph.name, [])
+                have += [n for n in names if n not in have]
+    return out
 
 
 @dataclass(kw_only=True)
@@ -597,6 +614,17 @@ class Engine:
         # public, never derived from the clients' data
         return DEFAULT_MAX_RECORDS if self.max_records is None else self.max_records
 
+    def _may_drop(self) -> bool:
+        """Whether a client may drop out of a phase: always over a remote transport (real
+        nodes), else when the injected dropout model has a positive rate."""
+        if self.transport.link is not None:
+            return True
+        d = self.dropouts
+        rate = d.rate
+        if isinstance(rate, Mapping):
+            return bool(d.default > 0 or any(float(v) > 0 for v in rate.values()))
+        return bool(d.default > 0 or float(rate) > 0)
+
     def run(self) -> Result:
         """Run all rounds and return the :class:`~secagg.result.Result`.
 
@@ -611,7 +639,7 @@ class Engine:
         alg.setup(tr.dataset, tr.states, self.seed)
         leaks = None if self.threat is None else check_threat(
             alg, layer, self.threat, self.rounds, len(tr.states), self.fraction,
-            self._max_records, self.allow_leaks)
+            self._max_records, self.allow_leaks, may_drop=self._may_drop())
         made = plan_privacy(alg, layer, self.rounds, self.max_records is not None)
         run = RunState(ledger=Ledger(), transcript=Transcript(self.include_values),
                        privacy=self.privacy if self.privacy is not None else made)
@@ -634,6 +662,7 @@ class Engine:
             **({} if self.threat is None else {
                 "threat": self.threat.describe(), "allow_leaks": self.allow_leaks}),
         )
+        run.transcript.records[-1]["round_invariant"] = round_invariant(alg, self.rounds)
         if leaks is not None:
             run.transcript.records[-1]["leaks"] = leaks
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))

@@ -28,6 +28,12 @@ What each layer promises, and the rules applied (n is the cohort, t the colludin
 * ``per-group``: each field follows the layer routed for its group.
 
 Fields a layer lists as ``public`` are not noised: the inner layer's rule applies.
+
+Across releases (:mod:`threat_models.differencing`): a field the algorithm declares
+round-invariant (:meth:`algorithms.base.Phase.round_invariant_fields`) that the coalition
+reads as an exact sum in two or more rounds, over cohorts that can differ (client sampling
+with ``fraction < 1``, or ``dropouts``), is not protected even by a secure sum: the
+difference of two sums over cohorts that differ by one client is that client's value.
 """
 
 from __future__ import annotations
@@ -209,7 +215,8 @@ def _specs_of(algorithm: Any, rounds: int = 2) -> dict[str, UploadSpec]:
 
 def admissible(algorithm: Any, layer: Any, threat: Coalition | str,
                specs: Mapping[str, UploadSpec] | None = None,
-               n_clients: int | None = None) -> list[Verdict]:
+               n_clients: int | None = None, *, rounds: int = 2, fraction: float = 1.0,
+               dropouts: bool = False) -> list[Verdict]:
     """One :class:`Verdict` per (phase, field) of ``algorithm`` carried by ``layer``.
 
     Args:
@@ -220,14 +227,29 @@ def admissible(algorithm: Any, layer: Any, threat: Coalition | str,
             CLI name (``"server+3"``).
         specs: phase name -> UploadSpec (default: the phases of rounds 0 and 1 of 2).
         n_clients: the cohort size (thresholds given as fractions need it).
+        rounds: the rounds of the run (how often each phase releases).
+        fraction: the share of clients sampled per round (< 1: cohorts differ between
+            rounds, so round-invariant fields can be differenced).
+        dropouts: clients may drop out between rounds, or a phase may be retried with
+            another cohort (cohorts differ even with ``fraction=1``).
     """
     th = Coalition.parse(threat) if isinstance(threat, str) else threat
     desc = layer if isinstance(layer, Mapping) else layer.describe()
-    specs = _specs_of(algorithm) if specs is None else specs
+    specs = _specs_of(algorithm, max(rounds, 2)) if specs is None else specs
+    risks = {}
+    if algorithm is not None:
+        from threat_models.differencing import plan_risks
+
+        risks = plan_risks(algorithm, desc, th, rounds=rounds, fraction=fraction,
+                           dropouts=dropouts)
     out = []
     for phase, spec in specs.items():
         for f in spec.fields:
             r = _rule(desc, f, th, n_clients)
+            risk = risks.get((phase, f.name))
+            if risk is not None and r.ok:
+                r = _Rule(False, "each client's value, by differencing exact sums across "
+                          "rounds", risk.reason)
             out.append(Verdict(phase, f.name, r.ok, r.reads, r.reason, _carrier(desc, f)))
     return out
 

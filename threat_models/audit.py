@@ -7,7 +7,10 @@ in the clear (the server alone, with the decryptor, with 1..T colluding clients,
 server), and, when the transcript holds values, runs the attacks that apply to the run's
 algorithm from the named coalition's view. Without ground truth an attack's error cannot
 be measured here: its success is reported as the share of clients whose value it recovered
-from single uploads (the tests measure the errors).
+from single uploads (the tests measure the errors). Across rounds, a field the run's header
+declares round-invariant and the coalition read as exact sums over cohorts that determine
+some client's value is reported as readable by differencing
+(:func:`threat_models.differencing.transcript_risks`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,12 @@ def threat_audit(transcript: Transcript, threat: ThreatModel | str) -> tuple[str
         lines.append(f"  read in the clear by: {', '.join(readers) or 'no listed coalition'}")
         lines.append(f"  {th.name}: {'protected' if ok else 'READABLE'} - {rule.reads}: "
                      f"{rule.reason}")
+    from threat_models.differencing import transcript_risks
+
+    for (phase, fname), risk in transcript_risks(transcript, th).items():
+        leaks = True
+        lines.append(f"\nphase {phase!r}  field {fname!r}  across rounds")
+        lines.append(f"  {th.name}: READABLE by differencing - {risk.reason}")
     if transcript.include_values:
         lines += _attacks(transcript, th, n)
     else:

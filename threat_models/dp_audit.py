@@ -36,13 +36,16 @@ Audits here, apart from the pure math above:
 
 * :func:`audit` -- any *batched* release ``draw(with_canary, n, rng) -> n observations``;
   :func:`audit_release` -- any single release ``release(with_canary, rng) -> observation``
-  (e.g. client-level DP-FedAvg's release, once it exists), looped.
+  looped.
 * :class:`SumRelease` / :func:`audit_sum` -- CentralDP, LocalDP or DistributedDP on a bare
   bounded sum, through the layers' own noise paths (``CentralDP.release``,
   ``LocalDP.noise_plan``/``noise_upload``, ``DistributedDP.release_plan``/``encode_noised``
   /``finish``) and samplers; ``n`` releases of the 1-coordinate sum are drawn as one
   ``n``-coordinate release with the 1-coordinate release's plan (same noise level, ring
   and encoding per coordinate, checked against a scalar release through ``aggregate``).
+* :mod:`threat_models.dp_audit_fedavg` -- client-level DP-FedAvg with a crafted canary
+  update (multi-run and one-run), through the real clip, upload check, layer and server
+  step.
 * :func:`audit_dpsgd` (multi-run) and :func:`audit_dpsgd_one_run` (Steinke, Nasr and
   Jagielski, NeurIPS 2023) -- DP-SGD through :mod:`secagg.privacy.dpsgd` (Opacus) with
   gradient canaries.
@@ -1018,6 +1021,10 @@ def plot_tradeoff(results: Sequence[AuditResult], path: str | Any) -> list[Any]:
 #: Exit status of ``secagg dp-audit`` when some lower bound exceeds its claim.
 EXIT_VIOLATED = 6
 DPSGD_TRIALS = 1000
+#: Releases per world of the multi-run DP-FedAvg audit by default.
+FEDAVG_TRIALS = 100_000
+#: What ``secagg dp-audit --release`` audits the DP layers on.
+RELEASES = ("sum", "dp-fedavg")
 
 
 def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float = DEFAULT_DELTA,
@@ -1025,13 +1032,27 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                mechanism: Literal["discrete_gaussian", "skellam"] = "discrete_gaussian",
                trials: int | None = None, seed: int = 0, clients: int | None = None,
                confidence: float = 0.95, one_run: bool = False, canaries: int = 1000,
-               dpsgd_steps: int = 1, progress: bool | None = None) -> list[AuditResult]:
+               dpsgd_steps: int = 1, progress: bool | None = None,
+               release: Literal["sum", "dp-fedavg"] = "sum") -> list[AuditResult]:
     """Every requested audit: each layer (``central-dp``, ``local-dp``, ``distributed-dp``,
     ``dp-sgd``) at each epsilon. DP-SGD's noise multiplier is calibrated to the epsilon for
-    ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit."""
+    ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit.
+
+    ``release="dp-fedavg"`` audits the DP layers (client adjacency) on one round of
+    client-level DP-FedAvg with a canary update (:mod:`threat_models.dp_audit_fedavg`;
+    ``clients`` is the cohort, default 4) instead of a bare sum; ``one_run`` adds its
+    one-run audit with ``canaries`` canary clients."""
+    if release not in RELEASES:
+        raise AuditError(f"release must be one of {RELEASES}, got {release!r}")
     out: list[AuditResult] = []
     for name in layers:
         for eps in epsilons:
+            if release == "dp-fedavg":
+                out += _fedavg_audits(name, eps, delta=delta, mechanism=mechanism,
+                                      trials=trials, seed=seed, clients=clients,
+                                      confidence=confidence, one_run=one_run,
+                                      canaries=canaries, progress=progress)
+                continue
             if name == "dp-sgd":
                 from secagg.privacy.calibrate import calibrate
 
@@ -1050,6 +1071,24 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
     return out
 
 
+def _fedavg_audits(name: str, eps: float, *, delta: float, mechanism: Any,
+                   trials: int | None, seed: int, clients: int | None, confidence: float,
+                   one_run: bool, canaries: int, progress: bool | None) -> list[AuditResult]:
+    from threat_models.dp_audit_fedavg import audit_fedavg, audit_fedavg_one_run
+
+    if name not in LAYER_NAMES:
+        raise AuditError(f"DP-FedAvg is audited under the DP layers {', '.join(LAYER_NAMES)};"
+                         f" {name!r} is not one (dp-sgd is record-level: audit it with "
+                         "--release sum)")
+    out = [audit_fedavg(name, epsilon=eps, delta=delta, mechanism=mechanism,
+                        trials=trials or FEDAVG_TRIALS, seed=seed, clients=clients or 4,
+                        confidence=confidence, progress=progress)]
+    if one_run:
+        out.append(audit_fedavg_one_run(name, epsilon=eps, delta=delta, mechanism=mechanism,
+                                        canaries=canaries, seed=seed, confidence=confidence))
+    return out
+
+
 def main_cli(args: Any) -> int:
     """``secagg dp-audit``: run the audits ``args`` names (see ``secagg dp-audit --help``),
     print the table (or ``--json`` rows), and return the exit status: 0 when every lower
@@ -1057,9 +1096,11 @@ def main_cli(args: Any) -> int:
     not (epsilon, delta)-DP, at the stated confidence)."""
     import json
 
+    release = getattr(args, "release", "sum")
+    every = ALL_LAYERS if release == "sum" else LAYER_NAMES
     layers = list(dict.fromkeys(
-        n for item in args.layer for n in (ALL_LAYERS if item == "all" else (item,))))
-    results = run_audits(layers=layers, epsilons=args.epsilon, delta=args.delta,
+        n for item in args.layer for n in (every if item == "all" else (item,))))
+    results = run_audits(release=release,layers=layers, epsilons=args.epsilon, delta=args.delta,
                          adjacency=args.adjacency, mechanism=args.mechanism,
                          trials=args.trials, seed=args.seed, clients=args.clients,
                          confidence=args.confidence, one_run=args.one_run,

@@ -29,8 +29,11 @@ class ThreatModel(Coalition):
     arguments) that the engine can check a composition against."""
 
     def check(self, algorithm: Any, layer: Any, specs: Mapping[str, Any],
-              n_clients: int | None = None) -> list[Verdict]:
+              n_clients: int | None = None, *, rounds: int = 2, fraction: float = 1.0,
+              dropouts: bool = False) -> list[Verdict]:
         """Per (phase, field) verdicts of ``layer`` against this coalition (see
-        :func:`threat_models.admissibility.admissible`); each has ``ok``, ``phase``,
+        :func:`threat_models.admissibility.admissible`, whose ``rounds``, ``fraction`` and
+        ``dropouts`` judge differencing across cohorts); each has ``ok``, ``phase``,
         ``field`` and ``reason``."""
-        return admissible(algorithm, layer, self, specs=specs, n_clients=n_clients)
+        return admissible(algorithm, layer, self, specs=specs, n_clients=n_clients,
+                          rounds=rounds, fraction=fraction, dropouts=dropouts)

@@ -11,6 +11,8 @@ the ground truth, which only a test or an experiment knows.
 * :mod:`.inversion` — a record from a batch-1 FedAvg update of the digits MLP.
 * :mod:`.turbosvm` — which labels a TurboSVM-FL client holds, from its class embeddings.
 * :mod:`.collusion` — server + colluding clients unmasking a SecureSum upload.
+* :mod:`.differencing` — a client's round-invariant upload from exact sums over cohorts
+  that differ (retries, dropouts, client sampling).
 """
 
 from threat_models.attacks.common import AttackResult, Observed, observed
