@@ -77,7 +77,13 @@ Where the two differ in what they do (not only how):
 * Flower's adaptive update uses the fraction of clients *clipped* in
   ``C <- C exp(-eta (b - target))``; Andrew et al. (and ours) use the fraction *unclipped*
   there. Flower's clip therefore moves away from its target quantile (when most updates are
-  clipped it shrinks C further); the printed clip trajectories show it.
+  clipped it shrinks C further); the printed clip trajectories show it, and the
+  noise-free adaptive control shows what it costs in accuracy without any noise.
+* Flower's adaptive strategies update the clip *before* noising the round's average, so
+  the round's noise is z_u C_next / m while its updates were clipped to C_this: when C
+  shrinks (as it does here) the release carries less noise than z_u demands (by up to
+  exp(-eta/2), about 0.90 at eta = 0.2), when C grows more. Ours noises each round with
+  the clip its updates were clipped to.
 * Flower counts raw 0/1 "clipped" bits and divides by the number of replies; ours sums
   the centred bits b - 1/2 (sensitivity 1/2, Andrew et al.) and divides by the fixed m.
   Flower's split assumes the paper's sensitivity 1/2 for the count, and its count noise
@@ -88,6 +94,9 @@ Where the two differ in what they do (not only how):
 * The noise generators differ (Flower: NumPy's global generator, seeded here per run;
   ours: CentralDP's ``seed``, a benchmark convenience that makes runs reproducible and
   is not for deployment), so single runs differ by their noise draw; hence the seeds.
+  Flower's runs repeat only up to float rounding (its replies arrive in varying order, and
+  FedAvg sums them in float32): a seed's final accuracy can move by a test digit or two
+  (0.5 point) between two runs of this script.
 """
 
 from __future__ import annotations
