@@ -267,6 +267,11 @@ def _make_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument(
+        "--dry-run", action="store_true",
+        help="print the privacy plan (noise per release, the largest sum the cohort could "
+        "upload, their ratio, epsilon after each round) and exit: nothing is trained or "
+        "written")
+    r.add_argument(
         "--list", action="store_true", help="list the available algorithms (one line each) and exit"
     )
 
@@ -490,6 +495,15 @@ def _quiet_library_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"Full backward hook is firing")
     warnings.filterwarnings("ignore", message=r"Using a non-full backward hook")
     warnings.filterwarnings("once", module=r"opacus(\.|$)")
+    plain = warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None):  # noqa: ANN001, ANN202
+        # secagg's own warnings (e.g. the privacy plan's) are one line, with the fix
+        if category.__module__.startswith("secagg."):
+            return f"secagg: warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line  # type: ignore[assignment]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -528,6 +542,14 @@ def _run(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
         max_records=args.max_records,
     )
+    if args.dry_run:  # the plan only: nothing trained, nothing written
+        from secagg.privacy.plan import format_plan, swamped
+
+        rows = fed.plan()
+        print(format_plan(rows))
+        for line in swamped(rows):
+            print(f"warning: {line}", file=sys.stderr)
+        return EXIT_OK
     out = _out_dir(args)
     result = fed.run()
     paths = result.save(out, args.device_profile)

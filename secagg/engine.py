@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -247,6 +248,22 @@ def check_threat(algorithm: AlgorithmLike, layer: Layer, threat: Any, rounds: in
             "(choose a layer that protects it, or pass allow_leaks=True to run anyway; "
             "the transcript then records the leak)")
     return [str(v) for v in leaks]
+
+
+def warn_swamped(algorithm: AlgorithmLike, layer: Layer, rounds: int, cohort: int,
+                 max_records: int) -> list[str]:
+    """Before round 0: warn, one line each with the fix, for every DP release whose
+    planned noise is larger than any sum the cohort could upload
+    (:mod:`secagg.privacy.plan`); returns the lines (none for a layer without DP)."""
+    if not callable(getattr(layer, "planned_sum_sigmas", None)):
+        return []
+    from secagg.privacy.plan import NoiseSwampsSignal, plan_run, swamped
+
+    lines = swamped(plan_run(algorithm, layer, rounds, cohort, max_records,
+                             with_epsilon=False))
+    for line in lines:
+        warnings.warn(line, NoiseSwampsSignal, stacklevel=3)
+    return lines
 
 
 def round_invariant(algorithm: AlgorithmLike, rounds: int) -> dict[str, list[str]]:
@@ -641,6 +658,8 @@ class Engine:
             alg, layer, self.threat, self.rounds, len(tr.states), self.fraction,
             self._max_records, self.allow_leaks, may_drop=self._may_drop())
         made = plan_privacy(alg, layer, self.rounds, self.max_records is not None)
+        warn_swamped(alg, layer, self.rounds, cohort_size(len(tr.states), self.fraction),
+                     self._max_records)
         run = RunState(ledger=Ledger(), transcript=Transcript(self.include_values),
                        privacy=self.privacy if self.privacy is not None else made)
         self.privacy = run.privacy  # the run's ledger (DP-SGD may make one later)

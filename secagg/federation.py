@@ -138,6 +138,22 @@ class Federation:
         self.threat = threat
         self.allow_leaks = allow_leaks
 
+    def plan(self) -> list[Any]:
+        """The privacy plan before round 0, without contacting or training any client
+        (``secagg run --dry-run``): the algorithm's setup and the engine's privacy planning,
+        then per DP release and field the noise on the sum, the largest sum the cohort
+        could upload, their ratio and the planned epsilon after each round
+        (:class:`~secagg.privacy.plan.ReleasePlan`; empty for a layer without DP)."""
+        from secagg.messages import DEFAULT_MAX_RECORDS
+        from secagg.privacy.plan import plan_run
+
+        states = [ClientState(cd) for cd in self.partition]
+        self.algorithm.setup(self.partition.dataset, states, self.seed)
+        plan_privacy(self.algorithm, self.layer, self.rounds, self.max_records is not None)
+        return plan_run(self.algorithm, self.layer, self.rounds,
+                        cohort_size(len(self.partition), self.fraction),
+                        self.max_records or DEFAULT_MAX_RECORDS)
+
     def run(self) -> Result:
         """Run all rounds and return the :class:`Result`.
 

@@ -331,6 +331,16 @@ class _DPLayer(Layer):
         return {f.name: z * split[f.name] * field_l2(spec, f.name, self.adjacency, self.name)
                 for f in noised}
 
+    #: How the noise on a released sum grows with the cohort: "central" (added once),
+    #: "local" (each client's: std grows with sqrt(cohort)).
+    noise_scaling: ClassVar[str] = "central"
+
+    def planned_sum_sigmas(self, spec: UploadSpec, cohort: int) -> dict[str, float]:
+        """Per noised field, the standard deviation (real units, per entry) of the noise a
+        release over ``cohort`` contributing clients adds to the sum: what the run's
+        aggregate notes will report (the plan before round 0, ``secagg run --dry-run``)."""
+        return self._sigmas(spec, self._noised(spec))
+
     def ledger(self, ctx: RoundContext) -> PrivacyLedger:
         """The ledger events go to: the run's (``ctx.privacy``) or the layer's own."""
         if ctx.privacy is not None:
@@ -567,6 +577,13 @@ class LocalDP(_DPLayer):
             return
         self.inner.check(self._wide_spec(spec, self._sigmas(spec, noised)))
 
+    noise_scaling: ClassVar[str] = "local"
+
+    def planned_sum_sigmas(self, spec: UploadSpec, cohort: int) -> dict[str, float]:
+        """Each client's noise, summed over ``cohort`` clients: sigma sqrt(cohort)."""
+        sigmas, _ = self.noise_plan(spec)
+        return {f: s * math.sqrt(cohort) for f, s in sigmas.items()}
+
     def noise_plan(self, spec: UploadSpec) -> tuple[dict[str, float], UploadSpec]:
         """(sigma per noised field, the spec the inner layer carries: bounds widened by the
         noise's tail). Both sides compute it: a client to noise its upload, the aggregator
@@ -790,6 +807,13 @@ class DistributedDP(_DPLayer):
         """As :meth:`_DPLayer.node_params`, with the integer mechanism and precision."""
         return {**super().node_params(noise_multiplier), "mechanism": self.mechanism,
                 "precision": self.precision}
+
+    def planned_sum_sigmas(self, spec: UploadSpec, cohort: int) -> dict[str, float]:
+        """The noise shares of ``cohort`` clients on the decoded sum (every one of them
+        contributing; fewer survivors add less, as the run's notes then report)."""
+        release = self.release_plan(spec, cohort)
+        return {f.name: release.share_std[f.name] * math.sqrt(cohort)
+                / 2.0 ** release.scales[f.name] for f in release.noised}
 
     def release_plan(self, spec: UploadSpec, n: int) -> DistributedRelease:
         """How a cohort of ``n`` encodes and noises one release (a pure function of the
