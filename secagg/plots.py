@@ -75,10 +75,54 @@ def _series(rows: Iterable[Mapping[str, Any]], x: str) -> dict[float, list[float
     return out
 
 
+def _scale_axis(ax: Any, values: Sequence[float], ticks: Sequence[float] | None = None) -> None:
+    """An x-axis a reader can read at any data range: log with a few decade ticks when
+    the values span a factor of 10 or more, else linear with at most 4 ticks labelled in
+    engineering units (a narrow range such as 1.570e5..1.575e5 would otherwise fill a log
+    axis with overlapping minor labels). ``ticks`` (e.g. the swept epsilons) are labelled
+    themselves; :func:`_thin_labels` then hides any that would overlap."""
+    from matplotlib.ticker import EngFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))
+            and float(v) > 0]
+    wide = bool(vals) and max(vals) / min(vals) >= 10
+    if wide:
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if ticks:
+        ax.set_xticks(list(ticks), [f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    elif wide:
+        ax.xaxis.set_major_locator(LogLocator(numticks=5))
+        ax.xaxis.set_major_formatter(EngFormatter(places=0, sep=""))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax.xaxis.set_major_formatter(EngFormatter(places=2, sep=""))
+
+
+def _thin_labels(fig: Any) -> None:
+    """Hide x tick labels that would overlap their left neighbour, in every axes of
+    ``fig`` (after layout, so the extents are the rendered ones)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        last = -math.inf
+        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        for t in sorted(labels, key=lambda t: t.get_window_extent(renderer).x0):
+            box = t.get_window_extent(renderer)
+            if box.x0 < last + 2:
+                t.set_visible(False)
+            else:
+                last = box.x1
+
+
 def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), dpi=72, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=72, layout="constrained")
+    FigureCanvasAgg(fig)  # a renderer, to measure the tick labels (_thin_labels)
+    return fig
 
 
 def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[str],
@@ -125,13 +169,8 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
                 band = ax.fill_between(xs, [min(s[x]) for x in xs], [max(s[x]) for x in xs],
                                        color=line.get_color(), alpha=0.2, lw=0)
                 band.set_gid(f"spread-{algo}-{layer}")
-        ax.set_xscale("log")
         eps = sorted({float(r["epsilon"]) for r in mine if r.get("epsilon") is not None})
-        if eps:
-            from matplotlib.ticker import NullFormatter
-
-            ax.set_xticks(eps, [f"{e:g}" for e in eps])
-            ax.xaxis.set_minor_formatter(NullFormatter())
+        _scale_axis(ax, eps, ticks=eps)
         ax.set_xlabel("total epsilon")
         ax.set_ylabel("accuracy")
         ax.set_title(algo)
@@ -139,6 +178,7 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
         ax.legend(fontsize=7)
     seeds = len({r.get("seed") for r in rows})
     fig.suptitle(f"accuracy vs epsilon (band: min-max over {seeds} seed(s))", fontsize=9)
+    _thin_labels(fig)
     for fmt in formats:
         paths[f"privacy_utility.{fmt}"] = out / f"privacy_utility.{fmt}"
         fig.savefig(paths[f"privacy_utility.{fmt}"])
@@ -167,11 +207,12 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
         f"{_MARKERS[i % len(_MARKERS)]} {a}" for i, a in enumerate(algos)), fontsize=8)
     ax_b.set_xlabel("uplink bytes (total)")
     ax_e.set_xlabel(f"est. client energy, J ({rows[0].get('device_profile', '?')})")
-    for ax in (ax_b, ax_e):
-        ax.set_xscale("log")
+    for ax, key in ((ax_b, "uplink_bytes"), (ax_e, "energy_j")):
+        _scale_axis(ax, [float(r[key]) for r in rows if r.get(key) is not None])
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    _thin_labels(fig)
     for fmt in formats:
         paths[f"cost_utility.{fmt}"] = out / f"cost_utility.{fmt}"
         fig.savefig(paths[f"cost_utility.{fmt}"])

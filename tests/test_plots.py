@@ -80,3 +80,44 @@ def test_nothing_to_plot_is_a_data_error(tmp_path):
         load_results(tmp_path)
     with pytest.raises(DataError):
         plot_results([], tmp_path)
+
+
+@pytest.mark.parametrize("bytes_range, eps", [
+    ((157_000, 157_500), (0.5, 1.0, 4.0)),                 # the narrow band that overlapped
+    ((1e2, 1e9), (0.5, 0.6, 0.7, 0.8, 1.0, 2.0, 4.0, 8.0, 16.0)),   # wide, crowded epsilons
+    ((3e4, 3.2e4), (1.0, 1.05, 1.1)),
+])
+def test_tick_labels_never_overlap(tmp_path, monkeypatch, bytes_range, eps):
+    """Render both figures and check, per axes, that no two visible x tick labels overlap
+    (their rendered extents), and that each axes keeps at least two labels."""
+    import secagg.plots as plots
+
+    figs = []
+    real = plots._figure
+
+    def capture(w, h):
+        fig = real(w, h)
+        figs.append(fig)
+        return fig
+
+    monkeypatch.setattr(plots, "_figure", capture)
+    lo, hi = bytes_range
+    rows = []
+    for i, layer in enumerate(LAYERS):
+        for j, e in enumerate(eps):
+            x = lo + (hi - lo) * (i * len(eps) + j) / (len(LAYERS) * len(eps))
+            rows.append({"id": f"{layer}{e}", "algorithm": "fedlog", "layer": layer,
+                         "epsilon": e, "seed": 0, "accuracy": 0.5 + 0.01 * j,
+                         "uplink_bytes": x, "energy_j": x / 1e4, "status": "ok",
+                         "device_profile": "phone-wifi"})
+    plot_results(rows, tmp_path)
+    assert len(figs) == 2
+    for fig in figs:
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            boxes = sorted((t.get_window_extent(renderer) for t in ax.get_xticklabels()
+                            if t.get_visible() and t.get_text()), key=lambda b: b.x0)
+            assert len(boxes) >= 2, [t.get_text() for t in ax.get_xticklabels()]
+            for a, b in zip(boxes, boxes[1:]):
+                assert a.x1 <= b.x0, (ax.get_xlabel(), [t.get_text() for t in
+                                                        ax.get_xticklabels()])
