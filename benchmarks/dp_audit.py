@@ -34,9 +34,9 @@ from threat_models.dp_audit import (
     audit_dpsgd_one_run,
     audit_sum,
     format_table,
-    run_audits,
 )
 from threat_models.dp_audit_fedavg import audit_fedavg, audit_fedavg_one_run
+from threat_models.dp_audit_run import run_audits
 
 
 @contextmanager

@@ -737,7 +737,7 @@ def _add_dp_audit_parser(sub: Any) -> None:
 
 def _dp_audit(args: argparse.Namespace) -> int:
     try:
-        from threat_models.dp_audit import EXIT_VIOLATED, main_cli
+        from threat_models.dp_audit_run import EXIT_VIOLATED, main_cli
     except ImportError as exc:
         raise SecaggError(f"secagg dp-audit needs the threat_models package: {exc}") from None
     assert EXIT_VIOLATED == EXIT_DP_VIOLATED

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from threat_models.threat import ThreatModel
+from threat_models.coalition import Coalition
 
 __all__ = ["DifferencingRisk", "cohorts", "determined", "exact_sum_for", "invariant_fields",
            "plan_risks", "transcript_risks"]
@@ -87,7 +87,7 @@ def determined(cohorts: Sequence[Collection[int]], tol: float = 1e-8) -> dict[in
 
 
 def exact_sum_for(desc: Mapping[str, Any], field: str, group: str,
-                  threat: ThreatModel) -> bool:
+                  threat: Coalition) -> bool:
     """True when ``threat`` reads the exact (un-noised) sum of ``field`` under the layer
     described by ``desc`` (``layer.describe()``)."""
     if not threat.has_server:
@@ -119,7 +119,7 @@ def invariant_fields(algorithm: Any, rounds: int) -> dict[str, tuple[int, tuple[
     return out
 
 
-def plan_risks(algorithm: Any, layer: Any, threat: ThreatModel, *, rounds: int,
+def plan_risks(algorithm: Any, layer: Any, threat: Coalition, *, rounds: int,
                fraction: float = 1.0, dropouts: bool = False
                ) -> dict[tuple[str, str], DifferencingRisk]:
     """The differencing risks of a planned run (module docstring's rule): ``rounds`` rounds,
@@ -169,13 +169,13 @@ def cohorts(transcript: Any, phase: str, field: str) -> dict[int, list[int]]:
     return {k: sorted(mine.get(k) or phase_senders.get(k, set())) for k in sorted(rounds)}
 
 
-def transcript_risks(transcript: Any, threat: ThreatModel | str
+def transcript_risks(transcript: Any, threat: Coalition | str
                      ) -> dict[tuple[str, str], DifferencingRisk]:
     """The differencing risks of a recorded run: each field the run's header declares
     round-invariant (``round_invariant``: phase -> fields, written by the engine), read as
     an exact sum by ``threat``, over observed cohorts that determine some client's value
     (:func:`determined`)."""
-    th = ThreatModel.parse(threat) if isinstance(threat, str) else threat
+    th = Coalition.parse(threat) if isinstance(threat, str) else threat
     head = next((r for r in transcript.records if r.get("type") == "run"), {})
     desc = head.get("layer", {})
     out: dict[tuple[str, str], DifferencingRisk] = {}

@@ -44,6 +44,7 @@ Audits here, apart from the pure math above:
   ``n``-coordinate release with the 1-coordinate release's plan (same noise level, ring
   and encoding per coordinate, checked against a scalar release through ``aggregate``).
 * :mod:`threat_models.dp_audit_fedavg` -- client-level DP-FedAvg with a crafted canary
+  (:mod:`threat_models.dp_audit_run` runs either, for ``secagg dp-audit``)
   update (multi-run and one-run), through the real clip, upload check, layer and server
   step.
 * :func:`audit_dpsgd` (multi-run) and :func:`audit_dpsgd_one_run` (Steinke, Nasr and
@@ -87,7 +88,6 @@ __all__ = [
     "make_layer",
     "one_run_epsilon",
     "one_run_p_value",
-    "run_audits",
     "plot_tradeoff",
     "threshold_test",
     "tradeoff_curve",
@@ -1025,102 +1025,6 @@ DPSGD_TRIALS = 1000
 FEDAVG_TRIALS = 100_000
 #: What ``secagg dp-audit --release`` audits the DP layers on.
 RELEASES = ("sum", "dp-fedavg")
-
-
-def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float = DEFAULT_DELTA,
-               adjacency: Literal["record", "client"] = "record",
-               mechanism: Literal["discrete_gaussian", "skellam"] = "discrete_gaussian",
-               trials: int | None = None, seed: int = 0, clients: int | None = None,
-               confidence: float = 0.95, one_run: bool = False, canaries: int = 1000,
-               dpsgd_steps: int = 1, progress: bool | None = None,
-               release: Literal["sum", "dp-fedavg"] = "sum") -> list[AuditResult]:
-    """Every requested audit: each layer (``central-dp``, ``local-dp``, ``distributed-dp``,
-    ``dp-sgd``) at each epsilon. DP-SGD's noise multiplier is calibrated to the epsilon for
-    ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit.
-
-    ``release="dp-fedavg"`` audits the DP layers (client adjacency) on one round of
-    client-level DP-FedAvg with a canary update (:mod:`threat_models.dp_audit_fedavg`;
-    ``clients`` is the cohort, default 4) instead of a bare sum; ``one_run`` adds its
-    one-run audit with ``canaries`` canary clients."""
-    if release not in RELEASES:
-        raise AuditError(f"release must be one of {RELEASES}, got {release!r}")
-    out: list[AuditResult] = []
-    for name in layers:
-        for eps in epsilons:
-            if release == "dp-fedavg":
-                out += _fedavg_audits(name, eps, delta=delta, mechanism=mechanism,
-                                      trials=trials, seed=seed, clients=clients,
-                                      confidence=confidence, one_run=one_run,
-                                      canaries=canaries, progress=progress)
-                continue
-            if name == "dp-sgd":
-                from secagg.privacy.calibrate import calibrate
-
-                z = calibrate(eps, delta, rounds=dpsgd_steps)
-                out.append(audit_dpsgd(noise_multiplier=z, steps=dpsgd_steps, delta=delta,
-                                       trials=trials or DPSGD_TRIALS, seed=seed,
-                                       confidence=confidence, progress=progress))
-                if one_run:
-                    out.append(audit_dpsgd_one_run(noise_multiplier=z, steps=dpsgd_steps,
-                                                   delta=delta, canaries=canaries, seed=seed,
-                                                   confidence=confidence))
-                continue
-            out.append(audit_sum(name, epsilon=eps, delta=delta, adjacency=adjacency,
-                                 mechanism=mechanism, trials=trials or 1_000_000, seed=seed,
-                                 clients=clients, confidence=confidence, progress=progress))
-    return out
-
-
-def _fedavg_audits(name: str, eps: float, *, delta: float, mechanism: Any,
-                   trials: int | None, seed: int, clients: int | None, confidence: float,
-                   one_run: bool, canaries: int, progress: bool | None) -> list[AuditResult]:
-    from threat_models.dp_audit_fedavg import audit_fedavg, audit_fedavg_one_run
-
-    if name not in LAYER_NAMES:
-        raise AuditError(f"DP-FedAvg is audited under the DP layers {', '.join(LAYER_NAMES)};"
-                         f" {name!r} is not one (dp-sgd is record-level: audit it with "
-                         "--release sum)")
-    out = [audit_fedavg(name, epsilon=eps, delta=delta, mechanism=mechanism,
-                        trials=trials or FEDAVG_TRIALS, seed=seed, clients=clients or 4,
-                        confidence=confidence, progress=progress)]
-    if one_run:
-        out.append(audit_fedavg_one_run(name, epsilon=eps, delta=delta, mechanism=mechanism,
-                                        canaries=canaries, seed=seed, confidence=confidence))
-    return out
-
-
-def main_cli(args: Any) -> int:
-    """``secagg dp-audit``: run the audits ``args`` names (see ``secagg dp-audit --help``),
-    print the table (or ``--json`` rows), and return the exit status: 0 when every lower
-    bound is at most its claim, :data:`EXIT_VIOLATED` when one is above (the mechanism is
-    not (epsilon, delta)-DP, at the stated confidence)."""
-    import json
-
-    release = getattr(args, "release", "sum")
-    every = ALL_LAYERS if release == "sum" else LAYER_NAMES
-    layers = list(dict.fromkeys(
-        n for item in args.layer for n in (every if item == "all" else (item,))))
-    results = run_audits(release=release,layers=layers, epsilons=args.epsilon, delta=args.delta,
-                         adjacency=args.adjacency, mechanism=args.mechanism,
-                         trials=args.trials, seed=args.seed, clients=args.clients,
-                         confidence=args.confidence, one_run=args.one_run,
-                         canaries=args.canaries,
-                         progress=False if args.quiet else None)
-    if args.json:
-        print(json.dumps([r.row() for r in results], indent=2))
-    else:
-        print(format_table(results))
-    if getattr(args, "plot", None):
-        for target in plot_tradeoff(results, args.plot):
-            print(f"secagg dp-audit: wrote {target}", file=sys.stderr)
-    bad = [r for r in results if r.violated]
-    if bad:
-        for r in bad:
-            print(f"secagg dp-audit: {r.mechanism} is not ({r.epsilon_claimed:g}, "
-                  f"{r.delta:g})-DP: the audit proves epsilon >= {r.epsilon_lower:.3f} with "
-                  f"confidence {r.confidence:g} (test: {r.best.statistic})", file=sys.stderr)
-        return EXIT_VIOLATED
-    return 0
 
 
 ALL_LAYERS = (*LAYER_NAMES, "dp-sgd")
