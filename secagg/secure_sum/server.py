@@ -66,6 +66,7 @@ from secagg.secure_sum.errors import (
     RejectedKey,
     ReplayedMessage,
     StageOrderError,
+    TooFewShares,
 )
 from secagg.secure_sum.graph import Graph
 from secagg.secure_sum.keys import (
@@ -474,7 +475,7 @@ class Server:
         share), other t_k-subsets of the available shares are tried.
 
         Raises:
-            SecureSumAborted: fewer than t_k shares of a needed secret arrived.
+            TooFewShares: fewer than t_k shares of a needed secret arrived.
             ProtocolError: no t_k-subset of the shares rebuilds a verified secret.
         """
         tk = self.graph.share_threshold
@@ -482,7 +483,8 @@ class Server:
         for kind, owner in wanted:
             pool = (self.b_shares if kind == "b" else self.sk_shares).get(owner, {})
             if len(pool) < tk:
-                raise SecureSumAborted(stage="unmask", survivors=len(pool), threshold=tk)
+                raise TooFewShares(owner, "mask key" if kind == "sk" else "self-mask seed",
+                                   len(pool), tk)
             groups.setdefault(tuple(sorted(pool)[:tk]), []).append((kind, owner))
         out: dict[tuple[str, int], bytes] = {}
         for holders, items in groups.items():
