@@ -65,9 +65,11 @@ commitment. (3) No share plaintext a later stage needs: an honest client complai
 a ciphertext that carries its sender's valid signature and fails to decrypt under the key it
 committed to -- so the revealed key opens a ciphertext the sender itself made undecryptable
 (the sender is corrupt), and a ciphertext the server or the link altered is refused instead
-of opened. A false complaint opens a share the (corrupt) complainer already holds. Either
-way the server learns only what a corrupt client already knows, within the protocol's bound
-of t - 1 corrupt clients.
+of opened. A false complaint opens a share the (corrupt) complainer already holds -- it could
+as well have sent the server that plaintext directly, so complaining gives a corrupt client no
+power it lacked; it counts, as any client that talks to the server, against the protocol's
+bound on corrupt clients. Either way the server learns only what a corrupt client already
+knows.
 
 Completeness and the residual case. With pinned identities the signature a receiver checks is
 its sender's pinned key, so a ciphertext is provably the sender's: every complaint the server
