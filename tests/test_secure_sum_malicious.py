@@ -61,6 +61,9 @@ def _exact_without(vecs, rep, dropped):
     assert np.array_equal(rep.total, _ring_sum(vecs, rep.contributors))
 
 
+UNSIGNED = b"unsigned"
+
+
 def _rewrite_shares(client, msg, change):
     """Client ``client``'s SHARES ``msg`` with ``change(receiver, ciphertext) -> ciphertext``
     applied to every entry, each re-signed by the client (the client itself deviates)."""
@@ -70,7 +73,11 @@ def _rewrite_shares(client, msg, change):
     out = {}
     for v, e in entries.items():
         ct = change(v, e[:n_ct], entries)
-        sig = client._sign.sign(share_statement(client.session, client.round, client.cid, v, ct))
+        if ct is UNSIGNED:  # the true ciphertext under a signature that does not verify
+            ct, sig = e[:n_ct], os.urandom(wire.SIGNATURE_BYTES)
+        else:
+            sig = client._sign.sign(share_statement(client.session, client.round, client.cid,
+                                                    v, ct))
         out[v] = ct + sig + e[n_fw:]
     return wire.encode(wire.MsgType.SHARES, client.session, client.cid, wire.SERVER_ID,
                        wire.shares_body(commitment, out))
@@ -117,7 +124,8 @@ def _liar(victims=None, junk=False):
 def _garbage_sender(victims, how="random"):
     """Sends ``victims`` a signed ciphertext that does not open: random bytes ("random"), a
     well-encrypted plaintext of out-of-field elements ("plaintext"), another neighbour's
-    ciphertext ("duplicate") or a ciphertext of an earlier session ("replay")."""
+    ciphertext ("duplicate") or a ciphertext of an earlier session ("replay"); or its true
+    ciphertext under a signature that does not verify ("unsigned")."""
 
     class Garbage(Client):
         old: dict[int, bytes] = {}
@@ -130,6 +138,8 @@ def _garbage_sender(victims, how="random"):
                     return ct
                 if how == "random":
                     return os.urandom(len(ct))
+                if how == "unsigned":
+                    return UNSIGNED
                 if how == "plaintext":
                     k_send = self._channels[v][0]
                     mine = (self._keys.enc_public, self._keys.mask_public)
@@ -234,7 +244,7 @@ def test_false_complaints_aimed_at_chosen_clients_exclude_only_the_liar(monkeypa
     assert sorted(rep.verdicts) == [(3, 0, verdict), (3, 7, verdict)]
 
 
-@pytest.mark.parametrize("how", ["random", "plaintext", "duplicate", "replay"])
+@pytest.mark.parametrize("how", ["random", "plaintext", "duplicate", "replay", "unsigned"])
 def test_malformed_duplicated_or_replayed_shares_exclude_only_their_sender(monkeypatch, how):
     if how == "replay":  # capture a ciphertext of an earlier session, then replay it
         captured = {}

@@ -11,10 +11,9 @@ A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, i
    each neighbour's shares with AES-256-GCM under an X25519+HKDF channel key; the associated
    data binds session, round, sender, receiver, stage and both parties' public keys. It also
    sends the server a hash commitment to b_u (checked when the server rebuilds b_u).
-3. :meth:`receive_forward` -- checks each forwarded share's sender signature (a share altered
-   after it left its sender is refused with the whole FORWARD: the fault is the link's or
-   the server's, never the sender's) and decrypts it; a share that fails authentication is a
-   *complaint* against its sender, sent back in the ACK with its evidence (below).
+3. :meth:`receive_forward` -- checks each forwarded share's sender signature and decrypts it;
+   a share it cannot use is a *complaint* against its sender, sent back in the ACK with its
+   evidence (below).
 4. :meth:`masked_input` -- y_u = x_u + PRG(b_u) + sum_{v accepted, u<v} PRG(s_uv)
    - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag keyed by b_u.
 5. :meth:`sign_survivors` -- the consistency round of Bonawitz et al.'s active variant: signs
@@ -49,13 +48,17 @@ ends send the server, in SHARES, the digest D_uv of the commitments H(k_{u->v}),
 server compares the two ends' digests before forwarding: equal, both ends hold the same keys;
 different, one end misderived or lied about them, the server cannot tell which, and it cuts
 the edge (forwards neither direction; neither end masks with the other) -- no one is excluded,
-and an edge is cut only where one end misbehaved. A client whose forwarded share fails to
-decrypt complains with (the sender, k_{v->u}, H(k_{u->v})); the server checks the key against
-D_uv and decrypts the ciphertext it relayed: it authenticates and decodes -- a false
-complaint, the complainer is excluded; it does not -- the sender is excluded; the key does not
-match D_uv -- the complainer revealed a key other than the one it committed to, and is
-excluded (an honest client always reveals the committed key). Each case is decided from
-evidence alone, so one client can exclude only itself, never an honest peer.
+and an edge is cut only where one end misbehaved. Complaints come in two kinds. A client
+whose forwarded share does not carry its sender's valid signature says so and reveals
+nothing; the server checks the signature on the ciphertext it relayed: invalid, the sender is
+excluded; valid, the complainer is (its claim is false, or its own link altered the share). A
+client whose signed share fails to decrypt complains with (the sender, k_{v->u}, H(k_{u->v}));
+the server checks the key against D_uv and decrypts the ciphertext it relayed: it
+authenticates and decodes -- a false complaint, the complainer is excluded; it does not --
+the sender is excluded; the key does not match D_uv -- the complainer revealed a key other
+than the one it committed to, and is excluded (an honest client always reveals the committed
+key). Each case is decided from evidence alone, so one client can exclude only itself, never
+an honest peer.
 
 What revealing k_{v->u} leaks. (1) Nothing about the pair's mask key: it is an HKDF output of
 the ``enc`` secret, independent of the ``mask`` key pair (separate X25519 keys, separate HKDF
@@ -64,12 +67,12 @@ reverse direction: k_{u->v} is an independent HKDF output; the server gets only 
 commitment. (3) No share plaintext a later stage needs: an honest client complains only about
 a ciphertext that carries its sender's valid signature and fails to decrypt under the key it
 committed to -- so the revealed key opens a ciphertext the sender itself made undecryptable
-(the sender is corrupt), and a ciphertext the server or the link altered is refused instead
-of opened. A false complaint opens a share the (corrupt) complainer already holds -- it could
-as well have sent the server that plaintext directly, so complaining gives a corrupt client no
-power it lacked; it counts, as any client that talks to the server, against the protocol's
-bound on corrupt clients. Either way the server learns only what a corrupt client already
-knows.
+(the sender is corrupt); for a ciphertext the server or the link altered (its signature
+fails) no key is revealed. A false complaint opens a share the (corrupt) complainer already
+holds -- it could as well have sent the server that plaintext directly, so complaining gives
+a corrupt client no power it lacked; it counts, as any client that talks to the server,
+against the protocol's bound on corrupt clients. Either way the server learns only what a
+corrupt client already knows.
 
 Completeness and the residual case. With pinned identities the signature a receiver checks is
 its sender's pinned key, so a ciphertext is provably the sender's: every complaint the server
@@ -99,7 +102,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from secagg.errors import ConfigurationError, EncodingOverflow
 from secagg.secure_sum import shamir, wire
 from secagg.secure_sum.errors import (
-    AuthenticationFailed,
     InconsistentView,
     MalformedMessage,
     MisaddressedMessage,
@@ -362,13 +364,9 @@ class Client:
 
     def receive_forward(self, forward_msg: bytes) -> bytes:
         """Stage 3a: decrypt the shares addressed to this client; return the ACK message with
-        a complaint (sender, revealed key, commitment) for each sender whose signed share
-        failed authentication (see the module docstring).
-
-        Raises:
-            AuthenticationFailed: a share does not carry its sender's signature (altered after
-                it left the sender): the FORWARD is refused whole and nothing is revealed.
-        """
+        a complaint for each sender whose share it cannot use: (revealed key, commitment) when
+        a signed share fails authentication, a signature complaint (nothing revealed) when
+        the share does not carry its sender's signature (see the module docstring)."""
         if self.stage == "forwarded":
             raise ReplayedMessage(f"client {self.cid}: FORWARD already processed")
         self._expect("shared", "forwarded")
@@ -382,16 +380,13 @@ class Client:
         assert self._keys is not None
         mine = (self._keys.enc_public, self._keys.mask_public)
         n_ct = wire.SHARE_CIPHERTEXT_BYTES
-        for v, entry in sorted(entries.items()):
-            stmt = share_statement(self.session, self.round, v, self.cid, entry[:n_ct])
-            if not verify_signature(self._roster.signing[v][0], entry[n_ct:], stmt):
-                raise AuthenticationFailed(
-                    v, ": its signature does not verify at client "
-                    f"{self.cid} (altered after it left the sender); FORWARD refused"
-                )
         accepted, held = set(), {}
         complaints: dict[int, tuple[bytes, bytes]] = {}
         for v, entry in entries.items():
+            stmt = share_statement(self.session, self.round, v, self.cid, entry[:n_ct])
+            if not verify_signature(self._roster.signing[v][0], entry[n_ct:], stmt):
+                complaints[v] = (b"", b"")  # unsigned or altered: reveal nothing
+                continue
             k_send, k_recv = self._channels[v]
             try:
                 pt = AESGCM(k_recv).decrypt(

@@ -22,10 +22,12 @@ Bodies:
   :func:`~secagg.secure_sum.keys.pair_digest`)
 * FORWARD (server -> client): count u32 | count x (sender u32 | AEAD ciphertext 112 |
   the sender's signature 64)
-* ACK (client -> server): count u32 | count x (sender u32 | share key 32 | commitment 32)
-  -- complaints: the senders whose share failed AEAD, each with the revealed key of that
-  direction and the commitment to the reverse direction's key (the evidence the server
-  checks, see :mod:`secagg.secure_sum.server`); an ACK without complaints is 4 zero bytes
+* ACK (client -> server): count u32 | count x (sender u32 | kind u8 | share key 32 |
+  commitment 32) -- complaints: kind 0, the sender's signed share failed AEAD, with the
+  revealed key of that direction and the commitment to the reverse direction's key (the
+  evidence the server checks, see :mod:`secagg.secure_sum.server`); kind 1, the share does
+  not carry the sender's signature (key and commitment all zero: nothing is revealed). An
+  ACK without complaints is 4 zero bytes
 * MASKED (client -> server): ring_bits u8 | length u32 | tag 32 | length x ceil(ring_bits/8)
   bytes (little-endian ring elements, packed); tag = HMAC-SHA256 under a key derived from
   b_u of SHA-256(packed bytes): the server checks it once it has rebuilt b_u, so a vector
@@ -77,7 +79,11 @@ FORWARD_ENTRY_BYTES = SHARE_CIPHERTEXT_BYTES + SIGNATURE_BYTES
 """A forwarded share: the ciphertext and its sender's signature."""
 SHARES_ENTRY_BYTES = FORWARD_ENTRY_BYTES + COMMITMENT_BYTES
 """A sent share: the ciphertext, its signature and the pair digest."""
-COMPLAINT_BYTES = 4 + 2 * KEY_BYTES
+COMPLAINT_BYTES = 4 + 1 + 2 * KEY_BYTES
+COMPLAINT_KEY = 0
+"""A complaint that the share does not decrypt: it carries the revealed key and commitment."""
+COMPLAINT_SIGNATURE = 1
+"""A complaint that the share does not carry its sender's signature: no key is revealed."""
 
 
 class MsgType(IntEnum):
@@ -337,18 +343,23 @@ def parse_ciphertexts(body: memoryview, what: str,
 
 def complaints_body(complaints: dict[int, tuple[bytes, bytes]]) -> bytes:
     """ACK body: sender -> (the revealed key of sender -> this client, the commitment to the
-    key of this client -> sender). No complaints: the 4-byte zero count."""
+    key of this client -> sender), or (b"", b"") for a share without its sender's signature.
+    No complaints: the 4-byte zero count."""
     parts = [struct.pack(">I", len(complaints))]
     for v in sorted(complaints):
         key, commit = complaints[v]
+        if key == commit == b"":
+            parts.append(struct.pack(">IB", v, COMPLAINT_SIGNATURE) + bytes(2 * KEY_BYTES))
+            continue
         if len(key) != KEY_BYTES or len(commit) != KEY_BYTES:
             raise ValueError("complaint keys and commitments are 32 bytes")
-        parts.append(struct.pack(">I", v) + key + commit)
+        parts.append(struct.pack(">IB", v, COMPLAINT_KEY) + key + commit)
     return b"".join(parts)
 
 
 def parse_complaints(body: memoryview) -> dict[int, tuple[bytes, bytes]]:
-    """Decode an ACK body into sender -> (revealed key, commitment)."""
+    """Decode an ACK body into sender -> (revealed key, commitment), (b"", b"") for a
+    signature complaint."""
     r = Reader(body, "ACK")
     n = r.count(COMPLAINT_BYTES)
     out: dict[int, tuple[bytes, bytes]] = {}
@@ -358,7 +369,15 @@ def parse_complaints(body: memoryview) -> dict[int, tuple[bytes, bytes]]:
             raise ReplayedMessage(f"ACK: two complaints about client {v}")
         if v > MAX_ID:
             raise MalformedMessage("ACK: invalid client id")
-        out[v] = (bytes(r.take(KEY_BYTES)), bytes(r.take(KEY_BYTES)))
+        kind = r.u8()
+        key, commit = bytes(r.take(KEY_BYTES)), bytes(r.take(KEY_BYTES))
+        if kind == COMPLAINT_SIGNATURE:
+            if any(key) or any(commit):
+                raise MalformedMessage("ACK: a signature complaint reveals no key")
+            key = commit = b""
+        elif kind != COMPLAINT_KEY:
+            raise MalformedMessage(f"ACK: unknown complaint kind {kind}")
+        out[v] = (key, commit)
     r.done()
     return out
 
