@@ -691,3 +691,35 @@ def test_a_lying_node_excludes_only_itself(victims):
     want = _embedded(SecureSum(threshold=3), {"masked-input": [3]})
     assert want.contributors == (0, 1, 2)
     np.testing.assert_array_equal(agg["stats"], want["stats"])
+
+
+def test_a_lying_node_revealing_its_true_keys_is_found_out_by_opening_the_shares():
+    # the liar reveals the true share keys of the pairs it accuses: the server opens the
+    # shares it relayed, finds them well-formed, and excludes the liar ("false")
+    from secagg.secure_sum import wire
+    from secagg.secure_sum.keys import key_commitment
+    from secagg.secure_sum.node import thaw
+
+    grid = None
+
+    def fault(step, cid, rep):
+        if step == "masked-input" and cid == 3:
+            party = thaw(grid.contexts[103].state.config_records["secagg-node"]["party"])
+            ev = {v: (party._channels[v][1], key_commitment(party._channels[v][0]))
+                  for v in (0, 2)}
+            rec = dict(read(rep))
+            rec["ack"] = wire.encode(wire.MsgType.ACK, party.session, 3, wire.SERVER_ID,
+                                     wire.complaints_body(ev))
+            rep.content = RecordDict({RECORD: type(read(rep))(rec)})
+        return rep
+
+    grid = LocalGrid(fault)
+    aggs = {}
+    fed = FlowerFederation(_algo(), SecureSum(threshold=3), load_dataset("digits"), rounds=1,
+                           seed=0, min_nodes=N, stage_timeout=0.5)
+    fed.run(grid, on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    agg = aggs[0]
+    assert agg.contributors == (0, 1, 2)
+    assert agg.notes["secure_sum"]["verdicts"] == [[3, 0, "false"], [3, 2, "false"]]
+    want = _embedded(SecureSum(threshold=3), {"masked-input": [3]})
+    np.testing.assert_array_equal(agg["stats"], want["stats"])
