@@ -661,3 +661,65 @@ def test_layers_flower_cannot_carry_yet_are_refused_with_the_reason():
 
 class _FakeSum(SecureSum):
     """A SecureSum subclass (not SecureSum itself): refused by the exact-type check."""
+
+
+@pytest.mark.parametrize("victims", [(0, 1, 2), (1,)], ids=["everyone", "one"])
+def test_a_lying_node_excludes_only_itself(victims):
+    # issue 26 on the Flower runtime: node 3's ACK accuses honest nodes of sending shares that
+    # failed authentication; the server checks each complaint's evidence (the revealed key
+    # does not match what the pair committed to) and excludes the liar, not its victims
+    from secagg.secure_sum import wire
+
+    def fault(step, cid, rep):
+        if step == "masked-input" and cid == 3:
+            rec = dict(read(rep))
+            session = rec["ack"][4:4 + wire.SESSION_BYTES]
+            if hasattr(wire, "complaints_body"):
+                body = wire.complaints_body({v: (os.urandom(32), os.urandom(32))
+                                             for v in victims})
+            else:  # the wire before verifiable complaints: a bare list of ids
+                body = wire.ids_body(set(victims))
+            rec["ack"] = wire.encode(wire.MsgType.ACK, session, 3, wire.SERVER_ID, body)
+            rep.content = RecordDict({RECORD: type(read(rep))(rec)})
+        return rep
+
+    result, agg = _run(SecureSum(threshold=3), fault)
+    notes = agg.notes["secure_sum"]
+    assert agg.contributors == (0, 1, 2)
+    assert notes["excluded"] == [3] and notes["recovered"] == [3]
+    assert notes["verdicts"] == [[3, v, "uncommitted key"] for v in victims]
+    want = _embedded(SecureSum(threshold=3), {"masked-input": [3]})
+    assert want.contributors == (0, 1, 2)
+    np.testing.assert_array_equal(agg["stats"], want["stats"])
+
+
+def test_a_lying_node_revealing_its_true_keys_is_found_out_by_opening_the_shares():
+    # the liar reveals the true share keys of the pairs it accuses: the server opens the
+    # shares it relayed, finds them well-formed, and excludes the liar ("false")
+    from secagg.secure_sum import wire
+    from secagg.secure_sum.keys import key_commitment
+    from secagg.secure_sum.node import thaw
+
+    grid = None
+
+    def fault(step, cid, rep):
+        if step == "masked-input" and cid == 3:
+            party = thaw(grid.contexts[103].state.config_records["secagg-node"]["party"])
+            ev = {v: (party._channels[v][1], key_commitment(party._channels[v][0]))
+                  for v in (0, 2)}
+            rec = dict(read(rep))
+            rec["ack"] = wire.encode(wire.MsgType.ACK, party.session, 3, wire.SERVER_ID,
+                                     wire.complaints_body(ev))
+            rep.content = RecordDict({RECORD: type(read(rep))(rec)})
+        return rep
+
+    grid = LocalGrid(fault)
+    aggs = {}
+    fed = FlowerFederation(_algo(), SecureSum(threshold=3), load_dataset("digits"), rounds=1,
+                           seed=0, min_nodes=N, stage_timeout=0.5)
+    fed.run(grid, on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    agg = aggs[0]
+    assert agg.contributors == (0, 1, 2)
+    assert agg.notes["secure_sum"]["verdicts"] == [[3, 0, "false"], [3, 2, "false"]]
+    want = _embedded(SecureSum(threshold=3), {"masked-input": [3]})
+    np.testing.assert_array_equal(agg["stats"], want["stats"])

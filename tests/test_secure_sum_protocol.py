@@ -240,22 +240,29 @@ class _Parties:
         return self.server.close_consistency()
 
 
-def test_tampered_share_ciphertext_counts_as_the_senders_dropout():
+def test_share_altered_in_transit_costs_the_receiver_never_the_sender():
+    # A share altered after it left its sender no longer carries the sender's signature: the
+    # receiver complains without revealing any key, the server finds the sender's signature
+    # on the ciphertext it relayed, so the complaint falls on the receiver (its claim is
+    # false, or its own link altered the share); the sender, who did nothing wrong, stays in
+    # the sum. (Before verifiable complaints the sender was excluded on the receiver's word --
+    # the defect of issue 26.)
     vecs = _vectors(8, 30, 24, seed=5)
 
     def flip(stage, sender, receiver, msg):
         if stage == "masked-input" and sender == "server" and receiver == 2:
-            # FORWARD body: count, then (sender id, ciphertext) sorted by sender; flip one
-            # byte inside the second entry's ciphertext (sender 1)
-            entry = 4 + wire.SHARE_CIPHERTEXT_BYTES
+            # FORWARD body: count, then (sender id, ciphertext, signature) sorted by sender;
+            # flip one byte inside the second entry's ciphertext (sender 1)
+            entry = 4 + wire.FORWARD_ENTRY_BYTES
             pos = wire.HEADER_BYTES + 4 + entry + 4 + 20
             return msg[:pos] + bytes([msg[pos] ^ 1]) + msg[pos + 1:]
         return msg
 
     ctx = _ctx()
     rep = run_secure_sum(vecs, 24, ctx, threshold=5, entropy_seed=3, tamper=flip)
-    assert rep.excluded == (1,)
-    assert rep.contributors == (0, 2, 3, 4, 5, 6, 7)
+    assert rep.excluded == (2,)
+    assert rep.verdicts == [(2, 1, "signed as relayed")]
+    assert rep.contributors == (0, 1, 3, 4, 5, 6, 7)
     assert np.array_equal(rep.total, _ring_sum(vecs, rep.contributors, 24))
     assert rep.failures == []  # handled by the protocol, not an error
     # the same tampering where the exclusion leaves fewer than t: abort, never a wrong sum
@@ -317,8 +324,8 @@ def test_truncated_and_malformed_messages_raise_typed_errors():
     # a body whose inner count overruns the body
     bad = wire.encode(wire.MsgType.ACK, p.session, 0, wire.SERVER_ID, struct.pack(">I", 3))
     with pytest.raises(TruncatedMessage):
-        wire.parse_ids(wire.decode_header(bad, wire.MsgType.ACK, p.session, wire.SERVER_ID)[1],
-                       "ACK")
+        wire.parse_complaints(
+            wire.decode_header(bad, wire.MsgType.ACK, p.session, wire.SERVER_ID)[1])
     p.server.receive_advertise(msg)  # the state was not disturbed by the failures
     # in a run, a client whose message arrives truncated counts as dropped
     vecs = _vectors(6, 10, 16)

@@ -11,8 +11,9 @@ A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, i
    each neighbour's shares with AES-256-GCM under an X25519+HKDF channel key; the associated
    data binds session, round, sender, receiver, stage and both parties' public keys. It also
    sends the server a hash commitment to b_u (checked when the server rebuilds b_u).
-3. :meth:`receive_forward` -- decrypts the shares addressed to it; a share that fails
-   authentication counts as that sender's dropout (reported back in an ACK, never a crash).
+3. :meth:`receive_forward` -- checks each forwarded share's sender signature and decrypts it;
+   a share it cannot use is a *complaint* against its sender, sent back in the ACK with its
+   evidence (below).
 4. :meth:`masked_input` -- y_u = x_u + PRG(b_u) + sum_{v accepted, u<v} PRG(s_uv)
    - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag keyed by b_u.
 5. :meth:`sign_survivors` -- the consistency round of Bonawitz et al.'s active variant: signs
@@ -38,6 +39,48 @@ can neither substitute keys (man in the middle), nor invent clients, nor show tw
 sets. Without pinned keys, the keys are whatever the server relayed: the round still catches
 a server that equivocates without forging keys, but an active server that forges can defeat
 it -- the protocol is then secure against an honest-but-curious server only.
+
+Verifiable complaints. Shares and masks use separate key agreements: the ``enc`` X25519 pair
+gives the share keys, the ``mask`` pair the pairwise mask keys (:mod:`.keys`). From the ``enc``
+secret Z_uv each direction gets its own key, k_{u->v} = HKDF(Z_uv, share, u, v), and both
+ends send the server, in SHARES, the digest D_uv of the commitments H(k_{u->v}), H(k_{v->u})
+(:func:`~secagg.secure_sum.keys.pair_digest`); each ciphertext is signed by its sender. The
+server compares the two ends' digests before forwarding: equal, both ends hold the same keys;
+different, one end misderived or lied about them, the server cannot tell which, and it cuts
+the edge (forwards neither direction; neither end masks with the other) -- no one is excluded,
+and an edge is cut only where one end misbehaved. Complaints come in two kinds. A client
+whose forwarded share does not carry its sender's valid signature says so and reveals
+nothing; the server checks the signature on the ciphertext it relayed: invalid, the sender is
+excluded; valid, the complainer is (its claim is false, or its own link altered the share). A
+client whose signed share fails to decrypt complains with (the sender, k_{v->u}, H(k_{u->v}));
+the server checks the key against D_uv and decrypts the ciphertext it relayed: it
+authenticates and decodes -- a false complaint, the complainer is excluded; it does not --
+the sender is excluded; the key does not match D_uv -- the complainer revealed a key other
+than the one it committed to, and is excluded (an honest client always reveals the committed
+key). Each case is decided from evidence alone, so one client can exclude only itself, never
+an honest peer.
+
+What revealing k_{v->u} leaks. (1) Nothing about the pair's mask key: it is an HKDF output of
+the ``enc`` secret, independent of the ``mask`` key pair (separate X25519 keys, separate HKDF
+purposes), and the mask secret of a live pair is never revealed. (2) Nothing about the
+reverse direction: k_{u->v} is an independent HKDF output; the server gets only its
+commitment. (3) No share plaintext a later stage needs: an honest client complains only about
+a ciphertext that carries its sender's valid signature and fails to decrypt under the key it
+committed to -- so the revealed key opens a ciphertext the sender itself made undecryptable
+(the sender is corrupt); for a ciphertext the server or the link altered (its signature
+fails) no key is revealed. A false complaint opens a share the (corrupt) complainer already
+holds -- it could as well have sent the server that plaintext directly, so complaining gives
+a corrupt client no power it lacked; it counts, as any client that talks to the server,
+against the protocol's bound on corrupt clients. Either way the server learns only what a
+corrupt client already knows.
+
+Completeness and the residual case. With pinned identities the signature a receiver checks is
+its sender's pinned key, so a ciphertext is provably the sender's: every complaint the server
+upholds is the sender's fault, every one it rejects the complainer's. Without pinned keys the
+signing keys are whatever the server relayed: against an honest-but-curious server (the model
+then promised) the check is the same, but an active server can forge a sender's signature on
+an altered ciphertext, so that an honest receiver complains and reveals the key of a share the
+server can open -- the residual case, closed only by pinning.
 
 Any step out of order raises :class:`StageOrderError`; a bad message raises a typed
 :class:`~secagg.errors.ProtocolError` and leaves the client's state unchanged.
@@ -71,12 +114,15 @@ from secagg.secure_sum.keys import (
     PURPOSE_MASKED_TAG,
     PURPOSE_PAIR_MASK,
     PURPOSE_SELF_MASK,
-    PURPOSE_SHARE_KEY,
     KeyPairs,
     advertise_statement,
     agree,
     derive,
+    key_commitment,
     pair,
+    pair_digest,
+    share_key,
+    share_statement,
     sign_public,
     signing_key,
     survivors_statement,
@@ -196,7 +242,7 @@ class Client:
         self._roster: wire.Roster | None = None
         self._b: bytes = b""
         self._held: dict[int, tuple[list[int], list[int]]] = {}
-        self._channels: dict[int, AESGCM] = {}
+        self._channels: dict[int, tuple[bytes, bytes]] = {}
         self.accepted: set[int] = set()
         self.rejected: set[int] = set()
 
@@ -210,11 +256,12 @@ class Client:
     def _open(self, data: bytes, mtype: MsgType) -> memoryview:
         return wire.decode_header(data, mtype, self.session, self.cid, SERVER_ID)[1]
 
-    def _channel(self, v: int) -> AESGCM:
+    def _channel(self, v: int) -> tuple[bytes, bytes]:
+        """(the key of this client's shares for v, the key of v's shares for this client)."""
         assert self._keys is not None and self._roster is not None
         shared = agree(self._keys.enc, self._roster.keys[v][0])
-        ids = pair(self.cid, v)
-        return AESGCM(derive(shared, PURPOSE_SHARE_KEY, self.session, self.round, *ids))
+        return (share_key(shared, self.session, self.round, self.cid, v),
+                share_key(shared, self.session, self.round, v, self.cid))
 
     # ------------------------------------------------------------ stages
 
@@ -271,6 +318,7 @@ class Client:
                 f"{self.min_holders - 1} the session's threshold needs"
             )
         self._roster = roster
+        assert self._sign is not None
         self._b = self._rand(32)
         secrets_ = shamir.key_to_elements(self._b) + shamir.key_to_elements(self._keys.mask_private)
         order = sorted(roster.keys) + [self.cid]
@@ -284,12 +332,16 @@ class Client:
             if v == self.cid:
                 self._held[v] = (els[:_K], els[_K:])
                 continue
-            self._channels[v] = self._channel(v)
-            entries[v] = self._channels[v].encrypt(
+            self._channels[v] = k_send, k_recv = self._channel(v)
+            ct = AESGCM(k_send).encrypt(
                 share_nonce(self.cid, v),
                 encode_share(els[:_K], els[_K:]),
                 share_aad(self.session, self.round, self.cid, v, mine, roster.keys[v]),
             )
+            sig = self._sign.sign(share_statement(self.session, self.round, self.cid, v, ct))
+            digest = pair_digest(self.session, self.round, self.cid, v,
+                                 key_commitment(k_send), key_commitment(k_recv))
+            entries[v] = ct + sig + digest
         self.stage = "shared"
         body = wire.shares_body(commit_seed(self.session, self.round, self.cid, self._b), entries)
         return wire.encode(MsgType.SHARES, self.session, self.cid, SERVER_ID, body)
@@ -311,8 +363,10 @@ class Client:
                 )
 
     def receive_forward(self, forward_msg: bytes) -> bytes:
-        """Stage 3a: decrypt the shares addressed to this client; return the ACK message
-        naming the senders whose share failed authentication (they count as dropped)."""
+        """Stage 3a: decrypt the shares addressed to this client; return the ACK message with
+        a complaint for each sender whose share it cannot use: (revealed key, commitment) when
+        a signed share fails authentication, a signature complaint (nothing revealed) when
+        the share does not carry its sender's signature (see the module docstring)."""
         if self.stage == "forwarded":
             raise ReplayedMessage(f"client {self.cid}: FORWARD already processed")
         self._expect("shared", "forwarded")
@@ -325,22 +379,30 @@ class Client:
             )
         assert self._keys is not None
         mine = (self._keys.enc_public, self._keys.mask_public)
-        accepted, rejected, held = set(), set(), {}
-        for v, ct in entries.items():
+        n_ct = wire.SHARE_CIPHERTEXT_BYTES
+        accepted, held = set(), {}
+        complaints: dict[int, tuple[bytes, bytes]] = {}
+        for v, entry in entries.items():
+            stmt = share_statement(self.session, self.round, v, self.cid, entry[:n_ct])
+            if not verify_signature(self._roster.signing[v][0], entry[n_ct:], stmt):
+                complaints[v] = (b"", b"")  # unsigned or altered: reveal nothing
+                continue
+            k_send, k_recv = self._channels[v]
             try:
-                pt = self._channels[v].decrypt(
-                    share_nonce(v, self.cid), ct,
+                pt = AESGCM(k_recv).decrypt(
+                    share_nonce(v, self.cid), entry[:n_ct],
                     share_aad(self.session, self.round, v, self.cid, self._roster.keys[v], mine),
                 )
                 held[v] = decode_share(pt)
             except (InvalidTag, ValueError):
-                rejected.add(v)
+                complaints[v] = (k_recv, key_commitment(k_send))
                 continue
             accepted.add(v)
         self._held.update(held)
-        self.accepted, self.rejected = accepted, rejected
+        self.accepted, self.rejected = accepted, set(complaints)
         self.stage = "forwarded"
-        return wire.encode(MsgType.ACK, self.session, self.cid, SERVER_ID, wire.ids_body(rejected))
+        return wire.encode(MsgType.ACK, self.session, self.cid, SERVER_ID,
+                           wire.complaints_body(complaints))
 
     def masked_input(self, vector: np.ndarray) -> bytes:
         """Stage 3b: mask the encoded vector (uint64 ring elements) and return MASKED."""

@@ -6,7 +6,7 @@ family; the subclasses say what went wrong with a message (and carry the facts a
 
 from __future__ import annotations
 
-from secagg.errors import ProtocolError
+from secagg.errors import ProtocolError, SecureSumAborted
 
 
 class MalformedMessage(ProtocolError):
@@ -109,3 +109,26 @@ class InconsistentView(ProtocolError):
         self.client = client
         self.reason = reason
         super().__init__(f"client {client} aborts before unmasking: {reason}")
+
+
+class TooFewShares(SecureSumAborted):
+    """Fewer than t_k shares of a secret the server must rebuild reached it: the live holders
+    that accepted the owner's shares are too few (the others dropped, were excluded, or
+    rejected the owner's shares). The round aborts rather than return a wrong sum.
+
+    Attributes:
+        owner: whose secret it is.
+        secret: "self-mask seed" or "mask key".
+        (and :class:`SecureSumAborted`'s ``stage`` = "unmask", ``survivors`` = the shares that
+        arrived, ``threshold`` = t_k.)
+    """
+
+    def __init__(self, owner: int, secret: str, shares: int, threshold: int) -> None:
+        super().__init__("unmask", shares, threshold)
+        self.owner = owner
+        self.secret = secret
+        self.args = (
+            f"secure sum aborted at stage 'unmask': {shares} shares of client {owner}'s "
+            f"{secret} reached the server, t_k = {threshold} are needed (its other holders "
+            "dropped, were excluded, or rejected its shares)",
+        )

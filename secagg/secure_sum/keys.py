@@ -13,6 +13,7 @@ round and the two party ids (domain separation).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from collections.abc import Callable
@@ -34,6 +35,7 @@ PURPOSE_SHARE_KEY = b"share-aead-key"
 PURPOSE_PAIR_MASK = b"pairwise-mask-key"
 PURPOSE_SELF_MASK = b"self-mask-key"
 PURPOSE_MASKED_TAG = b"masked-input-tag-key"
+PURPOSE_PAIR_DIGEST = b"share-key-pair-digest"
 
 
 def derive(secret: bytes, purpose: bytes, session: bytes, round: int, a: int, b: int) -> bytes:
@@ -141,6 +143,41 @@ def survivors_statement(
     ids = sorted(survivors)
     body = struct.pack(f">QI{len(ids)}I", round & (2**64 - 1), len(ids), *ids)
     return _DOMAIN + b"|survivors|" + session + body
+
+
+def share_key(secret: bytes, session: bytes, round: int, sender: int, receiver: int) -> bytes:
+    """The AES-256-GCM key of the shares ``sender`` encrypts for ``receiver``: HKDF of the two
+    parties' ``enc`` X25519 secret, bound to the direction (the ids in sender, receiver order,
+    not canonical). The two directions of a pair use independent keys, so revealing one (a
+    complaint, :mod:`secagg.secure_sum.client`) opens only that direction's ciphertext."""
+    return derive(secret, PURPOSE_SHARE_KEY, session, round, sender, receiver)
+
+
+def key_commitment(key: bytes) -> bytes:
+    """SHA-256 commitment to a share key (binding; the key is a uniform 256-bit HKDF output,
+    so the commitment says nothing useful about it)."""
+    return hashlib.sha256(_DOMAIN + b"|share-key-commitment|" + key).digest()
+
+
+def pair_digest(session: bytes, round: int, u: int, v: int, c_uv: bytes, c_vu: bytes) -> bytes:
+    """What both ends of a pair compute and send the server at SHARES: a digest of the
+    commitments to the pair's two directional share keys (``c_uv``: of the key of u -> v).
+    Equal digests tell the server both ends derived the same keys; a complainer's revealed
+    key is then checked against it."""
+    lo, hi = pair(u, v)
+    c_lohi, c_hilo = (c_uv, c_vu) if u == lo else (c_vu, c_uv)
+    head = struct.pack(">QII", round & (2**64 - 1), lo, hi)
+    return hashlib.sha256(_DOMAIN + b"|" + PURPOSE_PAIR_DIGEST + b"|" + session + head
+                          + c_lohi + c_hilo).digest()
+
+
+def share_statement(session: bytes, round: int, sender: int, receiver: int, ct: bytes) -> bytes:
+    """What a client signs for each share ciphertext it sends: the ciphertext, bound to the
+    session, round, sender and receiver. The receiver checks it before it complains (so a
+    ciphertext altered after it left the sender is never blamed on the sender, and never
+    opened for the server); the server checks it on receipt."""
+    head = struct.pack(">QII", round & (2**64 - 1), sender, receiver)
+    return _DOMAIN + b"|share|" + session + head + ct
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ server saw: each masked vector (form "masked"), then the unmasked sum (form "cle
 what="sum").
 
 A client whose message the server cannot accept (malformed, replayed, misaddressed), or who
-cannot accept the server's message, is counted as dropped at that stage -- the run goes on if
+cannot accept the server's message, is counted as dropped at that stage; complaints about
+shares are judged from their evidence by the server (:mod:`.server`), so one client's lie
+excludes only that client -- the run goes on if
 enough clients remain, and otherwise raises :class:`~secagg.errors.SecureSumAborted`.
 """
 
@@ -49,7 +51,14 @@ class SessionReport:
         graph: the neighbour graph and thresholds used.
         ring_bits: k.
         live: stage -> live clients the server counted when closing it.
-        excluded: clients excluded because an honest client rejected their share.
+        excluded: clients excluded by a complaint's verdict (the accused when the complaint is
+            upheld, the complainer when it is false).
+        verdicts: (complainer, accused, verdict) for every complaint the server judged
+            ("upheld", "false" or "uncommitted key"; :mod:`.server`).
+        cut: pairs whose two ends disagreed on their share keys (edge cut, no one excluded).
+        cut_off: client -> why the cuts left it too few share holders (dropped at share).
+        check_cpu_s: the server's CPU seconds on the complaint machinery (share signatures,
+            pair digests, complaint verdicts).
         failures: (stage, client, error text) for every message that could not be processed.
         refused: client -> why the server refused its ADVERTISE (it was left out).
         pinned: whether the clients checked keys and signatures against pinned keys (the
@@ -71,6 +80,10 @@ class SessionReport:
     bytes_down: dict[int, int] = field(default_factory=dict)
     client_cpu_s: dict[int, float] = field(default_factory=dict)
     server_cpu_s: float = 0.0
+    verdicts: list[tuple[int, int, str]] = field(default_factory=list)
+    cut: tuple[tuple[int, int], ...] = ()
+    cut_off: dict[int, str] = field(default_factory=dict)
+    check_cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 def run_secure_sum(
@@ -292,4 +305,8 @@ def run_secure_sum(
     report.contributors = contributors
     report.excluded = tuple(sorted(server.excluded))
     report.server_cpu_s = server_cpu[0]
+    report.verdicts = list(server.verdicts)
+    report.cut = tuple(sorted(server.cut))
+    report.cut_off = dict(server.cut_off)
+    report.check_cpu_s = dict(server.check_cpu_s)
     return report

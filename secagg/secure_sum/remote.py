@@ -15,6 +15,12 @@ lost has therefore not advertised for the next session and drops out of it at
 ``advertise``. (When the cohort turns out other than announced, e.g. a node missed the
 hello, the session advertises afresh.)
 
+A node's complaints about the shares forwarded to it travel inside its ACK (the revealed key
+and commitment per accused sender) and the server state machine judges them from that
+evidence, exactly as in the embedded run: a lying node excludes only itself. The verdicts,
+the cut pairs and the nodes the cuts cut off are in the aggregate's notes
+(``secure_sum.verdicts`` / ``cut`` / ``cut_off``).
+
 Under ``DistributedDP`` the nodes add their noise shares to their encoded vectors before
 masking, sized from the release plan (:class:`~secagg.privacy.release.Release`), and the
 DP layer decodes the ring sum and accounts the noise the contributors actually added.
@@ -330,5 +336,7 @@ class SecureSumServer:
             "share_threshold": g.share_threshold, "live": dict(server.live),
             "excluded": sorted(server.excluded), "recovered": sorted(server.dropped),
             "refused": dict(server.refused), "server_model": "honest-but-curious",
+            "verdicts": [list(v) for v in server.verdicts],
+            "cut": [list(e) for e in sorted(server.cut)], "cut_off": dict(server.cut_off),
         }, "dropped": dropped}
         return total, tuple(contributors), notes

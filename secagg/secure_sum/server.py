@@ -9,9 +9,20 @@ unmasking responses, removes the masks and returns the ring sum of the contribut
 What the server needs to remove, with L = contributors (masked input arrived, not excluded):
 
 * every u in L: its self mask PRG(b_u), with b_u rebuilt from t_k shares;
-* every v that shared keys but is not in L (dropped, or excluded because an honest client
-  rejected its share): the pairwise masks between v and each w in L that accepted v's share,
-  with v's mask private key rebuilt from t_k shares.
+* every v that shared keys but is not in L (dropped, or excluded by a complaint's verdict):
+  the pairwise masks between v and each w in L that accepted v's share, with v's mask private
+  key rebuilt from t_k shares.
+
+Complaints are checked, never taken at face value (the scheme and why revealing a share key
+is safe: :mod:`secagg.secure_sum.client`). At SHARES the server keeps the signed ciphertexts
+and the pair digests. Closing the share stage it compares the two digests of every
+pair and cuts the edges where they differ (:attr:`Server.cut`: neither direction forwarded,
+no one excluded); a client left with fewer than t_k share holders by cuts is dropped there,
+before any share of it is forwarded (:attr:`Server.cut_off`). At ACK each complaint is judged
+from evidence (:meth:`Server._judge`): a signature complaint against the signature on the
+relayed ciphertext; a key complaint's key must match the pair digest and fail to open the
+relayed ciphertext. Upheld, the sender is excluded; otherwise the complainer is
+(:attr:`Server.verdicts`).
 
 It never asks one client for both kinds of share of the same peer (honest clients refuse).
 
@@ -32,20 +43,30 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import Sequence
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from secagg.errors import ProtocolError, SecureSumAborted
 from secagg.secure_sum import shamir, wire
-from secagg.secure_sum.client import commit_seed, masked_tag
+from secagg.secure_sum.client import (
+    commit_seed,
+    decode_share,
+    masked_tag,
+    share_aad,
+    share_nonce,
+)
 from secagg.secure_sum.errors import (
     MalformedMessage,
     MisaddressedMessage,
     RejectedKey,
     ReplayedMessage,
     StageOrderError,
+    TooFewShares,
 )
 from secagg.secure_sum.graph import Graph
 from secagg.secure_sum.keys import (
@@ -55,8 +76,11 @@ from secagg.secure_sum.keys import (
     agree,
     derive,
     is_low_order,
+    key_commitment,
     pair,
+    pair_digest,
     public_bytes,
+    share_statement,
     survivors_statement,
     verify_signature,
 )
@@ -111,6 +135,13 @@ class Server:
         self.commitments: dict[int, bytes] = {}
         self.tags: dict[int, tuple[bytes, bytes]] = {}
         self._rostered: dict[int, set[int]] = {}
+        self._relayed: dict[int, dict[int, bytes]] = {}
+        self._digests: dict[int, dict[int, bytes]] = {}
+        self.cut: set[tuple[int, int]] = set()
+        self.cut_off: dict[int, str] = {}
+        self.verdicts: list[tuple[int, int, str]] = []
+        self.check_cpu_s: dict[str, float] = {"signatures": 0.0, "digests": 0.0,
+                                              "complaints": 0.0}
 
     # ------------------------------------------------------------ helpers
 
@@ -184,7 +215,8 @@ class Server:
     # ------------------------------------------------------------ share keys
 
     def receive_shares(self, data: bytes) -> int:
-        """Take one SHARES message; returns its sender."""
+        """Take one SHARES message; returns its sender. (The entries' signatures are checked
+        by their receivers; the server checks one only when a receiver complains about it.)"""
         self._expect("share")
         u, body = self._open(data, MsgType.SHARES)
         if u in self._shares:
@@ -196,29 +228,60 @@ class Server:
             raise MisaddressedMessage(
                 f"SHARES from {u} addressed to {sorted(entries)}, not to its neighbours"
             )
-        self._shares[u] = entries
+        n_fw = wire.FORWARD_ENTRY_BYTES
+        self._shares[u] = {v: e[:n_fw] for v, e in entries.items()}
+        self._digests[u] = {v: e[n_fw:] for v, e in entries.items()}
         self.commitments[u] = commitment
         return u
+
+    def _cut_edges(self) -> None:
+        """Cut every pair whose two ends sent different pair digests, then drop (into
+        :attr:`cut_off`) the clients the cuts leave with fewer than t_k share holders."""
+        t0 = time.thread_time()
+        live = set(self._shares)
+        for u in sorted(live):
+            for v in sorted(self._shares[u]):
+                if u < v and v in live and self._digests[u][v] != self._digests[v].get(u):
+                    self.cut.add((u, v))
+        tk = self.graph.share_threshold
+        touched = {w for edge in self.cut for w in edge}
+        while touched:
+            w = touched.pop()
+            if w not in live:
+                continue
+            held = [v for v in self._shares[w] if v in live and pair(w, v) not in self.cut]
+            if len(held) + 1 < tk:
+                live.discard(w)
+                self.cut_off[w] = (f"{len(held) + 1} share holders after cutting its "
+                                   f"mismatched pairs, fewer than t_k = {tk}")
+                touched |= set(self._shares[w]) & live
+        for w in self.cut_off:
+            del self._shares[w]
+        self.check_cpu_s["digests"] += time.thread_time() - t0
 
     def close_shares(self) -> dict[int, bytes]:
         """Close stage 2; returns the FORWARD message for each client that shared."""
         self._expect("share")
+        self._cut_edges()
         self.u2 = set(self._shares)
         self._check("share", self.u2)
         self.stage = "masked-input"
         out = {}
         for v in sorted(self.u2):
-            entries = {u: self._shares[u][v] for u in self.u2 if v in self._shares[u]}
+            entries = {u: self._shares[u][v] for u in self.u2
+                       if v in self._shares[u] and pair(u, v) not in self.cut}
             self.forwarded[v] = set(entries)
             out[v] = wire.encode(MsgType.FORWARD, self.session, SERVER_ID, v,
                                  wire.ciphertexts_body(entries))
-        self._shares.clear()
+        self._relayed, self._shares = self._shares, {}
         return out
 
     # ------------------------------------------------------------ masked input
 
     def receive_ack(self, data: bytes) -> int:
-        """Take one ACK (the senders whose shares failed authentication at its sender)."""
+        """Take one ACK: its sender's complaints, each judged from its evidence (see the
+        module docstring); every verdict excludes exactly one party and is recorded in
+        :attr:`verdicts` as (complainer, accused, verdict)."""
         self._expect("masked-input")
         if self.masked_from:
             raise StageOrderError("server: ACKs must all arrive before masked vectors")
@@ -227,12 +290,43 @@ class Server:
             raise ReplayedMessage(f"second ACK from client {u}")
         if u not in self.u2:
             raise MisaddressedMessage(f"ACK from {u}, who did not share keys")
-        bad = set(wire.parse_ids(body, "ACK"))
-        if not bad <= self.forwarded[u]:
+        complaints = wire.parse_complaints(body)
+        if not set(complaints) <= self.forwarded[u]:
             raise MisaddressedMessage(f"ACK from {u} rejects shares it was never sent")
-        self.rejected[u] = bad
-        self.excluded |= bad  # a sender whose share failed authentication counts as dropped
+        t0 = time.thread_time()
+        for v, (key, commit) in sorted(complaints.items()):
+            verdict = self._judge(u, v, key, commit)
+            self.verdicts.append((u, v, verdict))
+            self.excluded.add(v if verdict == "upheld" else u)
+        self.check_cpu_s["complaints"] += time.thread_time() - t0
+        self.rejected[u] = set(complaints)
         return u
+
+    def _judge(self, u: int, v: int, key: bytes, commit: bytes) -> str:
+        """The verdict on u's complaint against v: "upheld" (v's ciphertext, as relayed, does
+        not carry v's signature, or does not open under the key both ends committed to),
+        "false" (it opens to a well-formed share), "uncommitted key" (the revealed key is not
+        the one the pair digest commits to) or "signed as relayed" (u says the signature
+        fails, but the relayed ciphertext carries it: u lies, or its own link altered it)."""
+        n_ct = wire.SHARE_CIPHERTEXT_BYTES
+        entry = self._relayed[v][u]
+        if key == b"":
+            t0 = time.thread_time()
+            ok = verify_signature(self.signing[v][0], entry[n_ct:],
+                                  share_statement(self.session, self.round, v, u, entry[:n_ct]))
+            self.check_cpu_s["signatures"] += time.thread_time() - t0
+            return "signed as relayed" if ok else "upheld"
+        if pair_digest(self.session, self.round, v, u, key_commitment(key), commit) \
+                != self._digests[v][u]:
+            return "uncommitted key"
+        ct = entry[:n_ct]
+        try:
+            decode_share(AESGCM(key).decrypt(
+                share_nonce(v, u), ct,
+                share_aad(self.session, self.round, v, u, self.keys[v], self.keys[u])))
+        except (InvalidTag, ValueError):
+            return "upheld"
+        return "false"
 
     def receive_masked(self, data: bytes) -> tuple[int, np.ndarray]:
         """Take one MASKED message; returns (sender, the masked vector as received).
@@ -375,7 +469,7 @@ class Server:
         share), other t_k-subsets of the available shares are tried.
 
         Raises:
-            SecureSumAborted: fewer than t_k shares of a needed secret arrived.
+            TooFewShares: fewer than t_k shares of a needed secret arrived.
             ProtocolError: no t_k-subset of the shares rebuilds a verified secret.
         """
         tk = self.graph.share_threshold
@@ -383,7 +477,8 @@ class Server:
         for kind, owner in wanted:
             pool = (self.b_shares if kind == "b" else self.sk_shares).get(owner, {})
             if len(pool) < tk:
-                raise SecureSumAborted(stage="unmask", survivors=len(pool), threshold=tk)
+                raise TooFewShares(owner, "mask key" if kind == "sk" else "self-mask seed",
+                                   len(pool), tk)
             groups.setdefault(tuple(sorted(pool)[:tk]), []).append((kind, owner))
         out: dict[tuple[str, int], bytes] = {}
         for holders, items in groups.items():

@@ -17,9 +17,17 @@ Bodies:
   count x (id u32 | enc pk 32 | mask pk 32 | signing pk 32 | ADVERTISE signature 64)
   -- the client's live neighbours
 * SHARES (client -> server): commitment to b_u (32) | count u32 |
-  count x (receiver u32 | AEAD ciphertext 112)
-* FORWARD (server -> client): count u32 | count x (sender u32 | AEAD ciphertext 112)
-* ACK (client -> server): count u32 | count x (id u32)  -- senders whose share failed AEAD
+  count x (receiver u32 | AEAD ciphertext 112 | Ed25519 signature 64 of
+  :func:`~secagg.secure_sum.keys.share_statement` | pair digest 32 of
+  :func:`~secagg.secure_sum.keys.pair_digest`)
+* FORWARD (server -> client): count u32 | count x (sender u32 | AEAD ciphertext 112 |
+  the sender's signature 64)
+* ACK (client -> server): count u32 | count x (sender u32 | kind u8 | share key 32 |
+  commitment 32) -- complaints: kind 0, the sender's signed share failed AEAD, with the
+  revealed key of that direction and the commitment to the reverse direction's key (the
+  evidence the server checks, see :mod:`secagg.secure_sum.server`); kind 1, the share does
+  not carry the sender's signature (key and commitment all zero: nothing is revealed). An
+  ACK without complaints is 4 zero bytes
 * MASKED (client -> server): ring_bits u8 | length u32 | tag 32 | length x ceil(ring_bits/8)
   bytes (little-endian ring elements, packed); tag = HMAC-SHA256 under a key derived from
   b_u of SHA-256(packed bytes): the server checks it once it has rebuilt b_u, so a vector
@@ -53,7 +61,7 @@ from secagg.secure_sum.prg import word_dtype
 from secagg.secure_sum.shamir import CHUNKS_PER_KEY, ELEMENT_BYTES
 
 MAGIC = b"SS"
-VERSION = 2
+VERSION = 3
 SERVER_ID = 0xFFFFFFFF
 SESSION_BYTES = 16
 HEADER = struct.Struct(">2sBB16sIII")
@@ -67,6 +75,15 @@ SHARE_CIPHERTEXT_BYTES = SHARE_PLAINTEXT_BYTES + TAG_BYTES
 MAX_ID = SERVER_ID - 1
 COMMITMENT_BYTES = 32
 TAG_HMAC_BYTES = 32
+FORWARD_ENTRY_BYTES = SHARE_CIPHERTEXT_BYTES + SIGNATURE_BYTES
+"""A forwarded share: the ciphertext and its sender's signature."""
+SHARES_ENTRY_BYTES = FORWARD_ENTRY_BYTES + COMMITMENT_BYTES
+"""A sent share: the ciphertext, its signature and the pair digest."""
+COMPLAINT_BYTES = 4 + 1 + 2 * KEY_BYTES
+COMPLAINT_KEY = 0
+"""A complaint that the share does not decrypt: it carries the revealed key and commitment."""
+COMPLAINT_SIGNATURE = 1
+"""A complaint that the share does not carry its sender's signature: no key is revealed."""
 
 
 class MsgType(IntEnum):
@@ -280,35 +297,38 @@ def parse_roster(body: memoryview) -> Roster:
     return Roster(rnd, rb, length, tk, keys, signing)
 
 
-def ciphertexts_body(entries: dict[int, bytes]) -> bytes:
-    """SHARES / FORWARD body: peer id -> ciphertext."""
+def ciphertexts_body(entries: dict[int, bytes], entry_bytes: int = FORWARD_ENTRY_BYTES) -> bytes:
+    """SHARES / FORWARD entries: peer id -> fixed-length entry (see the module docstring)."""
     parts = [struct.pack(">I", len(entries))]
     for v in sorted(entries):
         ct = entries[v]
-        if len(ct) != SHARE_CIPHERTEXT_BYTES:
-            raise ValueError("share ciphertexts have a fixed length")
+        if len(ct) != entry_bytes:
+            raise ValueError(f"share entries are {entry_bytes} bytes, got {len(ct)}")
         parts.append(struct.pack(">I", v) + ct)
     return b"".join(parts)
 
 
 def shares_body(commitment: bytes, entries: dict[int, bytes]) -> bytes:
-    """SHARES body: the commitment to b_u, then the ciphertexts."""
+    """SHARES body: the commitment to b_u, then the entries (ciphertext | signature |
+    pair digest)."""
     if len(commitment) != COMMITMENT_BYTES:
         raise ValueError("commitments are 32 bytes")
-    return commitment + ciphertexts_body(entries)
+    return commitment + ciphertexts_body(entries, SHARES_ENTRY_BYTES)
 
 
 def parse_shares(body: memoryview) -> tuple[bytes, dict[int, bytes]]:
-    """Decode a SHARES body into (commitment, receiver -> ciphertext)."""
+    """Decode a SHARES body into (commitment, receiver -> entry)."""
     if len(body) < COMMITMENT_BYTES:
         raise TruncatedMessage("SHARES: body shorter than its commitment")
-    return bytes(body[:COMMITMENT_BYTES]), parse_ciphertexts(body[COMMITMENT_BYTES:], "SHARES")
+    return bytes(body[:COMMITMENT_BYTES]), parse_ciphertexts(body[COMMITMENT_BYTES:], "SHARES",
+                                                             SHARES_ENTRY_BYTES)
 
 
-def parse_ciphertexts(body: memoryview, what: str) -> dict[int, bytes]:
+def parse_ciphertexts(body: memoryview, what: str,
+                      entry_bytes: int = FORWARD_ENTRY_BYTES) -> dict[int, bytes]:
     """Decode a FORWARD body (or the entries of a SHARES body)."""
     r = Reader(body, what)
-    n = r.count(4 + SHARE_CIPHERTEXT_BYTES)
+    n = r.count(4 + entry_bytes)
     out: dict[int, bytes] = {}
     for _ in range(n):
         v = r.u32()
@@ -316,19 +336,60 @@ def parse_ciphertexts(body: memoryview, what: str) -> dict[int, bytes]:
             raise ReplayedMessage(f"{what}: two entries for peer {v}")
         if v > MAX_ID:
             raise MalformedMessage(f"{what}: invalid client id")
-        out[v] = bytes(r.take(SHARE_CIPHERTEXT_BYTES))
+        out[v] = bytes(r.take(entry_bytes))
+    r.done()
+    return out
+
+
+def complaints_body(complaints: dict[int, tuple[bytes, bytes]]) -> bytes:
+    """ACK body: sender -> (the revealed key of sender -> this client, the commitment to the
+    key of this client -> sender), or (b"", b"") for a share without its sender's signature.
+    No complaints: the 4-byte zero count."""
+    parts = [struct.pack(">I", len(complaints))]
+    for v in sorted(complaints):
+        key, commit = complaints[v]
+        if key == commit == b"":
+            parts.append(struct.pack(">IB", v, COMPLAINT_SIGNATURE) + bytes(2 * KEY_BYTES))
+            continue
+        if len(key) != KEY_BYTES or len(commit) != KEY_BYTES:
+            raise ValueError("complaint keys and commitments are 32 bytes")
+        parts.append(struct.pack(">IB", v, COMPLAINT_KEY) + key + commit)
+    return b"".join(parts)
+
+
+def parse_complaints(body: memoryview) -> dict[int, tuple[bytes, bytes]]:
+    """Decode an ACK body into sender -> (revealed key, commitment), (b"", b"") for a
+    signature complaint."""
+    r = Reader(body, "ACK")
+    n = r.count(COMPLAINT_BYTES)
+    out: dict[int, tuple[bytes, bytes]] = {}
+    for _ in range(n):
+        v = r.u32()
+        if v in out:
+            raise ReplayedMessage(f"ACK: two complaints about client {v}")
+        if v > MAX_ID:
+            raise MalformedMessage("ACK: invalid client id")
+        kind = r.u8()
+        key, commit = bytes(r.take(KEY_BYTES)), bytes(r.take(KEY_BYTES))
+        if kind == COMPLAINT_SIGNATURE:
+            if any(key) or any(commit):
+                raise MalformedMessage("ACK: a signature complaint reveals no key")
+            key = commit = b""
+        elif kind != COMPLAINT_KEY:
+            raise MalformedMessage(f"ACK: unknown complaint kind {kind}")
+        out[v] = (key, commit)
     r.done()
     return out
 
 
 def ids_body(ids: list[int] | tuple[int, ...] | set[int]) -> bytes:
-    """A u32 count and ids (ACK body)."""
+    """A u32 count and ids (SURVIVORS body)."""
     s = sorted(ids)
     return struct.pack(f">I{len(s)}I", len(s), *s)
 
 
 def parse_ids(body: memoryview, what: str) -> list[int]:
-    """Decode an ACK body."""
+    """Decode a list of ids (a SURVIVORS body)."""
     r = Reader(body, what)
     n = r.count(4)
     ids = _ids(r.take(4 * n), n, what)
