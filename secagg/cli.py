@@ -44,7 +44,8 @@ EXIT_CODES = """exit status:
   2    usage error (unknown option, bad value)
   3    run: finished without a usable model (every phase aborted, or the privacy budget
        guard stopped it early); its outputs are still written, the reason is on stderr
-  4    audit: the transcript is incomplete (truncated or altered)
+  4    audit: the transcript is incomplete (truncated or altered), or, with --identities,
+       a client's signed statement is missing, forged or contradicted by a record
   5    audit --threat: the named coalition can read some field beyond what the layer promises
   130  interrupted"""
 
@@ -282,6 +283,13 @@ def _make_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("file", type=Path, help="transcript.jsonl (or a run directory holding one)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
+    a.add_argument(
+        "--identities", type=Path, default=None, metavar="FILE",
+        help="the clients' public keys (identities.json, or your PKI's): verify every "
+        "client's signed statement and check the server's records against them (exit 4 "
+        "on a missing, forged or contradicted one); without it the transcript is "
+        "unattested: only accidental damage is detected",
+    )
     a.add_argument(
         "--threat",
         default=None,
@@ -532,8 +540,10 @@ def _run(args: argparse.Namespace) -> int:
     result = fed.run()
     paths = result.save(out, args.device_profile)
     print(result.table(args.device_profile))
-    print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}")
-    print(f"audit with: secagg audit {paths['transcript']}")
+    print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}"
+          + (f", {paths['identities']}" if "identities" in paths else ""))
+    print(f"audit with: secagg audit {paths['transcript']}"
+          + (f" --identities {paths['identities']}" if "identities" in paths else ""))
     failure = result.failure()
     if failure:
         print(f"secagg run: no usable model: {failure}", file=sys.stderr)
@@ -549,7 +559,12 @@ def _audit(args: argparse.Namespace) -> int:
     if not path.exists():
         raise ConfigurationError(f"no such transcript: {path}")
     transcript = Transcript.read(path)
-    report = audit(transcript)
+    identities = None
+    if args.identities is not None:
+        from secagg.attest import read_identities
+
+        identities = read_identities(args.identities)
+    report = audit(transcript, identities)
     costs = path.parent / "costs.csv"
     if costs.exists():
         report["reconcile"] = reconcile(report, costs)
@@ -557,6 +572,10 @@ def _audit(args: argparse.Namespace) -> int:
     if not report["complete"]:
         print(f"secagg audit: transcript incomplete: {report['incomplete_reason']}",
               file=sys.stderr)
+        return EXIT_INCOMPLETE
+    if report["attestation"]:
+        print(f"secagg audit: {len(report['attestation'])} attestation problem(s); first: "
+              f"{report['attestation'][0]}", file=sys.stderr)
         return EXIT_INCOMPLETE
     if getattr(args, "threat", None):
         try:
