@@ -323,6 +323,9 @@ def _make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--workers", type=int, default=None,
                     help="worker processes (default: sweep.workers, else all cores)")
     sw.add_argument("--no-cache", action="store_true", help="recompute every cell")
+    sw.add_argument("--no-keep-cache", action="store_true",
+                    help="delete the statistics cache (the clients' raw statistics) when the "
+                    "sweep ends (sweep.keep_cache = false)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
 
     pl = sub.add_parser("plot", help="redraw the plots of a sweep",
@@ -604,7 +607,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     _interrupt_on_sigterm()
     res = sweep(args.config, out=args.out, workers=args.workers,
-                cache=False if args.no_cache else None, progress=False if args.quiet else None)
+                cache=False if args.no_cache else None, progress=False if args.quiet else None,
+                keep_cache=False if args.no_keep_cache else None)
     print(f"{len(res.ran)} cell(s) run, {len(res.skipped)} already done; results in "
           f"{res.jsonl} and {res.csv}")
     for name, path in res.plots.items():
