@@ -58,6 +58,9 @@ STAGE = "attest"
 #: Forms a statement may declare (the transcript's, plus messages that carry no values).
 FORMS = ("clear", "noised", "masked", "encrypted", "protocol")
 _SIG_BYTES = 64
+#: observations not covered by statements: the accuracies Flower nodes report
+#: (``secagg.engine.EVALUATION_PHASE``), measurements rather than protocol messages
+UNSIGNED_PHASE = "evaluate"
 
 
 class AttestationError(SecaggError, ValueError):
@@ -269,19 +272,24 @@ class Collector:
 
     def header(self) -> dict[str, Any]:
         """The run header's ``attestation`` block (the keys the nodes announced)."""
-        return {"scheme": SCHEME, "run": self.run, "keys": dict(sorted(self.keys.items()))}
+        return {"scheme": SCHEME, "run": self.run, "keys": self.keys}  # filled in as the
+        # decryptor is known (the header is written out at the end of the run)
 
     def received(self, sender: Any, raw: str, cpu_s: float = 0.0) -> None:
-        """Keep the statements (JSON list of records) a node sent with a reply."""
+        """Keep the statements (JSON list of records) node ``sender`` sent with a reply
+        (as itself, or as the HE decryptor: that node's key is then the decryptor's)."""
         try:
             recs = json.loads(raw)
         except ValueError:
             return  # the audit reports the statements as missing
         for rec in recs if isinstance(recs, list) else []:
             st = rec.get("statement", {}) if isinstance(rec, dict) else {}
-            if st.get("sender") != sender:
+            who = st.get("sender")
+            if who == "decryptor" and str(sender) in self.keys:
+                self.keys.setdefault("decryptor", self.keys[str(sender)])
+            elif who != sender:
                 continue
-            self._pool.setdefault((str(sender), str(st.get("digest"))), []).append(
+            self._pool.setdefault((str(who), str(st.get("digest"))), []).append(
                 (rec, cpu_s / max(len(recs), 1)))
 
     def sent(self, ctx: Any, sender: Any, receiver: Any, stage: str, message: Any,
@@ -389,7 +397,13 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
                 f"{st.sender} was told other layer parameters than the run header states")))
         good.setdefault((st.round, st.phase, st.stage, str(st.sender), str(st.receiver)),
                         []).append(st)
-    # every message a client sent has its statement (as many as messages)
+    # every message a client sent has its statement (as many as messages): the one
+    # with its digest where the record has one, else one with its labels
+    by_digest: dict[tuple[str, str, str], int] = {}
+    for v in good.values():
+        for st in v:
+            k = (str(st.sender), str(st.receiver), st.digest)
+            by_digest[k] = by_digest.get(k, 0) + 1
     counts: dict[tuple[Any, ...], int] = {}
     for i, r in enumerate(records, 1):
         if r.get("type") != "message" or r.get("stage") == STAGE:
@@ -397,9 +411,14 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
         if not _is_signer(r.get("sender")) or r.get("receiver") != "server" \
                 or str(r.get("stage", "")).startswith("dropped:"):
             continue
-        key = (r["round"], r["phase"], r["stage"], str(r["sender"]), str(r["receiver"]))
+        if "digest" in r:
+            key = (str(r["sender"]), str(r["receiver"]), str(r["digest"]))
+            have = by_digest.get(key, 0)  # type: ignore[arg-type]
+        else:
+            key = (r["round"], r["phase"], r["stage"], str(r["sender"]), str(r["receiver"]))
+            have = len(good.get(key, []))
         counts[key] = counts.get(key, 0) + 1
-        if counts[key] > len(good.get(key, [])):
+        if counts[key] > have:
             problems.append(Problem(line=i, kind="missing", text=(
                 f"message from {r['sender']} to {r['receiver']} (round {r['round']}, phase "
                 f"{r['phase']!r}, stage {r['stage']!r}) has no signed statement")))
@@ -407,6 +426,8 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
     for i, r in enumerate(records, 1):
         if r.get("type") != "observation" or not _is_signer(r.get("sender")):
             continue
+        if r.get("phase") == UNSIGNED_PHASE:
+            continue  # a node's evaluation reply is a measurement, not a signed message
         if _same_party(r.get("sender"), r.get("party")):
             continue  # a party's view of its own value
         sts = [s for k, v in good.items() if k[:4] == (r["round"], r["phase"], r["stage"],
@@ -428,7 +449,9 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
         if r["form"] == "encrypted":
             ok = any(s.digest == r.get("digest") for s in same)
         elif r["form"] in ("clear", "noised"):
-            ok = any(s.fields.get(name) == r.get("digest") for s in same)
+            # a field the statement does not name (the flat vector a Flower decryptor
+            # returns): bound by the message digest only
+            ok = any(s.fields.get(name, r.get("digest")) == r.get("digest") for s in same)
         else:
             ok = True  # masked slices: the statement binds the whole MASKED message
         if not ok:

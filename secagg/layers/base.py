@@ -22,7 +22,7 @@ import numpy as np
 from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
 from secagg.messages import Upload, UploadSpec
-from secagg.transcript import Transcript
+from secagg.transcript import Transcript, digest
 from secagg.wire import Message, is_message, message_size
 
 
@@ -115,10 +115,12 @@ class RoundContext:
             step_flops=float(step_flops),
         )
         self.ledger.record(row)
+        signed = self.attest is not None and is_message(wire_bytes)
         self.transcript.message(round=self.round, phase=self.phase, stage=stage,
                                 sender=sender, receiver=receiver, direction=row.direction,
-                                nbytes=size)
-        if self.attest is not None and is_message(wire_bytes):
+                                nbytes=size,
+                                digest=digest(wire_bytes) if signed else None)  # type: ignore[arg-type]
+        if signed:
             # the one place every message of a client passes: its signed statement
             self.attest.sent(self, sender, receiver, stage, wire_bytes,
                              noised=getattr(self, "_noised", ()))
