@@ -49,13 +49,16 @@ ModuleFor = Callable[[str, str], Any]
 state_dict into`` (or None: not available)."""
 
 
-def encode(obj: Any) -> tuple[Any, dict[str, np.ndarray]]:
-    """(JSON-able description, arrays by name) of ``obj``.
+def encode(obj: Any, classes: Mapping[str, type] | None = None
+           ) -> tuple[Any, dict[str, np.ndarray]]:
+    """(JSON-able description, arrays by name) of ``obj``. ``classes``: dataclasses the
+    caller allows besides the default ones (by name).
 
     Raises:
         StoreError: a value of a type this format does not hold.
     """
     arrays: dict[str, np.ndarray] = {}
+    allowed = {**_allowed(), **(classes or {})}
 
     def put(a: np.ndarray) -> str:
         if a.dtype.hasobject:
@@ -69,6 +72,10 @@ def encode(obj: Any) -> tuple[Any, dict[str, np.ndarray]]:
             return x
         if isinstance(x, int | float) and not isinstance(x, bool):
             return x
+        if isinstance(x, bytes | bytearray):
+            return {"__bytes__": put(np.frombuffer(bytes(x), dtype=np.uint8))}
+        if isinstance(x, set | frozenset):
+            return {"__set__": [enc(v, path) for v in sorted(x)]}
         if isinstance(x, np.ndarray):
             return {"__array__": put(x)}
         if isinstance(x, np.generic):
@@ -82,8 +89,8 @@ def encode(obj: Any) -> tuple[Any, dict[str, np.ndarray]]:
                 return {k: enc(v, f"{path}/{k}") for k, v in x.items()}
             return {"__items__": [[enc(k, path), enc(v, f"{path}/{k}")]
                                   for k, v in x.items()]}
-        if dataclasses.is_dataclass(x) and type(x).__name__ in _allowed() \
-                and isinstance(x, _allowed()[type(x).__name__]):
+        if dataclasses.is_dataclass(x) and type(x).__name__ in allowed \
+                and isinstance(x, allowed[type(x).__name__]):
             return {"__class__": type(x).__name__,
                     "fields": {f.name: enc(getattr(x, f.name), f"{path}/{f.name}")
                                for f in dataclasses.fields(x)}}
@@ -114,13 +121,16 @@ def _torch_kind(x: Any) -> str | None:
 
 
 def decode(desc: Any, arrays: Mapping[str, np.ndarray],
-           module_for: ModuleFor | None = None) -> Any:
-    """The object :func:`encode` described.
+           module_for: ModuleFor | None = None,
+           classes: Mapping[str, type] | None = None) -> Any:
+    """The object :func:`encode` described (``classes`` as there).
 
     Raises:
         StoreError: a reference to a missing array, a class outside the allow-list, or a
             module for which ``module_for`` gives none of that class.
     """
+    allowed = {**_allowed(), **(classes or {})}
+
     def arr(name: Any) -> np.ndarray:
         if not isinstance(name, str) or name not in arrays:
             raise StoreError(f"reference to a missing array {name!r}")
@@ -133,6 +143,10 @@ def decode(desc: Any, arrays: Mapping[str, np.ndarray],
             return x
         if "__array__" in x:
             return np.array(arr(x["__array__"]), copy=True)
+        if "__bytes__" in x:
+            return arr(x["__bytes__"]).astype(np.uint8).tobytes()
+        if "__set__" in x:
+            return {_key(dec(v)) for v in x["__set__"]}
         if "__scalar__" in x:
             return arr(x["__scalar__"])[()]
         if "__tuple__" in x:
@@ -140,7 +154,7 @@ def decode(desc: Any, arrays: Mapping[str, np.ndarray],
         if "__items__" in x:
             return {_key(dec(k)): dec(v) for k, v in x["__items__"]}
         if "__class__" in x:
-            cls = _allowed().get(x["__class__"])
+            cls = allowed.get(x["__class__"])
             if cls is None:
                 raise StoreError(f"class {x['__class__']!r} is not allowed in stored state")
             return cls(**{k: dec(v) for k, v in x["fields"].items()})
@@ -181,16 +195,17 @@ def _arrays(raw: bytes) -> dict[str, np.ndarray]:
         raise StoreError(f"arrays unreadable: {exc}") from None
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: Any, classes: Mapping[str, type] | None = None) -> bytes:
     """One blob: ``MAGIC``, u32 JSON length, JSON (the description and the SHA-256 of the
     arrays), then the ``.npz`` bytes."""
-    desc, arrays = encode(obj)
+    desc, arrays = encode(obj, classes)
     npz = _npz(arrays)
     meta = json.dumps({"desc": desc, "sha256": hashlib.sha256(npz).hexdigest()}).encode()
     return MAGIC + struct.pack(">I", len(meta)) + meta + npz
 
 
-def loads(raw: bytes, module_for: ModuleFor | None = None) -> Any:
+def loads(raw: bytes, module_for: ModuleFor | None = None,
+          classes: Mapping[str, type] | None = None) -> Any:
     """The object of a :func:`dumps` blob (digest checked first).
 
     Raises:
@@ -206,7 +221,7 @@ def loads(raw: bytes, module_for: ModuleFor | None = None) -> Any:
     npz = raw[8 + n:]
     if hashlib.sha256(npz).hexdigest() != meta.get("sha256"):
         raise StoreError("the stored arrays do not match their digest")
-    return decode(meta.get("desc"), _arrays(npz), module_for)
+    return decode(meta.get("desc"), _arrays(npz), module_for, classes)
 
 
 def _write_private(path: Path, data: bytes) -> None:
