@@ -425,3 +425,17 @@ def test_keep_cache_false_deletes_the_cache_when_the_sweep_ends(tmp_path):
     assert not (tmp_path / "cache").exists()
     kept = sweep(_cache_sweep(), out=tmp_path / "kept", progress=False, keep_cache=False)
     assert kept.rows and not (tmp_path / "kept" / "cache").exists()
+
+
+def test_cli_no_keep_cache_deletes_the_cache(tmp_path, capsys):
+    toml = tmp_path / "s.toml"
+    toml.write_text('[sweep]\nrounds = 2\ndp_rounds = "last"\nworkers = 0\nnoise_seed = 3\n'
+                    'plot = false\n[data]\nclients = 4\n[algorithm.fedlog]\nlocal_epochs = 1\n'
+                    '[grid]\nalgorithms = ["fedlog"]\nlayers = ["plaintext", "central-dp"]\n'
+                    'epsilon = [1.0, 4.0]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(toml), "--out", str(out), "--quiet", "--no-keep-cache"]) == 0
+    assert "3 cell(s) run" in capsys.readouterr().out
+    assert not (out / "cache").exists()
+    rows = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["cache"] for r in rows) == ["hit", "hit", "record"]
