@@ -210,3 +210,14 @@ def test_signing_is_on_the_cost_ledger_per_client_per_round(runs):
         assert all(r.wire_bytes > 64 and r.direction == "up" for r in rows)
         assert sum(r.client_cpu_s for r in rows) > 0
         assert "signed statements / client / round" in res.table()
+
+
+def test_pinned_secure_sum_identities_are_the_signing_keys(digits):
+    part = dirichlet_split(digits, 3, 0.5, seed=0)
+    keys = {c: Ed25519PrivateKey.generate() for c in range(3)}
+    res = Federation(FedLog(feature_dim=4, local_epochs=1), SecureSum(threshold=2,
+                     identities=keys), part, rounds=1, seed=0, progress=False).run()
+    assert {c: res.identities[str(c)] for c in range(3)} == {
+        c: public_hex(k) for c, k in keys.items()}
+    pinned = {str(c): k.public_key() for c, k in keys.items()}
+    assert verify(res.transcript.records, pinned) == []  # the decryptor is not needed here
