@@ -12,7 +12,12 @@ DP guarantee, and what the traffic cost.
   each party saw it (``server: masked upload x20, noised sum x2``), the bytes of the field
   as uploaded, the DP guarantee (mechanism, noise, adjacency, epsilon at delta, or why there
   is none) and notes;
-* ``privacy``: the transcript's privacy records.
+* ``privacy``: the transcript's privacy records;
+* ``attestation``: with public keys held outside the transcript (``identities``), every
+  problem :func:`secagg.attest.verify` finds (missing, forged or contradicted statements,
+  replaced keys), each naming its record; without them, None: the transcript is then
+  *unattested* -- whatever it says was written by the server and only checked for
+  accidental damage.
 
 :func:`format_audit` prints it as text.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +154,19 @@ def _guarantee(names: list[str], saw: Counter, privacy: dict[str, list[dict[str,
                     + (f" ({p['accountant']})" if p.get("accountant") else "")}
 
 
-def audit(transcript: Transcript) -> dict[str, Any]:
+#: What a transcript checked only by its running digest guarantees (the audit's first line).
+UNATTESTED = ("transcript: UNATTESTED - checked without the clients' keys (--identities): "
+              "the server wrote every record below and could have rewritten any of them with "
+              "its digest; this audit detects accidental truncation or corruption only")
+
+
+def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None
+          ) -> dict[str, Any]:
     """Summarise a transcript. Returns a JSON-able dict: ``run`` (the header),
     ``complete`` and ``incomplete_reason``, ``end`` (the closing record), ``traffic``,
-    ``fields`` (one entry per (phase, field)) and ``privacy`` (the records)."""
+    ``fields`` (one entry per (phase, field)), ``privacy`` (the records) and
+    ``attestation`` (with ``identities``, party -> Ed25519 public key from outside the
+    transcript: the problems found, as text, each naming its record; else None)."""
     header = next((r for r in transcript.records if r.get("type") == "run"), {})
     end = next((r for r in transcript.records if r.get("type") == "end"), None)
     reason = transcript.check()
@@ -212,8 +227,14 @@ def audit(transcript: Transcript) -> dict[str, Any]:
                          + (f" of {', '.join(repr(s) for s in src)}" if src else ""))
         e["notes"] = notes
         out.append(e)
+    attestation = None
+    if identities is not None:
+        from secagg.attest import verify
+
+        attestation = [str(p) for p in verify(transcript.records, identities)]
     return {"run": header, "complete": reason is None, "incomplete_reason": reason,
-            "end": end, "traffic": traffic(transcript), "fields": out, "privacy": privacy}
+            "end": end, "traffic": traffic(transcript), "fields": out, "privacy": privacy,
+            "attestation": attestation}
 
 
 def _layer_text(desc: dict[str, Any]) -> str:
@@ -247,6 +268,18 @@ def format_audit(report: dict[str, Any]) -> str:
     per (phase, field)."""
     run = report.get("run", {})
     lines = []
+    att = report.get("attestation")
+    if att is None:
+        lines.append(UNATTESTED)
+    elif att:
+        lines.append(f"attestation: FAILED - {len(att)} record(s) contradict, lack or forge "
+                     "the clients' signed statements:")
+        lines.extend(f"  {p}" for p in att[:20])
+        if len(att) > 20:
+            lines.append(f"  ... and {len(att) - 20} more")
+    else:
+        lines.append("attestation: verified - every message the clients sent carries their "
+                     "signed statement, and every server record of it agrees (form, digest)")
     if report.get("complete"):
         end = report.get("end") or {}
         stopped = f"; stopped early: {end['stopped']}" if end.get("stopped") else ""

@@ -44,7 +44,8 @@ EXIT_CODES = """exit status:
   2    usage error (unknown option, bad value)
   3    run: finished without a usable model (every phase aborted, or the privacy budget
        guard stopped it early); its outputs are still written, the reason is on stderr
-  4    audit: the transcript is incomplete (truncated or altered)
+  4    audit: the transcript is incomplete (truncated or altered), or, with --identities,
+       a client's signed statement is missing, forged or contradicted by a record
   5    audit --threat: the named coalition can read some field beyond what the layer promises
   130  interrupted"""
 
@@ -288,6 +289,13 @@ def _make_parser() -> argparse.ArgumentParser:
     a.add_argument("file", type=Path, help="transcript.jsonl (or a run directory holding one)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
     a.add_argument(
+        "--identities", type=Path, default=None, metavar="FILE",
+        help="the clients' public keys (identities.json, or your PKI's): verify every "
+        "client's signed statement and check the server's records against them (exit 4 "
+        "on a missing, forged or contradicted one); without it the transcript is "
+        "unattested: only accidental damage is detected",
+    )
+    a.add_argument(
         "--threat",
         default=None,
         metavar="COALITION",
@@ -320,6 +328,9 @@ def _make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--workers", type=int, default=None,
                     help="worker processes (default: sweep.workers, else all cores)")
     sw.add_argument("--no-cache", action="store_true", help="recompute every cell")
+    sw.add_argument("--no-keep-cache", action="store_true",
+                    help="delete the statistics cache (the clients' raw statistics) when the "
+                    "sweep ends (sweep.keep_cache = false)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
 
     pl = sub.add_parser("plot", help="redraw the plots of a sweep",
@@ -554,8 +565,10 @@ def _run(args: argparse.Namespace) -> int:
     result = fed.run()
     paths = result.save(out, args.device_profile)
     print(result.table(args.device_profile))
-    print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}")
-    print(f"audit with: secagg audit {paths['transcript']}")
+    print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}"
+          + (f", {paths['identities']}" if "identities" in paths else ""))
+    print(f"audit with: secagg audit {paths['transcript']}"
+          + (f" --identities {paths['identities']}" if "identities" in paths else ""))
     failure = result.failure()
     if failure:
         print(f"secagg run: no usable model: {failure}", file=sys.stderr)
@@ -571,7 +584,12 @@ def _audit(args: argparse.Namespace) -> int:
     if not path.exists():
         raise ConfigurationError(f"no such transcript: {path}")
     transcript = Transcript.read(path)
-    report = audit(transcript)
+    identities = None
+    if args.identities is not None:
+        from secagg.attest import read_identities
+
+        identities = read_identities(args.identities)
+    report = audit(transcript, identities)
     costs = path.parent / "costs.csv"
     if costs.exists():
         report["reconcile"] = reconcile(report, costs)
@@ -579,6 +597,10 @@ def _audit(args: argparse.Namespace) -> int:
     if not report["complete"]:
         print(f"secagg audit: transcript incomplete: {report['incomplete_reason']}",
               file=sys.stderr)
+        return EXIT_INCOMPLETE
+    if report["attestation"]:
+        print(f"secagg audit: {len(report['attestation'])} attestation problem(s); first: "
+              f"{report['attestation'][0]}", file=sys.stderr)
         return EXIT_INCOMPLETE
     if getattr(args, "threat", None):
         try:
@@ -607,7 +629,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     _interrupt_on_sigterm()
     res = sweep(args.config, out=args.out, workers=args.workers,
-                cache=False if args.no_cache else None, progress=False if args.quiet else None)
+                cache=False if args.no_cache else None, progress=False if args.quiet else None,
+                keep_cache=False if args.no_keep_cache else None)
     print(f"{len(res.ran)} cell(s) run, {len(res.skipped)} already done; results in "
           f"{res.jsonl} and {res.csv}")
     for name, path in res.plots.items():

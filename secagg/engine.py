@@ -298,6 +298,8 @@ class RunState:
     measurements: list[dict[str, Any]] = field(default_factory=list)
     #: (phase, field) -> why it was released without DP noise (kept before a ledger exists)
     unnoised: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: the clients' statements: a Signer (in one process) or Collector (remote), or None
+    attest: Any | None = None
 
 
 def account_local_training(phase: _Phase, spec: UploadSpec, layer: Layer, ctx: RoundContext,
@@ -601,6 +603,9 @@ class Engine:
         progress: show a progress bar.
         on_aggregate: called with (round, phase, Aggregate) after each phase's solve.
         decryptor: remote Homomorphic: the decryptor node's client id.
+        attest: every client (and the decryptor) signs a statement per message it sends
+            (:mod:`secagg.attest`); in one process the engine holds their keys, remotely
+            the transport's ``collector`` gathers what the nodes signed.
     """
 
     def __init__(
@@ -611,9 +616,10 @@ class Engine:
         max_records: int | None = None, privacy: Any | None = None,
         threat: Any | None = None, allow_leaks: bool = False, progress: bool = False,
         on_aggregate: Callable[[int, str, Aggregate], None] | None = None,
-        decryptor: int | None = None,
+        decryptor: int | None = None, attest: bool = True,
     ) -> None:
         self.algorithm, self.layer, self.transport = algorithm, layer, transport
+        self.attest = attest
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
         self.dropouts = dropouts
         self.on_violation, self.on_abort = on_violation, on_abort
@@ -675,11 +681,13 @@ class Engine:
 
         greeted = self.server.greeted if self.server is not None else (lambda c, r: None)
         clients = tr.open(run, hello, greeted)
+        run.attest = self._attestor(clients)
         run.transcript.meta(
             algorithm=alg.describe(), layer=layer.describe(), seed=self.seed,
             rounds=self.rounds, clients=len(clients), fraction=self.fraction, **tr.meta(),
             **({} if self.threat is None else {
                 "threat": self.threat.describe(), "allow_leaks": self.allow_leaks}),
+            **({} if run.attest is None else {"attestation": run.attest.header()}),
         )
         run.transcript.records[-1]["round_invariant"] = round_invariant(alg, self.rounds)
         if leaks is not None:
@@ -718,7 +726,8 @@ class Engine:
                 if not local:
                     spec = run_spec(phase, layer, self._max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
-                                   run.ledger, run.transcript, self.dropouts, run.privacy)
+                                   run.ledger, run.transcript, self.dropouts, run.privacy,
+                                   run.attest)
                 if local:
                     got = self._local(phase, cohort, ctx)
                     run.participation.append((r, phase.name, got, len(cohort)))
@@ -760,7 +769,22 @@ class Engine:
             privacy=run.privacy, clips=dict(run.clips.counts), aborted=run.aborted,
             participation=run.participation, measurements=run.measurements,
             n_clients=len(clients), wall_s=time.perf_counter() - t_start,
+            identities=None if run.attest is None else dict(run.attest.header()["keys"]),
         )
+
+    def _attestor(self, clients: list[int]) -> Any | None:
+        """Who signs the clients' statements: in one process a Signer holding every
+        client's key (the pinned ``SecureSum(identities=...)`` keys where given), remotely
+        the transport's collector; None when attestation is off."""
+        if not self.attest:
+            return None
+        if self.transport.link is not None:
+            return getattr(self.transport, "collector", None)
+        from secagg.attest import Signer
+
+        carrier = getattr(self.layer, "inner", self.layer)
+        pinned = getattr(carrier, "identities", None) or getattr(self.layer, "identities", None)
+        return Signer(parties=clients, layer=self.layer.describe(), keys=pinned)
 
     def _phase(self, run: RunState, phase: _Phase, spec: UploadSpec, cohort: list[int],
                ctx: RoundContext, upcoming: Callable[[], tuple[int, str, list[int]] | None],

@@ -77,6 +77,9 @@ class Federation:
             :class:`threat_models.ThreatModel`; the run is refused before its first phase
             when a field is not protected against it.
         allow_leaks: run anyway; the leaking fields are recorded in the transcript header.
+        attest: each client (and the HE decryptor) signs, with its own Ed25519 key, a
+            statement about every message it sends; the transcript carries them and
+            :attr:`Result.identities` the public keys (:mod:`secagg.attest`).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Federation:
         max_records: int | None = None,
         threat: Any | None = None,
         allow_leaks: bool = False,
+        attest: bool = True,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -137,6 +141,7 @@ class Federation:
         self.max_records = max_records
         self.threat = threat
         self.allow_leaks = allow_leaks
+        self.attest = bool(attest)
 
     def plan(self) -> list[Any]:
         """The privacy plan before round 0, without contacting or training any client
@@ -169,7 +174,7 @@ class Federation:
             on_violation=self.on_violation, on_abort=self.on_abort,
             include_values=self.include_values, max_records=self.max_records,
             privacy=self._privacy_arg, threat=self.threat, allow_leaks=self.allow_leaks,
-            progress=self.progress)
+            progress=self.progress, attest=self.attest)
         try:
             return engine.run()
         finally:

@@ -60,6 +60,8 @@ class Result:
     measurements: list[dict[str, Any]] = field(default_factory=list)
     n_clients: int = 0
     wall_s: float = 0.0
+    #: the signers' public keys (party -> Ed25519 public key, hex) when the run was attested
+    identities: dict[str, str] | None = None
 
     @property
     def best_accuracy(self) -> float:
@@ -136,7 +138,8 @@ class Result:
              profile: HardwareProfile | str = "phone-wifi") -> dict[str, Path]:
         """Write ``result.json``, ``costs.csv`` (with the device columns for ``profile``) and
         ``transcript.jsonl`` (closed: see :meth:`secagg.transcript.Transcript.close`) into
-        ``out_dir``."""
+        ``out_dir``, and for an attested run ``identities.json``: the signers' public keys
+        (:mod:`secagg.attest`; what ``secagg audit --identities`` checks against)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -149,7 +152,22 @@ class Result:
         self.costs.to_csv(paths["costs"], profile)
         self.transcript.close(self.rounds, self.failure())
         self.transcript.write(paths["transcript"])
+        if self.identities:
+            from secagg.attest import write_identities
+
+            paths["identities"] = write_identities(out / "identities.json", self.identities)
         return paths
+
+    def _attest_rows(self, per: int) -> list[tuple[str, str]]:
+        """The clients' signed statements (ledger stage ``attest``), per client per round:
+        bytes (in the uplink figures above) and signing CPU."""
+        rows = [r for r in self.costs.rows if r.stage == "attest"]
+        if not rows:
+            return []
+        nbytes = sum(r.wire_bytes for r in rows)
+        cpu = sum(r.client_cpu_s for r in rows)
+        return [("signed statements / client / round",
+                 f"{nbytes / per:,.0f} B, {1e3 * cpu / per:.3f} ms CPU (Ed25519)")]
 
     def table(self, profile: HardwareProfile | str = "phone-wifi") -> str:
         """The closing table: final and best-round accuracy, bytes per client per round,
@@ -171,6 +189,7 @@ class Result:
             ("uplink / downlink bytes, total",
              f"{int(up['wire_bytes']):,} / {int(down['wire_bytes']):,}"),
             ("internal bytes (server, decryptor), total", f"{int(internal['wire_bytes']):,}"),
+            *self._attest_rows(per),
             ("client compute / client / round", f"{est['flops_per_client_round']:,.3g} FLOP"),
             (f"est. client latency / client / round ({prof.name})",
              f"{est['latency_s_per_client_round']:.3f} s "

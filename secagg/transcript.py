@@ -111,12 +111,16 @@ class Transcript:
         self.records.append(rec)
 
     def message(self, *, round: int, phase: str, stage: str, sender: Any, receiver: Any,
-                direction: str, nbytes: int) -> None:
-        """Record one message sent (its framed wire size, as booked in the cost ledger)."""
-        self.records.append({
+                direction: str, nbytes: int, digest: str | None = None) -> None:
+        """Record one message sent (its framed wire size, as booked in the cost ledger;
+        with ``digest``, the SHA-256 of its bytes, which an attested run records)."""
+        rec: dict[str, Any] = {
             "type": "message", "round": round, "phase": phase, "stage": stage,
             "sender": sender, "receiver": receiver, "direction": direction, "bytes": int(nbytes),
-        })
+        }
+        if digest is not None:
+            rec["digest"] = digest
+        self.records.append(rec)
 
     def privacy(self, **info: Any) -> None:
         """Record a DP guarantee (per field or total)."""

@@ -77,7 +77,8 @@ def test_homomorphic_parties_decryptor_is_not_a_client(runs):
     assert len(keys) == 4 and all(r.direction == "down" for r in keys)  # key contexts: downlink
     dec = [r for r in rows if "decryptor" in (r.sender, r.receiver)
            and not isinstance(r.receiver, int)]  # server <-> decryptor
-    assert {r.stage for r in dec} == {"keys", "decrypt", "result"}
+    # (attest: the decryptor's signed statements about its keys and result, secagg.attest)
+    assert {r.stage for r in dec} == {"keys", "decrypt", "result", "attest"}
     assert all(r.direction == "internal" and r.client is None for r in dec)
     assert all(r.client != "decryptor" for r in rows)
     assert res.costs.client_rounds() == 4  # clients only, not the decryptor

@@ -71,8 +71,10 @@ def test_fedlog_learns_on_digits_and_is_personalized(digits_clients):
     assert r.accuracy_kind == "mean local test"
     assert r.accuracy >= 0.85, r.history
     up = r.costs.total("up")
-    # each upload: C x (d+1) float64 stats (counts in column 0, so no separate n)
-    assert up["messages"] == 40
+    # each upload: C x (d+1) float64 stats (counts in column 0, so no separate n), and
+    # with each its client's signed statement (stage "attest", no plaintext bytes)
+    assert up["messages"] == 40 + 40
+    assert sum(1 for x in r.costs.rows if x.stage == "upload") == 40
     assert up["plaintext_bytes"] == 40 * (10 * 65 * 8)
 
 

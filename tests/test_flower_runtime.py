@@ -488,7 +488,10 @@ def test_the_hello_reveals_no_record_count_and_plans_come_from_the_public_bound(
                                load_dataset("digits"), rounds=1, seed=0, min_nodes=N,
                                stage_timeout=0.5, max_records=max_records)
         result = fed.run(grid, on_aggregate=lambda r, p, a, aggs=aggs: aggs.__setitem__(r, a))
-        assert hellos and all(keys <= {"cid", "next_msg", "next_cpu_s"} for keys in hellos)
+        # (identity, att, att_cpu_s: the node's public key and its signed statement about
+        # next_msg, secagg.attest -- no record count in either)
+        assert hellos and all(keys <= {"cid", "next_msg", "next_cpu_s", "identity", "att",
+                                       "att_cpu_s"} for keys in hellos)
         want, embedded = _sums_by_round(SecureSum(threshold=3, precision=1e-5), 1, 1.0,
                                         algo=algo(), max_records=max_records)
         assert aggs[0].notes["secure_sum"]["ring_bits"] == \
@@ -723,3 +726,89 @@ def test_a_lying_node_revealing_its_true_keys_is_found_out_by_opening_the_shares
     assert agg.notes["secure_sum"]["verdicts"] == [[3, 0, "false"], [3, 2, "false"]]
     want = _embedded(SecureSum(threshold=3), {"masked-input": [3]})
     np.testing.assert_array_equal(agg["stats"], want["stats"])
+
+
+# -- attestation and the node's stored state (issue 24) ---------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: SecureSum(threshold=0.7), lambda: Homomorphic(),
+                                  lambda: LocalDP(Plaintext(), epsilon=2.0, delta=1e-5,
+                                                  seed=1)],
+                         ids=["secure-sum", "homomorphic", "local-dp"])
+def test_the_nodes_sign_and_an_attested_audit_verifies_and_catches_a_relabel(make):
+    """Each node signs its messages with its own key (announced with the hello); the
+    transcript verifies under those keys, and a relabelled record is named."""
+    from secagg.attest import read_identities, verify, write_identities
+    from secagg.transcript import Transcript
+
+    grid = LocalGrid()
+    result = FlowerFederation(_algo(), make(), load_dataset("digits"), rounds=1, seed=0,
+                              min_nodes=N, stage_timeout=0.5).run(grid)
+    assert {str(c) for c in range(N)} <= set(result.identities)
+    # the keys are the nodes' own: the public half of the key each keeps in its state
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secagg.attest import public_hex
+    for nid, ctx in grid.contexts.items():
+        key = Ed25519PrivateKey.from_private_bytes(
+            ctx.state.config_records["secagg-identity"]["ed25519"])
+        assert result.identities[str(nid - 100)] == public_hex(key)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        ids = read_identities(write_identities(Path(d) / "ids.json", result.identities))
+    records = result.transcript.records
+    assert verify(records, ids) == []
+    rows = [r for r in result.costs.rows if r.stage == "attest"]
+    assert {r.sender for r in rows} >= set(range(N)) and all(r.wire_bytes > 64 for r in rows)
+    i = next(i for i, r in enumerate(records) if r.get("type") == "observation"
+             and r["sender"] == 0 and r["form"] in ("masked", "encrypted", "noised"))
+    forged = [dict(r) for r in records]
+    forged[i]["form"] = "clear"
+    t = Transcript()
+    t.records = [r for r in forged if r.get("type") != "end"]
+    t.close()
+    problems = verify(t.records, ids)
+    assert [p.line for p in problems] == [i + 1] and problems[0].kind == "contradicted"
+
+
+def test_node_state_is_stored_without_pickle_and_a_planted_pickle_is_refused(tmp_path):
+    """The node keeps its client state (FedLog's model) in secagg.safestore's format;
+    a pickle put in its place is refused (the node drops), never unpickled."""
+    import pickle
+    from pathlib import Path
+
+    grid = LocalGrid()
+    FlowerFederation(_algo(), Plaintext(), load_dataset("digits"), rounds=1, seed=0,
+                     min_nodes=N, stage_timeout=0.5).run(grid)
+    store = grid.contexts[100].state.config_records["secagg-node"]
+    raw = store["client_state"]
+    assert raw[:4] == b"SGS1"  # arrays + JSON, not a pickle
+    from secagg import safestore
+    assert "model" in safestore.loads(raw, lambda path, cls: _algo_model())
+
+    marker = tmp_path / "marker"
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.write_text, (marker, "code ran"))
+
+    store["client_state"] = pickle.dumps(Planted())
+    # the same run tag (a new run would forget the state), so the node reads it back
+    node_ctx = grid.contexts[100]
+    from secagg.flower.records import content as make
+    msg = Message(make(step="upload", run=store["run"], round=0, rounds=1, phase="stats",
+                       seed=0, max_records=10_000, on_violation="raise", broadcast=b""),
+                  dst_node_id=100, message_type="train.secagg")
+    with pytest.raises(Exception, match="stored client state"):
+        grid.node.handle(msg, node_ctx)
+    assert not marker.exists()
+
+
+def _algo_model():
+    """A fresh FedLog body of the test's shape, to load a stored state into."""
+    from algorithms.models import build_model
+
+    ds = load_dataset("digits")
+    return build_model(ds.input_shape, ds.n_classes, 4)

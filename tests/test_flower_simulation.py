@@ -109,13 +109,21 @@ def test_simulation_20_nodes_equals_federation(flower_runs, name, ledger_message
     assert result.participation == [(0, "stats", N_NODES, N_NODES),
                                     (1, "stats", N_NODES, N_NODES)]
     # the ledger books real messages: every client sends in each stage of each round
+    # (and each message's signed statement, stage "attest": secagg.attest)
     stages = {r.stage for r in result.costs.rows if r.direction == "up"}
-    secure = {"advertise", "share", "masked-input", "consistency", "unmask"}
-    assert stages == {"plaintext": {"upload"}, "secure-sum": secure, "bfv": {"upload"},
-                      "distributed-dp": secure}[name]
+    secure = {"advertise", "share", "masked-input", "consistency", "unmask", "attest"}
+    assert stages == {"plaintext": {"upload", "attest"}, "secure-sum": secure,
+                      "bfv": {"upload", "attest"}, "distributed-dp": secure}[name]
     if name == "bfv":  # the decryptor is a party, not a client: its messages are internal
         assert {r.stage for r in result.costs.rows if r.direction == "internal"
-                and r.sender == "decryptor"} == {"keys", "result"}
+                and r.sender == "decryptor"} == {"keys", "result", "attest"}
+    # the nodes signed every message they sent: the transcript verifies under their keys
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from secagg.attest import verify
+    keys = {k: Ed25519PublicKey.from_public_bytes(bytes.fromhex(v))
+            for k, v in result.identities.items()}
+    assert verify(result.transcript.records, keys) == []
     # the same messages as the embedded engine's ledger, stage by stage
     assert ledger_messages(result) == ledger_messages(want_result)
     ups = [r for r in result.costs.rows if r.direction == "up" and r.sender != "decryptor"]

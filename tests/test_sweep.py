@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from secagg import safestore
 from secagg.cli import main
 from secagg.errors import ConfigurationError
 from secagg.sweep import load_config, run_cell, sweep
@@ -152,9 +153,9 @@ def test_cached_cell_equals_uncached_cell(tmp_path, layer):
                                  "epsilon": [1.0]}))
     cells = {c.layer: c for c in cfg.cells()}
     recorder = cells["secure-sum" if layer == "distributed-dp" else "plaintext"]
-    tape = tmp_path / "tape.pkl"
+    tape = tmp_path / "tape"
     rec = run_cell(cfg, recorder, "record", tape)
-    assert rec["cache"] == "record" and tape.exists()
+    assert rec["cache"] == "record" and safestore.exists(tape)
     _same(rec, run_cell(cfg, recorder, "off"))  # recording changes nothing
     cached = run_cell(cfg, cells[layer], "replay", tape)
     plain = run_cell(cfg, cells[layer], "off")
@@ -352,3 +353,89 @@ def test_no_local_test_split_trains_on_every_record():
     part = _partition(cfg.data, 0)
     assert sum(len(c.y) for c in part) == len(part.dataset.y_train)
     assert all(c.y_test is None or len(c.y_test) == 0 for c in part)
+
+
+# -- the cache cannot run code, is private to its owner, and can be deleted ------------------
+
+
+class _Planted:
+    """A pickle that, when loaded, writes a marker file (stands for arbitrary code)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.write_text, (Path(self.marker), "code ran"))
+
+
+def _cache_sweep(**over):
+    return load_config(_cfg(sweep={"rounds": 2, "dp_rounds": "last", "noise_seed": 3,
+                                   "workers": 0, "plot": False, **over},
+                            grid={"epsilon": [1.0, 4.0]}))
+
+
+def test_a_planted_pickle_in_the_cache_folder_is_never_loaded(tmp_path):
+    import pickle
+
+    cfg = _cache_sweep()
+    out = tmp_path / "sweep"
+    marker = tmp_path / "marker"
+    key = cfg.cache_key(cfg.cells()[0])
+    cache = out / "cache"
+    cache.mkdir(parents=True)
+    payload = pickle.dumps(_Planted(marker))
+    for name in (f"{key}.pkl", f"{key}.npz", f"{key}.json", key):
+        (cache / name).write_bytes(payload)
+    res = sweep(cfg, out=out, progress=False)
+    assert not marker.exists()  # the old cache ran pickle.load on <key>.pkl
+    assert [r["status"] for r in res.rows] == ["ok"] * 3
+    # the planted files do not check: every cell ran for real rather than replay them
+    assert {r["cache"] for r in res.rows} <= {"miss", "record", "off"}
+
+
+def test_cache_files_are_private_digest_checked_and_hold_no_pickle(tmp_path):
+    cfg = _cache_sweep()
+    res = sweep(cfg, out=tmp_path, progress=False)
+    assert sorted(r["cache"] for r in res.rows) == ["hit", "hit", "record"]
+    cache = tmp_path / "cache"
+    assert cache.stat().st_mode & 0o777 == 0o700
+    files = sorted(cache.iterdir())
+    assert {f.suffix for f in files} == {".npz", ".json"}
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+    npz = next(f for f in files if f.suffix == ".npz")
+    import numpy as np
+
+    with np.load(npz, allow_pickle=False) as z:  # plain arrays only
+        assert all(z[k].dtype != object for k in z.files)
+    # one flipped byte in the arrays: the digest refuses it, the cell runs for real
+    raw = bytearray(npz.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    npz.write_bytes(bytes(raw))
+    with pytest.raises(safestore.StoreError, match="digest"):
+        safestore.load(npz.with_suffix(""))
+    cell = next(c for c in cfg.cells() if c.layer == "central-dp")
+    assert run_cell(cfg, cell, "replay", npz.with_suffix(""))["cache"] == "miss"
+
+
+def test_keep_cache_false_deletes_the_cache_when_the_sweep_ends(tmp_path):
+    res = sweep(_cache_sweep(keep_cache=False), out=tmp_path, progress=False)
+    assert sorted(r["cache"] for r in res.rows) == ["hit", "hit", "record"]
+    assert not (tmp_path / "cache").exists()
+    kept = sweep(_cache_sweep(), out=tmp_path / "kept", progress=False, keep_cache=False)
+    assert kept.rows and not (tmp_path / "kept" / "cache").exists()
+
+
+def test_cli_no_keep_cache_deletes_the_cache(tmp_path, capsys):
+    toml = tmp_path / "s.toml"
+    toml.write_text('[sweep]\nrounds = 2\ndp_rounds = "last"\nworkers = 0\nnoise_seed = 3\n'
+                    'plot = false\n[data]\nclients = 4\n[algorithm.fedlog]\nlocal_epochs = 1\n'
+                    '[grid]\nalgorithms = ["fedlog"]\nlayers = ["plaintext", "central-dp"]\n'
+                    'epsilon = [1.0, 4.0]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(toml), "--out", str(out), "--quiet", "--no-keep-cache"]) == 0
+    assert "3 cell(s) run" in capsys.readouterr().out
+    assert not (out / "cache").exists()
+    rows = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["cache"] for r in rows) == ["hit", "hit", "record"]

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import json
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -54,6 +53,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
+from secagg import safestore
 from secagg.data import ClientData, Dataset, Partition
 from secagg.engine import AlgorithmLike, ClientState
 from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
@@ -67,6 +67,58 @@ PartitionLoader = Callable[[Context], tuple[Dataset, ClientData]]
 """Given the node's Flower ``Context``, its data set description and its own partition."""
 
 _STATE = "secagg-node"  # ConfigRecord in Context.state (stays on the node)
+_IDENTITY = "secagg-identity"  # the node's Ed25519 identity (kept across runs)
+#: reply fields that are messages a node sends, signed (secagg.attest)
+_SIGNED = ("msg", "ack", "frames", "next_msg")
+#: steps whose message is booked under another stage name by the server
+_STAGE_OF_STEP = {"he-keygen": "keys", "he-decrypt": "result", "he-upload": "upload"}
+
+
+def _identity(context: Context) -> Any:
+    """The node's long-term Ed25519 key (made on first use, kept in the node's own
+    ``Context.state``; the server learns only its public half, with the hello)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    if _IDENTITY not in context.state.config_records:
+        key = Ed25519PrivateKey.generate()
+        context.state.config_records[_IDENTITY] = ConfigRecord(
+            {"ed25519": key.private_bytes_raw()})
+    return Ed25519PrivateKey.from_private_bytes(
+        context.state.config_records[_IDENTITY]["ed25519"])
+
+
+def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
+            store: ConfigRecord) -> dict[str, Any]:
+    """Sign a statement for every message of the reply ``out`` (the one place a node's
+    messages leave it; :func:`secagg.attest.sign_reply`): labelled with the round, phase
+    and stage the instruction names (``att``), the form read from the message itself,
+    the noise parameters this node applied (``dp``) and the noised fields."""
+    from secagg.attest import params_digest, sign_reply
+
+    t0 = time.process_time()
+    labels = json.loads(rec["att"]) if isinstance(rec.get("att"), str) else [-1, "", step]
+    rnd, phase, stage = int(labels[0]), str(labels[1]), str(labels[2])
+    stage = _STAGE_OF_STEP.get(step, stage)
+    sender: Any = "decryptor" if step in ("he-keygen", "he-decrypt") else int(store["cid"])
+    params: dict[str, Any] = {}
+    if "layer" in rec:
+        params["told"] = params_digest(json.loads(field(rec, "layer", str)))
+    if "dp" in rec:
+        params["noise"] = json.loads(field(rec, "dp", str))
+    noised = json.loads(store["att_noised"]) if "att_noised" in store else []
+    msgs = {k: (stage, out[k]) for k in _SIGNED if k in out and k != "next_msg"}
+    atts = json.loads(sign_reply(key, run=str(store["run"]), round=rnd, phase=phase,
+                                 sender=sender, messages=msgs, params=params,
+                                 noised=noised if step in _UPLOADS else ()))
+    if "next_msg" in out:  # ADVERTISE ahead for the next session
+        atts += json.loads(sign_reply(
+            key, run=str(store["run"]), round=int(rec.get("next_round", -1)), phase="",
+            sender=sender, messages={"next_msg": ("advertise", out["next_msg"])},
+            params={}))
+    if atts:
+        out["att"] = json.dumps(atts)
+        out["att_cpu_s"] = time.process_time() - t0
+    return out
 
 
 def node_partition_loader(make_partition: Callable[[], Partition]) -> PartitionLoader:
@@ -131,13 +183,17 @@ class _Node:
             for k in list(store.keys()):
                 del store[k]
             store["run"] = tag
+        key = _identity(context)
         if step == "hello":  # with SecureSum, ADVERTISE for the run's first session too
             _, data = self._load(context)
             store["cid"] = int(data.id)
             out: dict[str, Any] = {"cid": int(data.id)}  # no record count: it is private
+            from secagg.attest import public_hex
+
+            out["identity"] = public_hex(key)  # the public half of the node's identity
             if "next_session" in rec:
                 out.update(self._advertise_next(rec, context, store))
-            return Message(content(**out), reply_to=msg)
+            return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
         if step in _UPLOADS and (step != "share" or rec.get("with_step") is True):
             out = self._client_step(rec, *self._load(context), store,
                                     policy=_policy(context))
@@ -150,7 +206,9 @@ class _Node:
             out = _layer_step(step)(step, rec, store)
             if step == "unmask" and "next_session" in rec:
                 out.update(self._advertise_next(rec, context, store))
-        return Message(content(**out), reply_to=msg)
+        if "cid" not in store:
+            store["cid"] = int(self._load(context)[1].id)
+        return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
 
     def _advertise_next(self, rec: ConfigRecord, context: Context,
                         store: ConfigRecord) -> dict[str, Any]:
@@ -175,7 +233,7 @@ class _Node:
         st = ClientState(data)
         algo.setup(dataset, [st], seed)
         if "client_state" in store:
-            st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
+            st.state = _thaw_state(store["client_state"], st, algo)
         name = field(rec, "phase", str)
         phases = [p for p in algo.phases(rnd, rounds) if p.name == name]
         if not phases:
@@ -194,7 +252,7 @@ class _Node:
         if spec.max_records is None:
             spec = replace(spec, max_records=field(rec, "max_records", int))
         up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
-        store["client_state"] = pickle.dumps(st.state)
+        store["client_state"] = safestore.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
                                "clipped": json.dumps(up.clipped), **scored}
         # DP noise added here, on the node, from the node's own noise stream: LocalDP
@@ -205,8 +263,13 @@ class _Node:
             from secagg.privacy.release import noise_on_node
 
             t0 = time.process_time()
+            plain = spec
             noiser, rng, up, spec = noise_on_node(rec, spec, up, st.id)
             out["cpu_s"] = cpu = cpu + time.process_time() - t0
+            if hasattr(noiser, "noise_plan"):  # LocalDP: the fields it noised (attested)
+                store["att_noised"] = json.dumps(sorted(noiser.noise_plan(plain)[0]))
+        elif "att_noised" in store:
+            del store["att_noised"]
         # the upload leaves the node the layer's way
         return _UPLOADS[field(rec, "step", str)](rec, spec, up, st.id, noiser, rng, out, cpu,
                                                  store)
@@ -221,16 +284,38 @@ class _Node:
         st = ClientState(data)
         algo.setup(dataset, [st], seed)
         if "client_state" in store:
-            st.state = pickle.loads(store["client_state"])  # noqa: S301 - own state
+            st.state = _thaw_state(store["client_state"], st, algo)
         algo.load_evaluation_state(unpack_arrays(raw) if raw else {})
         t0 = time.process_time()
         acc = float(algo.evaluate(dataset, [st]))
         cpu = time.process_time() - t0
         # the embedded engine keeps whatever evaluation leaves in the client's state
-        store["client_state"] = pickle.dumps(st.state)
+        store["client_state"] = safestore.dumps(st.state)
         has_test = data.y_test is not None and len(data.y_test) > 0
         return {"acc": acc, "has_test": bool(has_test), "cpu_s": cpu}
 
+
+
+def _thaw_state(raw: bytes, st: ClientState, algo: Any) -> dict[str, Any]:
+    """The client state a previous message stored (:func:`secagg.safestore.dumps`: arrays
+    and JSON, never pickle); a stored model's weights are loaded into this message's own
+    model of that class (the one setup made, or a copy of the algorithm's ``model``).
+
+    Raises:
+        ProtocolError: the stored state does not check (the node drops rather than guess).
+    """
+    def module_for(path: str, cls: str) -> Any:
+        mine = st.state.get(path.strip("/").split("/")[0])
+        if mine is not None and type(mine).__qualname__ == cls:
+            return mine
+        base = getattr(algo, "model", None)
+        return copy.deepcopy(base) if type(base).__qualname__ == cls else None
+
+    try:
+        state = safestore.loads(bytes(raw), module_for)
+    except safestore.StoreError as exc:
+        raise ProtocolError(f"the node's stored client state: {exc}") from None
+    return state if isinstance(state, dict) else {}
 
 
 def _he_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int, noiser: Any,

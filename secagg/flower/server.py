@@ -35,6 +35,7 @@ import numpy as np
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from secagg.attest import Collector
 from secagg.data import Dataset
 from secagg.dropouts import DropoutModel
 from secagg.engine import (
@@ -249,6 +250,8 @@ class FlowerFederation(TransportHooks):
         self.decryptor = decryptor
         #: the layer's server side in the current run (:func:`~secagg.engine.layer_server`)
         self.layer_server: LayerServer | None = None
+        #: the statements the nodes signed in the current run (secagg.attest)
+        self.collector = Collector(run="")
 
     # ---------------------------------------------------------------- Flower messages
 
@@ -296,12 +299,21 @@ class FlowerFederation(TransportHooks):
                 continue
             got[c] = rec
             self.transport.add(stage, flower=flower_bytes(rep))
+            self._statements(c, rec)
         for c in payloads:
             if c not in got and c not in failed:
                 failed[c] = f"no reply within {timeout or self.stage_timeout:g} s"
         self.stage_wall_s[stage] = self.stage_wall_s.get(stage, 0.0) + (
             time.perf_counter() - t0)
         return got, failed
+
+    def _statements(self, client: int, rec: Any) -> None:
+        """Keep the signed statements a node's reply carries (``att``), for the transcript
+        (:class:`secagg.attest.Collector`)."""
+        if isinstance(rec.get("att"), str):
+            cpu = rec.get("att_cpu_s", 0.0)
+            self.collector.received(client, rec["att"],
+                                    float(cpu) if isinstance(cpu, float | int) else 0.0)
 
     # ---------------------------------------------------------------- the Link
 
@@ -318,7 +330,9 @@ class FlowerFederation(TransportHooks):
         :meth:`secagg.link.Link.exchange`). ``step``: wait ``step_timeout``, and let a
         pending evaluation request ride on each node's message (its accuracy comes back
         with the reply)."""
-        payloads = {c: content(run=self._run_tag, **ins,
+        # att: the labels a node's signed statements carry (secagg.attest)
+        labels = json.dumps([int(ctx.round), str(ctx.phase), stage])
+        payloads = {c: content(run=self._run_tag, att=labels, **ins,
                                **(self._evaluation_fields(c) if step else {}))
                     for c, ins in instructions.items()}
         got, failed = self._exchange(self._grid, stage, ctx, payloads,  # type: ignore[arg-type]
@@ -376,6 +390,9 @@ class FlowerFederation(TransportHooks):
                     f"two SuperNodes report client id {cid}; give each node its own partition"
                 )
             self.nodes[cid] = int(rep.metadata.src_node_id)
+            if isinstance(rec.get("identity"), str):  # the node's public identity key
+                self.collector.keys[str(cid)] = rec["identity"]
+            self._statements(cid, rec)
             greeted(cid, rec)
         if len(self.nodes) < self.min_nodes:
             raise ConfigurationError(
@@ -452,6 +469,7 @@ class FlowerFederation(TransportHooks):
         """
         self._grid = grid
         self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
+        self.collector = Collector(run=self._run_tag)  # the nodes' signed statements
         engine = Engine(
             algorithm=self.algorithm, layer=self.layer, transport=self, rounds=self.rounds,
             fraction=self.fraction, seed=self.seed, dropouts=self.dropouts,

@@ -344,7 +344,7 @@ class Homomorphic(Layer):
     def _distribute(self, ks: _Keyset, cohort: list[int], ctx: RoundContext) -> None:
         sender = DECRYPTOR if self.key_holder == "decryptor" else PROVISIONER
         if not ks.server_has_context:
-            ctx.message(sender, SERVER, "keys", wire_bytes=len(ks.holder.public_context),
+            ctx.message(sender, SERVER, "keys", wire_bytes=bytes(ks.holder.public_context),
                         client_cpu_s=ks.keygen_s)
             ks.server_has_context = True
         for c in cohort:
@@ -474,7 +474,7 @@ class Homomorphic(Layer):
         sums.update(decode_sums(flat, packing, spec, fps))
         decrypt_s = time.process_time() - t0
         result = pack_arrays(sums)
-        ctx.message(party, SERVER, "result", wire_bytes=len(result),
+        ctx.message(party, SERVER, "result", wire_bytes=result,
                     plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
                     fields={k: int(v.nbytes) for k, v in sums.items()}, client_cpu_s=decrypt_s,
                     flops=he_flops("decrypt", params.poly_modulus_degree,

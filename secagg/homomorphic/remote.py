@@ -100,7 +100,7 @@ class HomomorphicServer:
                 raise SecureSumAborted("keys", 0, 1)
             pub = rfield(got[dec], "msg", bytes)
             agg = Aggregator(params.scheme, pub)  # refuses a context with a secret key
-            ctx.message(DECRYPTOR, SERVER, "keys", len(pub),
+            ctx.message(DECRYPTOR, SERVER, "keys", pub,
                         client_cpu_s=rfield(got[dec], "cpu_s", float))
             link.count("keys", len(pub))
             keys = self.keys[pjson] = (pub, agg, set(), set())
@@ -187,7 +187,7 @@ class HomomorphicServer:
             raw = rfield(got[dec], "msg", bytes)
             flat = unpack_arrays(raw)["flat"]
             sums.update(decode_sums(flat, packing, spec, fps))
-            ctx.message(DECRYPTOR, SERVER, "result", wire_bytes=len(raw),
+            ctx.message(DECRYPTOR, SERVER, "result", wire_bytes=raw,
                         plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
                         fields={k: int(v.nbytes) for k, v in sums.items()},
                         client_cpu_s=rfield(got[dec], "cpu_s", float),

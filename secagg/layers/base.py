@@ -22,7 +22,7 @@ import numpy as np
 from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
 from secagg.messages import Upload, UploadSpec
-from secagg.transcript import Transcript
+from secagg.transcript import Transcript, digest
 from secagg.wire import Message, is_message, message_size
 
 
@@ -78,6 +78,9 @@ class RoundContext:
     transcript: Transcript = field(default_factory=Transcript)
     dropouts: DropoutModel = field(default_factory=DropoutModel)
     privacy: Any | None = None
+    #: who signs (in one process) or collects (remote) the clients' statements about the
+    #: messages they send (:mod:`secagg.attest`); None: no attestation
+    attest: Any | None = None
 
     def __post_init__(self) -> None:
         self.dropouts.at(self.round, self.phase)
@@ -100,7 +103,9 @@ class RoundContext:
         frames: sized by :func:`secagg.wire.message_size`, the one definition) or its size.
         ``flops`` is the deterministic client-side work the message took (see
         :mod:`secagg.costs`), of which ``step_flops`` is the client step's own; the
-        ``*_cpu_s`` are measured host seconds (informative)."""
+        ``*_cpu_s`` are measured host seconds (informative). With :attr:`attest` set, a
+        message a client (or the decryptor) sent, given as bytes, gets its signed statement
+        (:mod:`secagg.attest`)."""
         size = message_size(wire_bytes) if is_message(wire_bytes) else int(wire_bytes)
         row = CostRow(
             round=self.round, phase=self.phase, stage=stage, sender=sender, receiver=receiver,
@@ -110,9 +115,15 @@ class RoundContext:
             step_flops=float(step_flops),
         )
         self.ledger.record(row)
+        signed = self.attest is not None and is_message(wire_bytes)
         self.transcript.message(round=self.round, phase=self.phase, stage=stage,
                                 sender=sender, receiver=receiver, direction=row.direction,
-                                nbytes=size)
+                                nbytes=size,
+                                digest=digest(wire_bytes) if signed else None)  # type: ignore[arg-type]
+        if signed:
+            # the one place every message of a client passes: its signed statement
+            self.attest.sent(self, sender, receiver, stage, wire_bytes,
+                             noised=getattr(self, "_noised", ()))
 
     def observe(
         self,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import time
 from collections.abc import MutableMapping
 from typing import Any
@@ -31,10 +30,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from secagg import safestore
 from secagg.errors import ProtocolError
 from secagg.link import Reply
 from secagg.link import reply_field as field
 from secagg.messages import Upload, UploadSpec
+from secagg.secure_sum import wire
 from secagg.secure_sum.client import Client
 from secagg.secure_sum.graph import auto_degree, resolve_threshold
 from secagg.secure_sum.keys import KeyPairs, private_bytes
@@ -45,6 +46,7 @@ NodeStore = MutableMapping[str, Any]
 """A node's private store between messages (Flower: a ConfigRecord in ``Context.state``)."""
 
 _SESSION_KEYS = ("party", "vector", "party_n")  # what a node holds for one session
+_STORED = {"Roster": wire.Roster}  # the dataclasses a stored party may hold
 
 
 def freeze(c: Client) -> bytes:
@@ -59,12 +61,15 @@ def freeze(c: Client) -> bytes:
         d["_sign"] = c._sign.private_bytes(serialization.Encoding.Raw,
                                            serialization.PrivateFormat.Raw,
                                            serialization.NoEncryption())
-    return pickle.dumps(d)
+    return safestore.dumps(d, _STORED)  # arrays and JSON, never pickle
 
 
 def thaw(raw: bytes) -> Client:
-    """The party :func:`freeze` stored."""
-    d = pickle.loads(raw)  # noqa: S301 - this node's own state, written by freeze
+    """The party :func:`freeze` stored (:mod:`secagg.safestore`: nothing in it runs)."""
+    try:
+        d = safestore.loads(bytes(raw), classes=_STORED)
+    except safestore.StoreError as exc:
+        raise ProtocolError(f"the node's stored secure-sum party: {exc}") from None
     c = Client.__new__(Client)
     keys = d.pop("_keys", None)
     sign = d.pop("_sign", None)

@@ -1,6 +1,12 @@
 """The statistics cache: a staged layer that sends each release to the DP layer or to its
 inner layer, and records (or replays) what the inner layer gave the server, so that cells
-which differ only in their noise re-noise one recording (see :mod:`secagg.sweep`)."""
+which differ only in their noise re-noise one recording (see :mod:`secagg.sweep`).
+
+A recording holds the clients' raw, un-noised statistics. On disk it is kept in the safe
+format of :mod:`secagg.safestore` (``<key>.npz`` arrays loaded with ``allow_pickle=False``,
+``<key>.json`` description, both with a SHA-256 checked on load, mode 0600):
+:func:`save_tape` / :func:`load_tape`. Reading a cache folder never runs code; a file that
+does not check is a cache miss, never loaded."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import copy
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,6 +51,39 @@ class _Tape:
     records: dict[tuple[int, str], list[dict[str, Any]]] = field(default_factory=dict)
     history: list[float] = field(default_factory=list)
     states: list[dict[str, Any]] | None = None
+    #: read back from disk: the states' stored form, decoded into the replay's own
+    #: clients' models (:func:`secagg.safestore.decode`) when they are needed
+    stored_states: tuple[Any, dict[str, np.ndarray]] | None = None
+
+
+_TAPE_PARTS = ("digests", "uploads", "aggregates", "rows", "records", "history")
+
+
+def save_tape(tape: _Tape, path: str | Path) -> None:
+    """Write ``tape`` at ``path`` (``.npz`` + ``.json``, mode 0600; no pickle)."""
+    from secagg import safestore
+
+    safestore.save(path, {**{k: getattr(tape, k) for k in _TAPE_PARTS},
+                          "states": tape.states})
+
+
+def load_tape(path: str | Path) -> _Tape:
+    """The tape :func:`save_tape` wrote (digests checked; the client states kept in their
+    stored form until the replay has clients to load them into).
+
+    Raises:
+        secagg.safestore.StoreError: missing, unreadable or altered files.
+    """
+    from secagg import safestore
+
+    desc, arrays = safestore.load(path, lazy=True)
+    if not isinstance(desc, dict) or any(k not in desc for k in (*_TAPE_PARTS, "states")):
+        raise safestore.StoreError(f"{path}: not a statistics tape")
+    states = desc.pop("states")
+    tape = _Tape(**{k: safestore.decode(desc[k], arrays) for k in _TAPE_PARTS})
+    if states is not None:
+        tape.stored_states = (states, arrays)
+    return tape
 
 
 class _Staged(Layer):
@@ -188,8 +228,36 @@ class _TapedAlgorithm:
             return acc
         if not self.noised_yet:
             return self.tape.history[k]
-        if not last or self.tape.states is None:
+        if not last or (self.tape.states is None and self.tape.stored_states is None):
             raise _CacheMiss(f"evaluation after round {k} follows a noised release")
-        for c, st in zip(clients, self.tape.states, strict=True):
-            c.state = copy.deepcopy(st)
+        if self.tape.states is not None:
+            for c, st in zip(clients, self.tape.states, strict=True):
+                c.state = copy.deepcopy(st)
+        else:
+            self._restore_states(clients)
         return float(self._algo.evaluate(dataset, clients))
+
+    def _restore_states(self, clients: Sequence[Any]) -> None:
+        """The recorded final client states, from their stored form: arrays and JSON as
+        they are; a model's stored weights loaded into this replay's own model of that
+        class (the client's, or a copy of the algorithm's ``model``)."""
+        from secagg import safestore
+
+        assert self.tape.stored_states is not None
+        desc, arrays = self.tape.stored_states
+        if not isinstance(desc, list) or len(desc) != len(clients):
+            raise _CacheMiss("the recorded client states do not match the clients")
+        for c, d in zip(clients, desc, strict=True):
+            def module_for(path: str, cls: str, c: Any = c) -> Any:
+                parts = path.strip("/").split("/")  # "states/<i>/<key>/..."
+                key = parts[2] if len(parts) > 2 else ""
+                mine = c.state.get(key) if isinstance(c.state, dict) else None
+                if mine is not None and type(mine).__qualname__ == cls:
+                    return mine
+                base = getattr(self._algo, "model", None)
+                return copy.deepcopy(base) if type(base).__qualname__ == cls else None
+
+            try:
+                c.state = safestore.decode(d, arrays, module_for)
+            except safestore.StoreError as exc:
+                raise _CacheMiss(f"client {getattr(c, 'id', '?')}: {exc}") from None

@@ -6,17 +6,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pickle
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from secagg.algorithm_registry import load_algorithm
 from secagg.errors import ConfigurationError
 from secagg.layers.base import Layer
 from secagg.layers.registry import LayerOptions, get_layer, make_layer
-from secagg.sweep.cache import _CacheMiss, _Staged, _Tape, _TapedAlgorithm
+from secagg.safestore import StoreError
+from secagg.sweep.cache import (
+    _CacheMiss,
+    _Staged,
+    _Tape,
+    _TapedAlgorithm,
+    load_tape,
+    save_tape,
+)
 from secagg.sweep.config import CLIP_ARGUMENT, Cell, SweepConfig
 
 # -- running one cell -------------------------------------------------------------------
@@ -96,21 +102,26 @@ def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",
         dp, inner = _layers(cfg, cell)
         algo = _algorithm(cfg, cell)
         tape = None
-        if how == "replay":
-            with open(tape_path, "rb") as fh:  # type: ignore[arg-type]
-                tape = pickle.load(fh)
+        if how == "replay":  # the safe format: arrays and JSON, digests checked
+            try:
+                tape = load_tape(tape_path)  # type: ignore[arg-type]
+            except StoreError as exc:
+                raise _CacheMiss(str(exc)) from None
         elif how == "record":
             tape = _Tape()
         run_algo = algo if tape is None else _TapedAlgorithm(
             algo, tape, how == "replay", select, cfg.rounds)
         layer = _Staged(dp, inner, select, algo, cfg.rounds, tape, how == "replay")
+        # a sweep keeps no transcript: its cells are not attested (a replay would copy
+        # the recording's statements, signed for another run)
         res = Federation(run_algo, layer, part, rounds=cfg.rounds, fraction=cfg.fraction,
-                         dropout=cell.dropout, seed=cell.seed, progress=False).run()
+                         dropout=cell.dropout, seed=cell.seed, progress=False,
+                         attest=False).run()
         if how == "record" and tape is not None and tape.states is not None:
-            tmp = Path(f"{tape_path}.tmp{os.getpid()}")
-            with open(tmp, "wb") as fh:
-                pickle.dump(tape, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, tape_path)  # type: ignore[arg-type]
+            try:
+                save_tape(tape, tape_path)  # type: ignore[arg-type]
+            except StoreError:
+                pass  # a state the safe format does not hold: this group is not cached
         return res
 
     status = mode

@@ -36,6 +36,8 @@ KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "dp_phases": ("list[str]", "phases the DP layer noises (default: all)"),
         "dp_rounds": ("str", "'all' (default) or 'last': rounds the DP layer noises"),
         "cache": ("bool", "reuse client statistics across epsilon/delta/layer (default true)"),
+        "keep_cache": ("bool", "keep the statistics cache (the clients' raw, un-noised "
+                       "statistics, in OUT/cache) after the sweep (default true)"),
         "workers": ("int", "worker processes (default os.cpu_count(); 0 runs in-process)"),
         "device_profile": ("str", "profile for energy/latency estimates (default phone-wifi)"),
         "noise_seed": ("int", "seed the DP noise (reproducible, NOT private; tests only)"),
@@ -120,6 +122,7 @@ class SweepConfig:
     dp_phases: tuple[str, ...] | None = None
     dp_rounds: str = "all"
     cache: bool = True
+    keep_cache: bool = True
     workers: int | None = None
     device_profile: str = "phone-wifi"
     noise_seed: int | None = None
@@ -301,6 +304,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any],
         threshold=s.get("threshold", 0.7), adjacency=s.get("adjacency"),
         dp_phases=tuple(s["dp_phases"]) if "dp_phases" in s else None,
         dp_rounds=s.get("dp_rounds", "all"), cache=s.get("cache", True),
+        keep_cache=s.get("keep_cache", True),
         workers=s.get("workers"), device_profile=s.get("device_profile", "phone-wifi"),
         noise_seed=s.get("noise_seed"), plot=s.get("plot", True),
         data={"dataset": "digits", "clients": 10, "alpha": 0.5, "local_test_fraction": 0.2,

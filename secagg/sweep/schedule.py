@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from secagg import safestore
 from secagg.errors import SecaggError
 from secagg.sweep.cells import run_cell
 from secagg.sweep.config import DP_LAYERS, Cell, SweepConfig, load_config
@@ -46,7 +48,8 @@ def _task(cfg: SweepConfig, cell: Cell, mode: str, tape: str | None) -> dict[str
 def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
           out: str | os.PathLike[str] | None = None, workers: int | None = None,
           cache: bool | None = None, progress: bool | None = None,
-          limit: Sequence[Cell] | None = None) -> SweepResult:
+          limit: Sequence[Cell] | None = None, keep_cache: bool | None = None
+          ) -> SweepResult:
     """Run (or resume) a sweep; return every finished row.
 
     Args:
@@ -56,6 +59,9 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
         cache: use the statistics cache (overrides ``sweep.cache``).
         progress: progress bar over cells (default: on a terminal, not in CI).
         limit: run only these cells of the grid (the rest stay pending).
+        keep_cache: keep the statistics cache (``<out>/cache``: the clients' raw,
+            un-noised statistics) after the sweep (overrides ``sweep.keep_cache``); False
+            deletes it when the sweep ends, finished or not.
     """
     cfg = config if isinstance(config, SweepConfig) else load_config(config, out)
     if out is not None:
@@ -81,10 +87,10 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
     first: list[tuple[Cell, str, str | None]] = []
     waiting: dict[str, list[Cell]] = {}
     for key, members in groups.items():
-        tape = tapes / f"{key}.pkl"
-        if use_cache and len(members) > 1 or (use_cache and tape.exists()):
-            tapes.mkdir(exist_ok=True)
-            if tape.exists():
+        tape = tapes / key  # <key>.npz + <key>.json (secagg.safestore), never a pickle
+        if use_cache and len(members) > 1 or (use_cache and safestore.exists(tape)):
+            tapes.mkdir(mode=0o700, exist_ok=True)
+            if safestore.exists(tape):
                 first.extend((c, "replay", str(tape)) for c in members)
                 continue
             # record with a non-DP cell when there is one (its run is needed anyway)
@@ -114,7 +120,7 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
         if tape is None or tape not in waiting:
             return []
         rest = waiting.pop(tape)
-        how = "replay" if Path(tape).exists() else "off"
+        how = "replay" if safestore.exists(tape) else "off"
         return [(c, how, tape if how == "replay" else None) for c in rest]
 
     try:
@@ -146,6 +152,8 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
     finally:
         if bar is not None:
             bar.close()
+        if not (cfg.keep_cache if keep_cache is None else keep_cache) and tapes.exists():
+            shutil.rmtree(tapes)  # the raw client statistics do not outlive the sweep
     rows = old + [r for r in new if r.get("status") == "ok"]
     result = SweepResult(rows, jsonl, csv_path, [r["id"] for r in new], skipped)
     if cfg.plot and rows:

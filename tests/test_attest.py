@@ -1,0 +1,223 @@
+"""Client-attested transcripts (secagg.attest): an honest run verifies under the clients'
+keys; a transcript the server rewrote -- its running digest recomputed, so the unkeyed
+chain still checks -- fails `secagg audit --identities` with exit 4, naming the record."""
+
+import json
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from algorithms.fedlog import FedLog
+from secagg import privacy
+from secagg.attest import Statement, public_hex, read_identities, verify
+from secagg.cli import main
+from secagg.data import dirichlet_split
+from secagg.federation import Federation
+from secagg.layers.plaintext import Plaintext
+from secagg.secure_sum import SecureSum
+from secagg.transcript import Transcript
+
+LAYERS = {
+    "plaintext": lambda: Plaintext(),
+    "secure-sum": lambda: SecureSum(threshold=0.7),
+    "local-dp": lambda: privacy.LocalDP(Plaintext(), noise_multiplier=2.0, delta=1e-5),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(digits, tmp_path_factory):
+    """One saved two-round FedLog run per layer: name -> (result, run folder)."""
+    part = dirichlet_split(digits, 4, 0.5, seed=0, local_test_fraction=0.2)
+    out = {}
+    for name, make in LAYERS.items():
+        res = Federation(FedLog(feature_dim=8, local_epochs=1), make(), part, rounds=2,
+                         seed=0, progress=False).run()
+        folder = tmp_path_factory.mktemp(name)
+        res.save(folder)
+        out[name] = (res, folder)
+    return out
+
+
+def _audit(capsys, *argv):
+    rc = main(["audit", *map(str, argv)])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def _records(folder):
+    return [json.loads(ln) for ln in (folder / "transcript.jsonl").read_text().splitlines()]
+
+
+def _rewrite(records, path):
+    """The server's rewrite: the records changed, the closing digest recomputed."""
+    t = Transcript()
+    t.records = [r for r in records if r.get("type") != "end"]
+    t.close()
+    t.write(path)
+    assert Transcript.read(path).check() is None  # the unkeyed chain accepts it
+    return path
+
+
+def test_an_honest_run_verifies_and_writes_its_identities(runs, capsys):
+    for name, (res, folder) in runs.items():
+        ids = folder / "identities.json"
+        assert ids.exists() and set(read_identities(ids)) == set(res.identities)
+        rc, out, err = _audit(capsys, folder, "--identities", ids)
+        assert rc == 0, (name, out, err)
+        assert out.splitlines()[0].startswith("attestation: verified")
+
+
+def test_without_identities_the_first_line_says_unattested(runs, capsys):
+    _, folder = runs["plaintext"]
+    rc, out, _ = _audit(capsys, folder)
+    assert rc == 0
+    first = out.splitlines()[0]
+    assert first.startswith("transcript: UNATTESTED") and "accidental" in first
+
+
+def test_relabelled_form_with_the_chain_recomputed_exits_4_naming_the_record(
+        runs, tmp_path, capsys):
+    _, folder = runs["plaintext"]
+    recs = _records(folder)
+    lines = []
+    for i, r in enumerate(recs, 1):
+        if r.get("type") == "observation" and r["form"] == "clear" and r["what"] == "upload":
+            r["form"] = "masked"
+            lines.append(i)
+    assert lines
+    bad = _rewrite(recs, tmp_path / "relabelled.jsonl")
+    rc, plain_out, _ = _audit(capsys, bad)
+    assert rc == 0 and "digest verified" in plain_out  # the issue: accepted unattested
+    rc, out, err = _audit(capsys, bad, "--identities", folder / "identities.json")
+    assert rc == 4
+    assert f"record {lines[0]}: contradicted" in out and "signed it as sent clear" in out
+    assert f"record {lines[0]}" in err
+
+
+def test_relabelled_masked_upload_is_a_contradiction(runs, tmp_path, capsys):
+    _, folder = runs["secure-sum"]
+    recs = _records(folder)
+    i = next(i for i, r in enumerate(recs, 1)
+             if r.get("type") == "observation" and r["form"] == "masked")
+    recs[i - 1]["form"] = "clear"
+    bad = _rewrite(recs, tmp_path / "unmasked.jsonl")
+    rc, out, _ = _audit(capsys, bad, "--identities", folder / "identities.json")
+    assert rc == 4 and f"record {i}: contradicted" in out and "as sent masked" in out
+
+
+def test_relabelled_noise_is_a_contradiction(runs, tmp_path, capsys):
+    _, folder = runs["local-dp"]
+    recs = _records(folder)
+    i = next(i for i, r in enumerate(recs, 1)
+             if r.get("type") == "observation" and r["form"] == "noised"
+             and r["what"] == "upload")
+    recs[i - 1]["form"] = "clear"  # "the client sent it un-noised"
+    bad = _rewrite(recs, tmp_path / "unnoised.jsonl")
+    rc, out, _ = _audit(capsys, bad, "--identities", folder / "identities.json")
+    assert rc == 4 and f"record {i}: contradicted" in out
+
+
+def test_changed_digest_exits_4_naming_the_record(runs, tmp_path, capsys):
+    _, folder = runs["plaintext"]
+    recs = _records(folder)
+    i = next(i for i, r in enumerate(recs, 1)
+             if r.get("type") == "observation" and r["what"] == "upload")
+    recs[i - 1]["digest"] = "0" * 64
+    bad = _rewrite(recs, tmp_path / "digest.jsonl")
+    rc, out, _ = _audit(capsys, bad, "--identities", folder / "identities.json")
+    assert rc == 4 and f"record {i}: contradicted" in out and "digest" in out
+
+
+def test_dropped_client_statement_exits_4_naming_the_message(runs, tmp_path, capsys):
+    _, folder = runs["secure-sum"]
+    recs = _records(folder)
+    j = next(j for j, r in enumerate(recs) if r.get("type") == "attestation"
+             and r["statement"]["stage"] == "masked-input"
+             and r["statement"]["form"] == "masked")
+    st = recs[j]["statement"]
+    del recs[j]
+    bad = _rewrite(recs, tmp_path / "dropped.jsonl")
+    rc, out, _ = _audit(capsys, bad, "--identities", folder / "identities.json")
+    assert rc == 4 and ": missing:" in out
+    # the record named is the MASKED message of that client, now without its statement
+    named = [int(ln.split("record ")[1].split(":")[0]) for ln in out.splitlines()
+             if ": missing:" in ln]
+    kept = _records(folder)
+    del kept[j]
+    assert any(kept[n - 1].get("type") == "message" and kept[n - 1]["sender"] == st["sender"]
+               and kept[n - 1]["stage"] == "masked-input" for n in named)
+
+
+def test_a_statement_altered_without_its_key_is_forged(runs, tmp_path, capsys):
+    _, folder = runs["plaintext"]
+    recs = _records(folder)
+    for r in recs:  # relabel the records and the statements alike
+        if r.get("type") == "observation" and r["form"] == "clear" and r["what"] == "upload":
+            r["form"] = "masked"
+        if r.get("type") == "attestation" and r["statement"]["form"] == "clear":
+            r["statement"]["form"] = "masked"
+    bad = _rewrite(recs, tmp_path / "forged.jsonl")
+    rc, out, _ = _audit(capsys, bad, "--identities", folder / "identities.json")
+    assert rc == 4 and ": forged:" in out and "does not verify" in out
+
+
+def test_a_key_replaced_inside_the_transcript_exits_4(runs, tmp_path, capsys):
+    """The server swaps client 0's key in the header for its own and re-signs client 0's
+    statements, relabelled: consistent inside the file, but not under the pinned keys."""
+    _, folder = runs["plaintext"]
+    recs = _records(folder)
+    mine = Ed25519PrivateKey.generate()
+    header = next(i for i, r in enumerate(recs, 1) if r.get("type") == "run")
+    recs[header - 1]["attestation"]["keys"]["0"] = public_hex(mine)
+    for r in recs:
+        if r.get("type") == "observation" and r["sender"] == 0 and r["what"] == "upload":
+            r["form"] = "masked"
+        if r.get("type") == "attestation" and r["statement"]["sender"] == 0:
+            r["statement"]["form"] = "masked"
+            st = Statement.from_json(r["statement"])
+            r["signature"] = mine.sign(st.signed_bytes()).hex()
+    bad = _rewrite(recs, tmp_path / "rekeyed.jsonl")
+    # under the keys the transcript itself carries, the rewrite would pass
+    inside = {k: mine.public_key() if k == "0" else v
+              for k, v in read_identities(folder / "identities.json").items()}
+    assert verify(Transcript.read(bad).records, inside) == []
+    rc, out, _ = _audit(capsys, bad, "--identities", folder / "identities.json")
+    assert rc == 4 and f"record {header}: key:" in out and "replaced" in out
+    assert ": forged:" in out
+
+
+def test_an_unattested_run_fails_the_attested_audit(digits, tmp_path, capsys):
+    part = dirichlet_split(digits, 3, 0.5, seed=0)
+    res = Federation(FedLog(feature_dim=4, local_epochs=1), Plaintext(), part, rounds=1,
+                     seed=0, progress=False, attest=False).run()
+    assert res.identities is None and not [r for r in res.costs.rows if r.stage == "attest"]
+    res.save(tmp_path)
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps({"keys": {"0": public_hex(Ed25519PrivateKey.generate())}}))
+    rc, out, _ = _audit(capsys, tmp_path, "--identities", ids)
+    assert rc == 4 and "carries no client attestation" in out
+
+
+def test_signing_is_on_the_cost_ledger_per_client_per_round(runs):
+    for name, (res, _) in runs.items():
+        rows = [r for r in res.costs.rows if r.stage == "attest"]
+        clients = {r.sender for r in rows}
+        assert clients == {0, 1, 2, 3}, name
+        # one statement per message a client sent to the server, each with bytes and CPU
+        sent = [r for r in res.costs.rows if r.receiver == "server" and r.stage != "attest"
+                and isinstance(r.sender, int) and r.wire_bytes > 0]
+        assert len(rows) == len(sent), name
+        assert all(r.wire_bytes > 64 and r.direction == "up" for r in rows)
+        assert sum(r.client_cpu_s for r in rows) > 0
+        assert "signed statements / client / round" in res.table()
+
+
+def test_pinned_secure_sum_identities_are_the_signing_keys(digits):
+    part = dirichlet_split(digits, 3, 0.5, seed=0)
+    keys = {c: Ed25519PrivateKey.generate() for c in range(3)}
+    res = Federation(FedLog(feature_dim=4, local_epochs=1), SecureSum(threshold=2,
+                     identities=keys), part, rounds=1, seed=0, progress=False).run()
+    assert {c: res.identities[str(c)] for c in range(3)} == {
+        c: public_hex(k) for c, k in keys.items()}
+    pinned = {str(c): k.public_key() for c, k in keys.items()}
+    assert verify(res.transcript.records, pinned) == []  # the decryptor is not needed here
