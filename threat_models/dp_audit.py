@@ -559,7 +559,24 @@ def make_layer(name: str, *, epsilon: float, delta: float = DEFAULT_DELTA,
     raise AuditError(f"unknown DP layer {name!r}; one of {', '.join(LAYER_NAMES)}")
 
 
-class SumRelease:
+class LayerClaim:
+    """The (epsilon, delta) a release's DP layer (``self.layer``) claims for its one
+    release: what an audit of that release tests."""
+
+    layer: Any
+
+    @property
+    def epsilon(self) -> float:
+        """The claimed epsilon (the layer's, for its one release)."""
+        return float(self.layer.epsilon)
+
+    @property
+    def delta(self) -> float:
+        """The claimed delta."""
+        return float(self.layer.delta)
+
+
+class SumRelease(LayerClaim):
     """A DP layer releasing a bare bounded sum of one scalar field, as a batched release.
 
     The field ``x`` has shape (1,) and ``Bound(l2=bound)`` at the layer's adjacency, so one
@@ -642,16 +659,6 @@ class SumRelease:
         """The layer's name (with the integer mechanism for DistributedDP)."""
         name = self.layer.name
         return f"{name}/{self.layer.mechanism}" if self.kind == "distributed" else name
-
-    @property
-    def epsilon(self) -> float:
-        """The claimed epsilon (the layer's, for its one release)."""
-        return float(self.layer.epsilon)
-
-    @property
-    def delta(self) -> float:
-        """The claimed delta."""
-        return float(self.layer.delta)
 
     @property
     def canary(self) -> str:

@@ -61,6 +61,7 @@ from threat_models.dp_audit import (
     DEFAULT_DELTA,
     AuditError,
     AuditResult,
+    LayerClaim,
     TestOutcome,
     audit,
     make_layer,
@@ -139,7 +140,7 @@ def _mechanism_name(layer: Any) -> str:
     return f"{name}/{layer.mechanism}" if _kind(layer) == "distributed" else name
 
 
-class FedAvgRelease:
+class FedAvgRelease(LayerClaim):
     """One round of client-level DP-FedAvg as a batched release (module docstring).
 
     Args:
@@ -209,16 +210,6 @@ class FedAvgRelease:
     def mechanism(self) -> str:
         """``dp-fedavg/<layer>`` (with the integer mechanism for DistributedDP)."""
         return _mechanism_name(self.layer)
-
-    @property
-    def epsilon(self) -> float:
-        """The claimed epsilon (the layer's, for its one release)."""
-        return float(self.layer.epsilon)
-
-    @property
-    def delta(self) -> float:
-        """The claimed delta."""
-        return float(self.layer.delta)
 
     @property
     def canary(self) -> str:
