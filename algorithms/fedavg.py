@@ -318,7 +318,6 @@ class _TrainPhase(GlobalModelPhase):
                 "weighted_params": (w.astype(np.float64) * n).astype(self.algo.upload_dtype)}
 
     def server_step(self, aggregate: Aggregate) -> None:
-        self.clip = self.algo.clip_value
         self.algo.apply_average(aggregate)
 
     def measurements(self) -> dict[str, Any]:

@@ -362,6 +362,7 @@ class _TurboPhase(Phase):
         self.algo = algo
         self.round = round
         self.rounds = rounds
+        self.clip = algo.clip_value  # the bound this phase's spec and broadcast carry
 
     def spec(self) -> UploadSpec:
         return self.algo.spec()
@@ -377,12 +378,11 @@ class _TurboPhase(Phase):
                                        self.round, clip)
 
     def server_step(self, aggregate: Aggregate) -> None:
-        self.clip = self.algo.clip_value
         self.algo.server_update(aggregate, self.round, self.rounds)
 
     def measurements(self) -> dict[str, Any]:
         """With a clip: the bound in force and how many clients it clipped."""
-        return self.algo.clip_measurements(getattr(self, "clip", None))
+        return self.algo.clip_measurements(self.clip)
 
     def client_flops(self, client: ClientState) -> float:
         assert self.algo.model is not None

@@ -61,7 +61,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from scipy import stats
@@ -564,6 +564,8 @@ class LayerClaim:
     release: what an audit of that release tests."""
 
     layer: Any
+    #: the released field whose noise the audit checks
+    field_name: ClassVar[str] = FIELD
 
     @property
     def epsilon(self) -> float:
@@ -574,6 +576,20 @@ class LayerClaim:
     def delta(self) -> float:
         """The claimed delta."""
         return float(self.layer.delta)
+
+    def _reference_notes(self) -> dict[str, Any]:
+        """The ``notes["dp"]`` of one real release of the layer (set by the subclass)."""
+        raise NotImplementedError
+
+    def _same_sigma(self, got: float, want: float | None = None) -> None:
+        """Refuse a batched draw whose noise std differs from a real release's (default:
+        the reference release's own sigma), so that the audit tests the real mechanism."""
+        if want is None:
+            want = self._reference_notes()["fields"][self.field_name]["sigma"]
+        if not math.isclose(float(got), float(want), rel_tol=1e-9):
+            raise AuditError(f"{getattr(self, 'mechanism', '?')}: the batched release has "
+                             f"noise std {got!r} but a real release {want!r}; it would not "
+                             "audit the same mechanism")
 
 
 class SumRelease(LayerClaim):
@@ -762,12 +778,8 @@ class SumRelease(LayerClaim):
                          self.scalar_notes["target_sigma"][FIELD])
         return np.asarray(agg.sums[FIELD], dtype=np.float64)
 
-    def _same_sigma(self, got: float, want: float | None = None) -> None:
-        want = self.scalar_notes["fields"][FIELD]["sigma"] if want is None else want
-        if not math.isclose(float(got), float(want), rel_tol=1e-9):
-            raise AuditError(f"{self.mechanism}: the batched release has noise std {got!r} "
-                             f"but the scalar release {want!r}; it would not audit the "
-                             "same mechanism")
+    def _reference_notes(self) -> dict[str, Any]:
+        return self.scalar_notes
 
 
 def audit_sum(layer: Any = "central-dp", *, epsilon: float | None = None,

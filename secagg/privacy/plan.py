@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from secagg.messages import UploadSpec
@@ -97,6 +97,7 @@ def plan_run(algorithm: Any, layer: Any, rounds: int, cohort: int,
     z, delta = layer.noise_multiplier, layer.delta
     per_event = 1 if getattr(layer, "tree", False) else None
     rows: list[ReleasePlan] = []
+    sigmas_of: dict[UploadSpec, dict[str, float]] = {}
     released = 0
     for r in range(rounds):
         phases = [ph for ph in algorithm.phases(r, rounds) if ph.spec().fields]
@@ -107,10 +108,10 @@ def plan_run(algorithm: Any, layer: Any, rounds: int, cohort: int,
         for ph in phases:
             spec = ph.spec()
             if spec.max_records is None:
-                from dataclasses import replace
-
                 spec = replace(spec, max_records=max_records)
-            for name, sigma in planned(spec, cohort).items():
+            if spec not in sigmas_of:  # the same spec every round: plan its noise once
+                sigmas_of[spec] = planned(spec, cohort)
+            for name, sigma in sigmas_of[spec].items():
                 size = max(spec[name].size, 1)
                 noise = sigma * math.sqrt(size)
                 signal = cohort * _client_l2(spec, name)
