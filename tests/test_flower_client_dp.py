@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 
-import numpy as np
 import pytest
 
 if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
@@ -138,4 +137,6 @@ def test_node_policy_parsing():
         NodePolicy.from_node_config({"dp-required": "maybe"})
     with pytest.raises(PrivacyError):
         NodePolicy(max_clip=-1.0)
-    assert np.isfinite(NodePolicy().min_noise_multiplier or 1.0)
+    NodePolicy().check({"noise_multiplier": 1e-9}, 1e9)  # no floor set: only validity
+    with pytest.raises(PrivacyError, match="dp-required"):
+        NodePolicy(dp_required=True).check(None, None)
