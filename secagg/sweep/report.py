@@ -7,15 +7,58 @@ import csv
 import io
 import json
 import os
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: The observers a run's per-client epsilons are given against (``result.json``'s
+#: ``privacy.clients[id].epsilon``): who sees the released models, and the server.
+CLIENT_OBSERVERS = ("release", "server")
+#: The per-client spread columns: min / median / max of the clients' epsilons against each
+#: observer (over the clients that have a figure) and ``_none``, how many have none (null:
+#: no guarantee against that observer, e.g. the server under central DP).
+CLIENT_SPREAD_COLUMNS = tuple(f"client_eps_{o}_{s}" for o in CLIENT_OBSERVERS
+                              for s in ("min", "median", "max", "none"))
 CSV_COLUMNS = ("id", "algorithm", "layer", "epsilon", "delta", "clip", "dropout", "seed",
                "accuracy", "accuracy_kind", "rounds", "epsilon_spent", "private",
                "uplink_bytes", "downlink_bytes", "energy_j", "latency_s_per_client_round",
-               "device_profile", "cache", "wall_s", "status", "error")
+               "device_profile", "cache", "wall_s", "status", "error",
+               *CLIENT_SPREAD_COLUMNS)
+
+
+def _client_order(cid: str) -> tuple[int, int | str]:
+    return (0, int(cid)) if cid.isdigit() else (1, cid)
+
+
+def client_spread(clients: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The row fields a sweep records from a run's per-client privacy
+    (``result.json["privacy"]["clients"]``: client id -> ``{"epsilon": {observer:
+    float | None}, ...}``).
+
+    ``client_epsilons``: observer -> every client's epsilon (None where it has none), in
+    client-id order, for the histogram (:func:`secagg.plots.plot_client_epsilons`); and
+    the :data:`CLIENT_SPREAD_COLUMNS`. A run without per-client figures (``clients``
+    None or empty) gives no field at all.
+    """
+    if not clients:
+        return {}
+    ids = sorted(clients, key=_client_order)
+    observers = list(CLIENT_OBSERVERS) + sorted(
+        {o for c in clients.values() for o in (c.get("epsilon") or {})} - set(CLIENT_OBSERVERS))
+    per: dict[str, list[float | None]] = {}
+    for o in observers:
+        vals = [(clients[c].get("epsilon") or {}).get(o) for c in ids]
+        per[o] = [None if v is None else float(v) for v in vals]
+    out: dict[str, Any] = {"client_epsilons": per}
+    for o in CLIENT_OBSERVERS:
+        have = sorted(v for v in per[o] if v is not None)
+        out[f"client_eps_{o}_min"] = have[0] if have else None
+        out[f"client_eps_{o}_median"] = statistics.median(have) if have else None
+        out[f"client_eps_{o}_max"] = have[-1] if have else None
+        out[f"client_eps_{o}_none"] = len(per[o]) - len(have)
+    return out
 
 
 @dataclass
