@@ -2,15 +2,22 @@
 
 :func:`plot_results` draws, from the rows of a sweep (:mod:`secagg.sweep`):
 
-* ``privacy_utility.{png,svg}`` -- accuracy against total epsilon, one panel per algorithm,
-  one series per DP layer (mean over seeds, the band spans the seeds' min to max), with the
-  non-DP layers as dashed horizontal lines;
+* ``privacy_utility.{png,svg}`` -- accuracy (the y-axis names its kind) against total
+  epsilon, one panel per algorithm, one series per DP layer (mean over seeds, the band
+  spans the seeds' min to max), plaintext's mean as the dashed non-private reference and
+  other layers without noise dotted;
 * ``cost_utility.{png,svg}`` -- accuracy against uplink bytes and against estimated client
-  energy, one series per layer.
+  energy, one series per layer;
+* ``client_epsilon.{png,svg}`` (:func:`plot_client_epsilons`), only when some row carries
+  per-client epsilons -- their histogram per observer.
 
 Every series carries the SVG id ``series-ALGORITHM-LAYER`` (cost plot:
 ``cost-bytes-LAYER`` and ``cost-energy-LAYER``), so a reader or a test can find it in the
-file. ``secagg plot RESULTS`` redraws from ``results.jsonl`` or ``results.csv``.
+file. ``secagg plot RESULTS`` redraws from ``results.jsonl`` or ``results.csv`` (the
+per-client lists are in ``results.jsonl`` only).
+
+Tick labels are written here, never by matplotlib's offset or scientific formatters, and
+are measured after layout (:func:`_fit_ticks`), so no two on an axis overlap or read alike.
 """
 
 from __future__ import annotations
@@ -465,8 +472,9 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
 
     One row of panels per (algorithm, layer, epsilon) -- seeds pooled -- and one panel
     per observer (``release``: who sees the released models; ``server``). The run's
-    global epsilon (``epsilon_spent``, the largest over the pooled seeds) is a dashed
-    vertical line on each panel that has per-client figures. Clients without a figure
+    global epsilon (``client_eps_global``: ``result.json``'s ``privacy.epsilon``, the
+    largest over the pooled seeds), where recorded, is a dashed vertical line on each
+    panel that has per-client figures. Clients without a figure
     against an observer (null: no guarantee against it, as for the server under central
     DP) are counted in the panel, never drawn as a number. Each panel's SVG id is
     ``clients-ALGORITHM-LAYER-EPSILON-OBSERVER``.
@@ -492,7 +500,7 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
         algo, layer, eps = key
         members = groups[key]
         seeds = len({r.get("seed") for r in members})
-        spent = _finite(r.get("epsilon_spent") for r in members)
+        spent = _finite(r.get("client_eps_global") for r in members)
         delta = next((r["delta"] for r in members if r.get("delta") is not None), None)
         for ax, obs in zip(row_axes, observers, strict=True):
             ax.set_gid(f"clients-{algo}-{layer}-{'none' if eps is None else f'{eps:g}'}-{obs}")
@@ -522,7 +530,8 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
             else:
                 bins = max(1, min(30, int(math.sqrt(len(vals))) + 1))
             ax.hist(vals, bins=bins, color=_STYLE.get(layer, "tab:blue"), alpha=0.8,
-                    label=f"{len(vals)} client(s)")
+                    label=f"{len(vals)} client(s)" if seeds == 1
+                    else f"{len(vals)} (client, seed) figures")
             if spent:
                 ax.axvline(max(spent), color="k", ls="--", lw=1.2,
                            label=f"run's global epsilon {max(spent):.3g}")

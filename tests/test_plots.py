@@ -194,14 +194,14 @@ def test_privacy_plot_names_the_accuracy_and_draws_a_reference(tmp_path, monkeyp
 
 # -- per-client epsilons (issue 28): the sweep's spread and the histogram ---------------
 
-def _result_json(tmp_path, release, server):
+def _result_json(tmp_path, release, server, epsilon=5.0):
     """A result.json with privacy.clients in the per-client schema, read back from disk."""
     clients = {str(i): {"epsilon": {"release": r, "server": s}, "participations": i + 1,
                         "eligible_rounds": 10, "refusals": 0, "status": "active"}
                for i, (r, s) in enumerate(zip(release, server, strict=True))}
     path = tmp_path / "result.json"
     path.write_text(json.dumps({"accuracy": 0.8, "accuracy_kind": "global test",
-                                "privacy": {"epsilon": 5.0, "delta": 1e-5,
+                                "privacy": {"epsilon": epsilon, "delta": 1e-5,
                                             "clients": clients}}))
     return json.loads(path.read_text())
 
@@ -211,7 +211,8 @@ def test_sweep_records_the_per_client_spread(tmp_path):
 
     res = _result_json(tmp_path, release=[0.5, 4.0, 1.0, 2.0, 3.0],
                        server=[2.0, None, 1.0, 8.0, 4.0])
-    got = client_spread(res["privacy"]["clients"])
+    got = client_spread(res["privacy"])
+    assert got["client_eps_global"] == 5.0
     assert got["client_eps_release_min"] == 0.5
     assert got["client_eps_release_median"] == 2.0
     assert got["client_eps_release_max"] == 4.0
@@ -224,10 +225,12 @@ def test_sweep_records_the_per_client_spread(tmp_path):
     row = dict(zip(CSV_COLUMNS, next(csv.reader([line])), strict=True))
     assert row["client_eps_server_median"] == "3.0" and row["client_eps_server_none"] == "1"
     # clients 10 and 9 sort as numbers, not as strings
-    ten = client_spread({"10": {"epsilon": {"release": 1.0}}, "9": {"epsilon": {"release": 2.0}}})
+    ten = client_spread({"clients": {"10": {"epsilon": {"release": 1.0}},
+                                     "9": {"epsilon": {"release": 2.0}}}})
     assert ten["client_epsilons"]["release"] == [2.0, 1.0]
     assert ten["client_eps_server_none"] == 2  # no server figure at all: both counted
-    assert client_spread(None) == {} and client_spread({}) == {}
+    assert ten["client_eps_global"] is None  # no global figure in that privacy section
+    assert client_spread(None) == {} and client_spread({"epsilon": 1.0}) == {}
 
 
 def test_a_sweep_cell_records_the_spread_of_its_result(tmp_path, monkeypatch):
@@ -241,7 +244,7 @@ def test_a_sweep_cell_records_the_spread_of_its_result(tmp_path, monkeypatch):
 
     def with_clients(self, *a, **k):
         d = real(self, *a, **k)
-        d["privacy"]["clients"] = injected["clients"]
+        d["privacy"]["clients"] = injected["clients"]  # beside the run's own epsilon
         return d
 
     monkeypatch.setattr(Result, "to_dict", with_clients)
@@ -255,6 +258,7 @@ def test_a_sweep_cell_records_the_spread_of_its_result(tmp_path, monkeypatch):
     assert (row["client_eps_release_min"], row["client_eps_release_median"],
             row["client_eps_release_max"]) == (1.0, 2.0, 3.0)
     assert row["client_eps_server_max"] is None and row["client_eps_server_none"] == 3
+    assert row["client_eps_global"] == pytest.approx(row["epsilon_spent"])
 
 
 def _client_rows(tmp_path):
@@ -269,13 +273,13 @@ def _client_rows(tmp_path):
                 rel = [eps * (0.2 + 0.1 * i) for i in range(8)]
                 srv = [None] * 8 if layer == "central-dp" else [eps * 0.1 * (i + 1)
                                                                 for i in range(8)]
-                res = _result_json(tmp_path, rel, srv)
+                res = _result_json(tmp_path, rel, srv, epsilon=eps)
                 rows.append({"id": f"{layer}{eps}{seed}", "algorithm": "fedlog",
                              "layer": layer, "epsilon": eps, "delta": 1e-5, "seed": seed,
                              "accuracy": 0.7, "accuracy_kind": "global test",
                              "epsilon_spent": eps, "uplink_bytes": 1000, "energy_j": 1.0,
                              "status": "ok", "device_profile": "phone-wifi",
-                             **client_spread(res["privacy"]["clients"])})
+                             **client_spread(res["privacy"])})
     return rows
 
 

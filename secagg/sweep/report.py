@@ -32,18 +32,21 @@ def _client_order(cid: str) -> tuple[int, int | str]:
     return (0, int(cid)) if cid.isdigit() else (1, cid)
 
 
-def client_spread(clients: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The row fields a sweep records from a run's per-client privacy
-    (``result.json["privacy"]["clients"]``: client id -> ``{"epsilon": {observer:
-    float | None}, ...}``).
+def client_spread(privacy: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The row fields a sweep records from a run's privacy section (``result.json``'s
+    ``privacy``) when it gives per-client figures (``privacy["clients"]``: client id ->
+    ``{"epsilon": {observer: float | None}, ...}``, at the run's delta).
 
     ``client_epsilons``: observer -> every client's epsilon (None where it has none), in
-    client-id order, for the histogram (:func:`secagg.plots.plot_client_epsilons`); and
-    the :data:`CLIENT_SPREAD_COLUMNS`. A run without per-client figures (``clients``
-    None or empty) gives no field at all.
+    client-id order, for the histogram (:func:`secagg.plots.plot_client_epsilons`);
+    ``client_eps_global``: the run's global epsilon beside them (``privacy["epsilon"]``,
+    None when absent); and the :data:`CLIENT_SPREAD_COLUMNS`. A run without per-client
+    figures gives no field at all.
     """
+    clients = (privacy or {}).get("clients")
     if not clients:
         return {}
+    glob = (privacy or {}).get("epsilon")
     ids = sorted(clients, key=_client_order)
     observers = list(CLIENT_OBSERVERS) + sorted(
         {o for c in clients.values() for o in (c.get("epsilon") or {})} - set(CLIENT_OBSERVERS))
@@ -51,7 +54,8 @@ def client_spread(clients: Mapping[str, Any] | None) -> dict[str, Any]:
     for o in observers:
         vals = [(clients[c].get("epsilon") or {}).get(o) for c in ids]
         per[o] = [None if v is None else float(v) for v in vals]
-    out: dict[str, Any] = {"client_epsilons": per}
+    out: dict[str, Any] = {"client_epsilons": per,
+                           "client_eps_global": None if glob is None else float(glob)}
     for o in CLIENT_OBSERVERS:
         have = sorted(v for v in per[o] if v is not None)
         out[f"client_eps_{o}_min"] = have[0] if have else None
