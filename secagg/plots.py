@@ -88,14 +88,15 @@ def _series(rows: Iterable[Mapping[str, Any]], x: str) -> dict[float, list[float
 
 # -- ticks a reader can read ------------------------------------------------------------
 #
-# Every axis gets fixed ticks with labels written here (no offset text, no scientific
-# notation), chosen so that the labels are distinct by construction: a linear axis puts
-# its ticks on multiples of one step and prints as many decimals as the step has, so two
-# ticks never print alike, whatever the range (1.570e5..1.575e5 reads 157.0k, 157.2k,
-# 157.4k). A positive range spanning LOG_DECADES decades or more goes on a log axis with
-# 1-2-5 or decade ticks. :func:`_fit_ticks` then measures the rendered labels and steps
-# down to sparser ticks until no two labels of an axis overlap; ticks given explicitly
-# (the swept epsilons) keep their marks and lose the labels that would overlap.
+# Every axis gets fixed ticks with labels written here (no offset text, no exponent
+# shared by the axis), chosen so that the labels are distinct by construction: a linear
+# axis puts its ticks on multiples of one step and prints as many decimals as the step
+# has, so two ticks never print alike, whatever the range (1.570e5..1.575e5 reads 157000,
+# 157100, ...; 157000..157000.4 reads 157000.0, 157000.1, ...). A positive range
+# spanning LOG_DECADES decades or more goes on a log axis with 1-2-5 or decade ticks.
+# :func:`_fit_ticks` then measures the rendered labels and steps down to sparser ticks
+# until no two labels of an axis overlap; ticks given explicitly (the swept epsilons)
+# keep their marks and lose the labels that would overlap.
 
 #: A positive data range this many decades wide (max/min >= 10**LOG_DECADES) gets a log axis.
 LOG_DECADES = 1.5
@@ -130,6 +131,10 @@ def _linear_labels(ticks: Sequence[float]) -> list[str]:
             best = labels
     if best is None or len(set(best)) < len(set(ticks)):  # a step below 1e-12: no prefix
         return _value_labels(ticks)
+    if max(map(len, best)) > 8:  # e.g. 0.000000003: each value on its own (3e-09) if shorter
+        alone = _value_labels(ticks)
+        if max(map(len, alone)) < max(map(len, best)):
+            return alone
     return best
 
 
@@ -296,7 +301,8 @@ def _fit_ticks(fig: Any, plans: Sequence[_AxisTicks]) -> None:
         crowded = [p for p in plans if _overlapping(p.axis, renderer)]
         if not crowded:
             return
-        if not any(p.sparser() for p in crowded if not p.fixed):
+        stepped = [p.sparser() for p in crowded if not p.fixed]  # every one, no short cut
+        if not any(stepped):
             break
     for _ in range(3):
         fig.canvas.draw()

@@ -156,7 +156,7 @@ def test_tick_labels_are_distinct_and_never_overlap(tmp_path, monkeypatch, bytes
 
 @pytest.mark.parametrize("values", [
     (-1.0e6, 0.0), (-1e-3, 1e-3), (0.0, 0.0), (-7.5, -7.5), (1e-6, 1e6),
-    (157_000.0, 157_000.02), (-3.0, 1e9), (123_456_789.0, 123_456_790.0),
+    (157_000.0, 157_000.02), (-3.0, 1e9), (123_456_789.0, 123_456_790.0), (3e-9, 5e-9),
 ])
 def test_any_axis_range_gets_readable_ticks(values):
     """The tick plan alone, on both axes of a bare figure, for ranges the sweep plots do
@@ -175,6 +175,7 @@ def test_any_axis_range_gets_readable_ticks(values):
         assert axis.get_offset_text().get_text() == ""  # no offset or x10^k clutter
         wide = lo > 0 and hi / lo >= 10 ** 1.5
         assert axis.get_scale() == ("log" if wide else "linear")
+        assert max(len(t.get_text()) for t in axis.get_ticklabels()) <= 12  # short
 
 
 def test_privacy_plot_names_the_accuracy_and_draws_a_reference(tmp_path, monkeypatch):
