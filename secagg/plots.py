@@ -428,8 +428,8 @@ def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
         ax.set_title(algo)
         ax.grid(alpha=0.3)
         ax.legend(handles, labels, fontsize=7)
-    fig.suptitle(f"accuracy vs epsilon: line = mean over {seeds} seed(s), band = min to max "
-                 "over the seeds", fontsize=9)
+    fig.suptitle(f"accuracy vs epsilon\nline: mean over {seeds} seed(s); band: their min "
+                 "to max", fontsize=9)
     _fit_ticks(fig, plans)
     paths = _save(fig, out, "privacy_utility", formats)
     return paths

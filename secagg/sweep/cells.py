@@ -151,6 +151,6 @@ def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",
         row["epsilon_spent"] = float(res.privacy.epsilon(cell.delta))
         row["private"] = bool(res.privacy.private)
         row["not_private_reasons"] = list(res.privacy.not_private_reasons)
-        # per-client epsilons, where the run reports them (result.json's privacy.clients)
-        row.update(client_spread(res.to_dict(prof).get("privacy")))
+    # per-client epsilons, where the run reports them (result.json's privacy.clients)
+    row.update(client_spread(res.to_dict(prof).get("privacy")))
     return row
