@@ -232,15 +232,20 @@ def test_sweep_records_the_per_client_spread(tmp_path):
     assert ten["client_eps_server_none"] == 2  # no server figure at all: both counted
     assert ten["client_eps_global"] is None  # no global figure in that privacy section
     assert client_spread(None) == {} and client_spread({"epsilon": 1.0}) == {}
+    hidden = client_spread(res["privacy"], unprotected=("server",))
+    assert hidden["client_epsilons"]["server"] == [None] * 5
+    assert hidden["client_eps_server_none"] == 5 and hidden["client_eps_release_max"] == 4.0
 
 
 def test_a_sweep_cell_records_the_spread_of_its_result(tmp_path, monkeypatch):
     """run_cell takes the per-client figures from the run's result (result.json's
-    privacy.clients) into its row; the figures here are injected into a real run."""
+    privacy.clients) into its row; the figures here are injected into real runs. A
+    central-DP cell records no figure against the server, and a cell whose run is not
+    private (noise seed fixed) none at all, whatever the result says."""
     from secagg.result import Result
     from secagg.sweep import load_config, run_cell
 
-    injected = _result_json(tmp_path, [1.0, 3.0, 2.0], [None, None, None])["privacy"]
+    injected = _result_json(tmp_path, [1.0, 3.0, 2.0], [0.5, 1.5, 1.0])["privacy"]
     real = Result.to_dict
 
     def with_clients(self, *a, **k):
@@ -249,17 +254,29 @@ def test_a_sweep_cell_records_the_spread_of_its_result(tmp_path, monkeypatch):
         return d
 
     monkeypatch.setattr(Result, "to_dict", with_clients)
-    cfg = load_config({"sweep": {"rounds": 1, "workers": 0, "noise_seed": 3, "plot": False},
-                       "data": {"clients": 3, "train_limit": 300},
-                       "algorithm": {"fedlog": {"local_epochs": 1}},
-                       "grid": {"algorithms": ["fedlog"], "layers": ["local-dp"],
-                                "epsilon": [2.0]}})
-    row = run_cell(cfg, cfg.cells()[0])
-    assert row["client_epsilons"] == {"release": [1.0, 3.0, 2.0], "server": [None] * 3}
+    spec = {"sweep": {"rounds": 1, "workers": 0, "plot": False},
+            "data": {"clients": 3, "train_limit": 300},
+            "algorithm": {"fedlog": {"local_epochs": 1}},
+            "grid": {"algorithms": ["fedlog"], "layers": ["local-dp", "central-dp"],
+                     "epsilon": [2.0]}}
+    cfg = load_config(spec)
+    rows = {c.layer: run_cell(cfg, c) for c in cfg.cells()}
+    row = rows["local-dp"]
+    assert row["client_epsilons"] == {"release": [1.0, 3.0, 2.0], "server": [0.5, 1.5, 1.0]}
     assert (row["client_eps_release_min"], row["client_eps_release_median"],
             row["client_eps_release_max"]) == (1.0, 2.0, 3.0)
-    assert row["client_eps_server_max"] is None and row["client_eps_server_none"] == 3
+    assert (row["client_eps_server_max"], row["client_eps_server_none"]) == (1.5, 0)
     assert row["client_eps_global"] == pytest.approx(row["epsilon_spent"])
+    central = rows["central-dp"]
+    assert central["client_epsilons"]["server"] == [None] * 3
+    assert central["client_eps_server_max"] is None and central["client_eps_server_none"] == 3
+    assert central["client_eps_release_max"] == 3.0
+    spec["sweep"]["noise_seed"] = 3  # reproducible noise: the run says it is not private
+    seeded = load_config(spec)
+    row = run_cell(seeded, seeded.cells()[0])
+    assert row["private"] is False
+    assert row["client_epsilons"] == {"release": [None] * 3, "server": [None] * 3}
+    assert row["client_eps_release_none"] == 3 and row["client_eps_release_max"] is None
 
 
 def _client_rows(tmp_path):

@@ -8,7 +8,7 @@ import io
 import json
 import os
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,8 @@ def _client_order(cid: str) -> tuple[int, int | str]:
     return (0, int(cid)) if cid.isdigit() else (1, cid)
 
 
-def client_spread(privacy: Mapping[str, Any] | None) -> dict[str, Any]:
+def client_spread(privacy: Mapping[str, Any] | None,
+                  unprotected: Collection[str] = ()) -> dict[str, Any]:
     """The row fields a sweep records from a run's privacy section (``result.json``'s
     ``privacy``) when it gives per-client figures (``privacy["clients"]``: client id ->
     ``{"epsilon": {observer: float | None}, ...}``, at the run's delta).
@@ -40,8 +41,10 @@ def client_spread(privacy: Mapping[str, Any] | None) -> dict[str, Any]:
     ``client_epsilons``: observer -> every client's epsilon (None where it has none), in
     client-id order, for the histogram (:func:`secagg.plots.plot_client_epsilons`);
     ``client_eps_global``: the run's global epsilon beside them (``privacy["epsilon"]``,
-    None when absent); and the :data:`CLIENT_SPREAD_COLUMNS`. A run without per-client
-    figures gives no field at all.
+    None when absent); and the :data:`CLIENT_SPREAD_COLUMNS`. Observers named in
+    ``unprotected`` (those the cell's layer gives no guarantee against) get None for every
+    client, whatever figure the result gives. A run without per-client figures gives no
+    field at all.
     """
     clients = (privacy or {}).get("clients")
     if not clients:
@@ -53,7 +56,7 @@ def client_spread(privacy: Mapping[str, Any] | None) -> dict[str, Any]:
     per: dict[str, list[float | None]] = {}
     for o in observers:
         vals = [(clients[c].get("epsilon") or {}).get(o) for c in ids]
-        per[o] = [None if v is None else float(v) for v in vals]
+        per[o] = [None if v is None or o in unprotected else float(v) for v in vals]
     out: dict[str, Any] = {"client_epsilons": per,
                            "client_eps_global": None if glob is None else float(glob)}
     for o in CLIENT_OBSERVERS:
