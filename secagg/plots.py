@@ -476,14 +476,15 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
     the rows that carry them (``client_epsilons``, recorded by the sweep from
     ``result.json``'s ``privacy.clients``; see :func:`secagg.sweep.report.client_spread`).
 
-    One row of panels per (algorithm, layer, epsilon) -- seeds pooled -- and one panel
-    per observer (``release``: who sees the released models; ``server``). The run's
-    global epsilon (``client_eps_global``: ``result.json``'s ``privacy.epsilon``, the
-    largest over the pooled seeds), where recorded, is a dashed vertical line on each
-    panel that has per-client figures. Clients without a figure
-    against an observer (null: no guarantee against it, as for the server under central
-    DP) are counted in the panel, never drawn as a number. Each panel's SVG id is
-    ``clients-ALGORITHM-LAYER-EPSILON-OBSERVER``.
+    One row of panels per (algorithm, layer, epsilon, and delta / clip / dropout where
+    the rows differ in them) -- seeds pooled -- and one panel per observer (``release``:
+    who sees the released models; ``server``). The run's global epsilon
+    (``client_eps_global``: ``result.json``'s ``privacy.epsilon``, the largest over the
+    pooled seeds), where recorded, is a dashed vertical line on each panel that has
+    per-client figures. Clients without a figure against an observer (null: no guarantee
+    against it, as for the server under central DP) are counted in the panel, never drawn
+    as a number. Each panel's SVG id is ``clients-ALGORITHM-LAYER-EPSILON-OBSERVER``
+    (``...-EPSILON-clip1-OBSERVER`` and so on where clip, delta or dropout vary).
 
     Returns the written paths by file name; empty (nothing drawn) when no row carries
     per-client epsilons.
@@ -491,29 +492,36 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
     have = [r for r in rows if r.get("client_epsilons")]
     if not have:
         return {}
-    groups: dict[tuple[str, str, float | None], list[Mapping[str, Any]]] = {}
+    # the grid's other axes split groups too, where the rows differ in them
+    varied = [k for k in ("delta", "clip", "dropout") if len({r.get(k) for r in have}) > 1]
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for r in have:
         eps = None if r.get("epsilon") is None else float(r["epsilon"])
-        groups.setdefault((str(r["algorithm"]), str(r["layer"]), eps), []).append(r)
+        extra = tuple((k, r.get(k)) for k in varied)
+        groups.setdefault((str(r["algorithm"]), str(r["layer"]), eps, extra), []).append(r)
     keys = sorted(groups, key=lambda k: (k[0], _layer_order([{"layer": k[1]}])[0],
-                                         -1.0 if k[2] is None else k[2]))
+                                         -1.0 if k[2] is None else k[2],
+                                         [(n, -1.0 if v is None else v) for n, v in k[3]]))
     found = {o for r in have for o in r["client_epsilons"]}
     observers = [o for o in _OBSERVERS if o in found] + sorted(found - set(_OBSERVERS))
     fig = _figure(3.8 * len(observers) + 0.4, 2.6 * len(keys) + 0.4)
     grid = fig.subplots(len(keys), len(observers), squeeze=False)
     plans = []
     for row_axes, key in zip(grid, keys, strict=True):
-        algo, layer, eps = key
+        algo, layer, eps, extra = key
+        name = "-".join([algo, layer, "none" if eps is None else f"{eps:g}"]
+                        + [f"{n}{'none' if v is None else f'{v:g}'}" for n, v in extra])
+        also = "".join(f", {n} {'none' if v is None else f'{v:g}'}" for n, v in extra)
         members = groups[key]
         seeds = len({r.get("seed") for r in members})
         spent = _finite(r.get("client_eps_global") for r in members)
         delta = next((r["delta"] for r in members if r.get("delta") is not None), None)
         for ax, obs in zip(row_axes, observers, strict=True):
-            ax.set_gid(f"clients-{algo}-{layer}-{'none' if eps is None else f'{eps:g}'}-{obs}")
+            ax.set_gid(f"clients-{name}-{obs}")
             allv = [v for r in members for v in (r["client_epsilons"].get(obs) or [])]
             vals = _finite(allv)
             missing = len(allv) - len(vals)
-            head = f"{algo}, {layer}" + ("" if eps is None else f", epsilon {eps:g}")
+            head = f"{algo}, {layer}" + ("" if eps is None else f", epsilon {eps:g}") + also
             ax.set_title(f"{head}\nagainst {_OBSERVER_NAMES.get(obs, obs)}", fontsize=8)
             ax.set_xlabel("client's epsilon" + ("" if delta is None else
                                                 f" (delta {float(delta):g})"))

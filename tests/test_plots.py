@@ -344,3 +344,16 @@ def test_no_per_client_data_draws_no_histogram(tmp_path):
     got = load_results(tmp_path / "results.csv")
     assert got[0]["client_eps_release_max"] == pytest.approx(0.9)
     assert plot_client_epsilons(got, tmp_path) == {}
+
+
+def test_client_epsilon_histogram_keeps_clip_settings_apart(tmp_path):
+    """Cells that differ in the clipping bound are not pooled into one histogram."""
+    from secagg.plots import plot_client_epsilons
+
+    rows = [dict(r, clip=c) for r in _client_rows(tmp_path)
+            if r["layer"] == "distributed-dp" and r["epsilon"] == 1.0 for c in (1.0, 2.0)]
+    paths = plot_client_epsilons(rows, tmp_path, formats=("svg",))
+    svg = ET.fromstring(paths["client_epsilon.svg"].read_bytes())
+    panels = {el.get("id") for el in svg.iter() if (el.get("id") or "").startswith("clients-")}
+    assert panels == {f"clients-fedlog-distributed-dp-1-clip{c}-{o}" for c in ("1", "2")
+                      for o in ("release", "server")}
