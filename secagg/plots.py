@@ -131,10 +131,14 @@ def _linear_labels(ticks: Sequence[float]) -> list[str]:
             best = labels
     if best is None or len(set(best)) < len(set(ticks)):  # a step below 1e-12: no prefix
         return _value_labels(ticks)
-    if max(map(len, best)) > 8:  # e.g. 0.000000003: each value on its own (3e-09) if shorter
-        alone = _value_labels(ticks)
-        if max(map(len, alone)) < max(map(len, best)):
-            return alone
+    if max(map(len, best)) > 8:  # e.g. 0.000000003: each value on its own (3e-09) when
+        for digits in range(1, 8):  # that is shorter and still exact
+            alone = [f"{t:.{digits}g}" for t in ticks]
+            if all(math.isclose(float(a), t, rel_tol=1e-9, abs_tol=step * 1e-9)
+                   for a, t in zip(alone, ticks, strict=True)):
+                if max(map(len, alone)) < max(map(len, best)):
+                    return [a.replace("-", "\u2212") for a in alone]
+                break
     return best
 
 
@@ -165,9 +169,8 @@ def _linear_candidates(lo: float, hi: float, integer: bool = False) -> list[list
 
     out: list[list[float]] = []
     span = hi - lo
-    steps = [1, 2, 5, 10] if integer else [1, 2, 2.5, 5, 10]
-    for n in (6, 5, 4, 3, 2, 1):
-        ticks = [float(t) for t in MaxNLocator(nbins=n, steps=steps, integer=integer)
+    for n in (6, 5, 4, 3, 2, 1):  # steps 1-2-5 (not 2.5: one decimal more on every label)
+        ticks = [float(t) for t in MaxNLocator(nbins=n, steps=[1, 2, 5, 10], integer=integer)
                  .tick_values(lo, hi) if lo - 1e-9 * span <= t <= hi + 1e-9 * span]
         if len(ticks) >= 2 and ticks not in out:
             out.append(ticks)

@@ -6,6 +6,7 @@ import csv
 import json
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 
 from secagg.errors import DataError
@@ -157,6 +158,7 @@ def test_tick_labels_are_distinct_and_never_overlap(tmp_path, monkeypatch, bytes
 @pytest.mark.parametrize("values", [
     (-1.0e6, 0.0), (-1e-3, 1e-3), (0.0, 0.0), (-7.5, -7.5), (1e-6, 1e6),
     (157_000.0, 157_000.02), (-3.0, 1e9), (123_456_789.0, 123_456_790.0), (3e-9, 5e-9),
+    (0.0568, 0.056801),
 ])
 def test_any_axis_range_gets_readable_ticks(values):
     """The tick plan alone, on both axes of a bare figure, for ranges the sweep plots do
@@ -176,6 +178,13 @@ def test_any_axis_range_gets_readable_ticks(values):
         wide = lo > 0 and hi / lo >= 10 ** 1.5
         assert axis.get_scale() == ("log" if wide else "linear")
         assert max(len(t.get_text()) for t in axis.get_ticklabels()) <= 12  # short
+        locs = axis.get_ticklocs()
+        for loc, label in zip(locs, axis.get_ticklabels(), strict=True):  # and exact
+            text = label.get_text().replace("\u2212", "-")
+            scale = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}.get(text[-1:], 1.0)
+            value = float(text[:-1] if scale != 1.0 else text) * scale
+            step = min(np.diff(locs)) if len(locs) > 1 else abs(loc)
+            assert value == pytest.approx(loc, rel=1e-9, abs=step * 1e-9), (text, loc)
 
 
 def test_privacy_plot_names_the_accuracy_and_draws_a_reference(tmp_path, monkeypatch):
