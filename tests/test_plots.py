@@ -315,7 +315,10 @@ def test_client_epsilon_histogram_has_a_panel_per_cell_group_and_observer(tmp_pa
     figs = _capture_figures(monkeypatch)
     rows = _client_rows(tmp_path)
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    paths = plot_results(load_results(tmp_path), tmp_path / "plots")
+    from secagg.cli import main
+
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "plots")]) == 0  # secagg plot
+    paths = {p.name: p for p in (tmp_path / "plots").iterdir()}
     assert {"client_epsilon.png", "client_epsilon.svg"} <= set(paths)
     assert paths["client_epsilon.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = ET.fromstring(paths["client_epsilon.svg"].read_bytes())
