@@ -34,9 +34,12 @@ server side for noised sums, pure post-processing of the released values (it spe
 privacy, and needs only the noise stds, which are public parameters of the layer):
 
 1. **Pooled moments.** The sums over components are the moments of all records, with
-   noise std ``sqrt(K) sigma`` against ``K`` times the signal; they are used as they come
-   unless the pooled count is not significantly positive (``N <= HOPELESS_Z * sigma_N``,
-   or too small for ``ddof``), in which case the data-independent prior stands in.
+   noise std ``sqrt(K) sigma`` against ``K`` times the signal. The pooled mean is used as
+   it comes; the pooled covariance is shrunk (Ledoit-Wolf weight, as in step 4) toward
+   the scaled identity of its own trace (the trace is linear in the sums, so unbiased
+   under the noise, while clipping the eigenvalues of a noisy matrix inflates it). When
+   the pooled count is not significantly positive (``N <= HOPELESS_Z * sigma_N``, or too
+   small for ``ddof``) the data-independent prior stands in.
 2. **Counts** are shrunk toward the pooled ``N / K`` by an empirical-Bayes weight
    ``w = tau^2 / (tau^2 + sigma_n^2)``, ``tau^2 = max(var(n~) - sigma_n^2, 0)`` (the spread
    of the true counts estimated by the method of moments), and floored so that every
@@ -47,7 +50,8 @@ privacy, and needs only the noise stds, which are public parameters of the layer
    per coordinate (method of moments over the components with a significant count). A
    component whose count is not significantly positive (``n~_j <= HOPELESS_Z sigma_n``) is
    *hopeless*: it is shrunk fully (``w_j = 0``) to the pooled moments, never dropped.
-4. **Covariances** are shrunk toward the pooled covariance with the Ledoit-Wolf weight
+4. **Covariances** are shrunk toward the pooled within-component covariance (the pooled
+   one less the spread of the shrunk means) with the Ledoit-Wolf weight
    ``alpha_j = min(1, E|noise|_F^2 / |C~_j - T|_F^2)``, ``E|noise|_F^2 ~ (d^2 sigma_q^2 +
    2 d sigma_s^2 |m|^2 + sigma_n^2 |m|^4) / (n~_j - ddof)^2`` (delta method), then
    projected (:func:`project_covariances`) onto symmetric matrices with eigenvalues in
@@ -249,7 +253,14 @@ class NoisyGaussians:
             pooled mean.
         cov_weight: (K,) ``alpha_j`` in [0, 1]: the share of the pooled covariance.
         hopeless: (K,) True where the count was not significant (fully shrunk).
-        pooled_mean, pooled_cov: the target of the shrinkage.
+        mean_noise: (K,) ``v_j``, the noise variance per coordinate of the component's raw
+            mean ``S_j / n_j`` (inf where hopeless); ``w_j v_j`` is the variance left in
+            the shrunk mean.
+        pooled_mean, pooled_cov: the target of the shrinkage (``pooled_cov`` is the pooled
+            within-component covariance).
+        prior_weight: the share of the target in the pooled covariance: of the scaled
+            identity of the same trace, or 1 when the pooled count was not significant and
+            the data-independent prior stands in (0 without noise).
         projected: how many covariances (components and pooled) had an eigenvalue clipped.
     """
 
@@ -260,8 +271,10 @@ class NoisyGaussians:
     mean_weight: np.ndarray
     cov_weight: np.ndarray
     hopeless: np.ndarray
+    mean_noise: np.ndarray
     pooled_mean: np.ndarray
     pooled_cov: np.ndarray
+    prior_weight: float
     projected: int
 
 
@@ -407,10 +420,15 @@ def noisy_gaussians(n: np.ndarray, s: np.ndarray, q_packed: np.ndarray, noise: M
     big_n = float(n.sum())
     if big_n > max(HOPELESS_Z * pooled_noise.n, ddof):
         m0, c0 = _mean_cov(big_n, s.sum(axis=0), q.sum(axis=0), ddof)
-        a0 = _lw_weight(c0, p_cov, _cov_noise(pooled_noise, m0, big_n, ddof))
-        c0 = a0 * p_cov + (1 - a0) * c0
+        # Ledoit-Wolf's target: the scaled identity of the same trace (the trace is linear
+        # in the sums, so unbiased under the noise, unlike the clipped eigenvalues)
+        scale = min(max(float(np.trace(c0)) / d, base_floor),
+                    math.inf if ceiling is None else ceiling)
+        iso = scale * np.eye(d)
+        a0 = _lw_weight(c0, iso, _cov_noise(pooled_noise, m0, big_n, ddof))
+        c0 = a0 * iso + (1 - a0) * c0
     else:
-        m0, c0 = p_mean.copy(), p_cov.copy()
+        m0, c0, a0 = p_mean.copy(), p_cov.copy(), 1.0
     m0 = project_means(m0[None], radius, box)[0]
     c0_arr, projected = project_covariances(c0[None], base_floor, ceiling)
     c0 = c0_arr[0]
@@ -436,7 +454,12 @@ def noisy_gaussians(n: np.ndarray, s: np.ndarray, q_packed: np.ndarray, noise: M
         w[j] = 1.0 if tau2 + var[j] == 0 else tau2 / (tau2 + var[j])
     means = project_means(m0 + w[:, None] * (raw - m0), radius, box)
 
-    # 4. covariances toward the pooled one, then projected
+    # 4. covariances toward the pooled within-component one, then projected
+    share = counts / counts.sum()
+    dev = means - m0
+    within, _ = project_covariances((c0 - np.einsum("k,ki,kj->ij", share, dev, dev))[None],
+                                    cov_floor, ceiling)
+    c0 = within[0]
     covs = np.repeat(c0[None], k, axis=0)
     alpha = np.ones(k)
     for j in np.flatnonzero(significant):
@@ -446,5 +469,7 @@ def noisy_gaussians(n: np.ndarray, s: np.ndarray, q_packed: np.ndarray, noise: M
     covs, count = project_covariances(covs, cov_floor, ceiling)
     return NoisyGaussians(counts=counts, weights=counts / counts.sum(), means=means,
                           covariances=covs, mean_weight=w, cov_weight=alpha,
-                          hopeless=~significant, pooled_mean=m0, pooled_cov=c0,
+                          hopeless=~significant,
+                          mean_noise=np.where(significant, var, np.inf), pooled_mean=m0,
+                          pooled_cov=c0, prior_weight=a0,
                           projected=projected + count)
