@@ -61,8 +61,11 @@ privacy, and needs only the noise stds, which are public parameters of the layer
 5. **Means are projected** onto the public set the records lie in (a ball or a box; the
    mean of records in a convex set lies in it), so no mean is ever absurd.
 
-With no noise (every sigma 0) nothing is shrunk or projected except where the exact
-values already lie in the sets, and the result equals :func:`moments_to_gaussians`.
+With no noise (every sigma 0) nothing is shrunk: the means and covariances of the
+components with a count above ``ddof`` are :func:`moments_to_gaussians`'s, up to the
+eigenvalue floor (a component with no records still gets the pooled moments and the
+minimum share). The algorithms call the exact solve for exact sums, so their results
+without DP are unchanged.
 """
 
 from __future__ import annotations
