@@ -22,8 +22,8 @@ noise stds the layer reports in the aggregate's notes (which spends no privacy):
 :func:`algorithms.moments.noisy_gaussians` shrinks the components' counts, means and
 covariances toward the pooled ones with weights from the noise variance (a component
 whose count is not significant is shrunk fully to the pooled moments, never dropped),
-keeps every weight at least ``MIN_SHARE / K`` of the total (so the weights stay a simplex
-with positive entries), projects the means into the public box ``[low, high]^d`` (the
+keeps every weight at least ``MIN_SHARE / (K (1 + MIN_SHARE))`` (the weights stay a
+simplex with positive entries), projects the means into the public box ``[low, high]^d`` (the
 mean of clamped records lies in it) and the covariances onto eigenvalues in
 ``[reg_covar, d (high - low)^2 / 4]`` (no covariance of records in the box has a larger
 eigenvalue). The pooled moments fall back to a data-independent prior (the box's centre

@@ -42,8 +42,9 @@ privacy, and needs only the noise stds, which are public parameters of the layer
    small for ``ddof``) the data-independent prior stands in.
 2. **Counts** are shrunk toward the pooled ``N / K`` by an empirical-Bayes weight
    ``w = tau^2 / (tau^2 + sigma_n^2)``, ``tau^2 = max(var(n~) - sigma_n^2, 0)`` (the spread
-   of the true counts estimated by the method of moments), and floored so that every
-   component keeps a positive share (:data:`MIN_SHARE` of the uniform ``1/K``).
+   of the true counts estimated by the method of moments), and floored at
+   :data:`MIN_SHARE` times their mean, so every weight is at least
+   ``MIN_SHARE / (K (1 + MIN_SHARE))``: no component is ever dropped.
 3. **Means** ``S_j / n~_j`` are shrunk toward the pooled mean with weight
    ``w_j = tau^2 / (tau^2 + v_j)``, ``v_j = (sigma_s^2 + |m|^2 sigma_n^2 / d) / n~_j^2`` the
    delta-method noise variance per coordinate and ``tau^2`` the between-component spread
@@ -193,8 +194,8 @@ def moments_to_gaussians(n: np.ndarray, s: np.ndarray, q_packed: np.ndarray,
 #: are not used (it is shrunk fully to the pooled ones).
 HOPELESS_Z = 2.0
 
-#: Under noise every component keeps at least ``MIN_SHARE / K`` of the (shrunk) total count,
-#: so no component or class is ever dropped.
+#: Under noise every (shrunk) count is at least ``MIN_SHARE`` times their mean, so every
+#: weight is at least ``MIN_SHARE / (K (1 + MIN_SHARE))`` and no component is dropped.
 MIN_SHARE = 0.01
 
 #: The eigenvalue floor of a projected covariance, relative to the mean eigenvalue

@@ -200,7 +200,8 @@ def test_gmm_under_heavy_noise_keeps_weights_on_the_simplex_and_covariances_vali
     assert res.failure() is None and gmm.iterations == 3
     k, d = 3, 3
     assert gmm.weights.shape == (k,) and gmm.weights.sum() == pytest.approx(1.0)
-    assert np.all(gmm.weights >= 0.01 / (k * 1.01))  # no component dropped
+    # no component dropped: every weight >= MIN_SHARE / (K (1 + MIN_SHARE)), MIN_SHARE = 0.01
+    assert np.all(gmm.weights >= 0.01 / (k * 1.01))
     assert np.all(np.isfinite(gmm.means))
     assert np.all((gmm.means >= gmm.low) & (gmm.means <= gmm.high))
     assert_psd(gmm.covariances)
