@@ -16,15 +16,22 @@ packed sum of outer products); the server places the K initial means at
 seed), with equal weights and the global covariance for every component. The initial
 mixture is kept in :attr:`GMM.initial` so a pooled run can start from it.
 
-Under a DP layer the sums arrive noised: a count can come out negative and a covariance
-indefinite. The server then post-processes (which spends no privacy): counts below zero are
-taken as zero (then guarded by ``10 eps`` as scikit-learn's M-step does), and a covariance
-with an eigenvalue below half a floor is projected onto the matrices whose eigenvalues are
-all at least that floor (eigenvalues floored, eigenvectors kept; the floor is
-``reg_covar``, or 1e-9 of the largest eigenvalue where that is larger); projected
-covariances are counted in :attr:`GMM.projected`. Exact sums never trigger either (counts
-are >= 0 and every exact covariance has eigenvalues >= ``reg_covar``), so plaintext,
-SecureSum and BFV runs still match scikit-learn.
+Under a DP layer the sums arrive noised: a count can come out negative, a mean far
+outside the data and a covariance indefinite. The server then post-processes with the
+noise stds the layer reports in the aggregate's notes (which spends no privacy):
+:func:`algorithms.moments.noisy_gaussians` shrinks the components' counts, means and
+covariances toward the pooled ones with weights from the noise variance (a component
+whose count is not significant is shrunk fully to the pooled moments, never dropped),
+keeps every weight at least ``MIN_SHARE / (K (1 + MIN_SHARE))`` (the weights stay a
+simplex with positive entries), projects the means into the public box ``[low, high]^d`` (the
+mean of clamped records lies in it) and the covariances onto eigenvalues in
+``[reg_covar, d (high - low)^2 / 4]`` (no covariance of records in the box has a larger
+eigenvalue). The pooled moments fall back to a data-independent prior (the box's centre
+and the covariance of the uniform distribution on it, ``(high - low)^2 / 12 I``) when the
+pooled count is itself not significant. Projected covariances are counted in
+:attr:`GMM.projected`; :attr:`GMM.shrinkage` keeps the last M-step's weights. Exact sums
+(no DP noise reported) take scikit-learn's update unchanged, so plaintext, SecureSum
+and BFV runs still match scikit-learn.
 
 Records are clamped to the public box ``[low, high]^d`` before any statistic (clamped
 entries are counted in :attr:`GMM.clamped`), which gives every field a declared bound: per
@@ -49,8 +56,16 @@ from scipy.linalg import solve_triangular
 from scipy.special import logsumexp
 
 from algorithms.base import Aggregate, Algorithm, ClientState, Phase
-from algorithms.moments import moments_to_gaussians, weighted_moments
-from algorithms.spherefed import packed_size
+from algorithms.moments import (
+    MomentNoise,
+    NoisyGaussians,
+    Prior,
+    floor_eigenvalues,
+    moments_to_gaussians,
+    noisy_gaussians,
+    packed_size,
+    weighted_moments,
+)
 from secagg.data import Dataset
 from secagg.errors import ConfigurationError
 from secagg.federation import derive_seed
@@ -75,27 +90,6 @@ def precision_cholesky(cov: np.ndarray) -> np.ndarray:
             ) from None
         out[j] = solve_triangular(low, np.eye(d), lower=True).T
     return out
-
-
-def floor_eigenvalues(cov: np.ndarray, floor: float) -> tuple[np.ndarray, int]:
-    """``(covariances, count)``: each symmetric ``cov[j]`` whose smallest eigenvalue is
-    below half its floor replaced by the matrix with the same eigenvectors and its
-    eigenvalues raised to at least the floor (the others are returned unchanged); the
-    floor is ``floor``, or 1e-9 of the largest |eigenvalue| where that is larger (so that
-    the result stays well conditioned in float64). ``count`` is the number replaced.
-    ``floor`` 0 leaves every matrix as it is."""
-    out = np.array(cov, dtype=np.float64)
-    if floor <= 0:
-        return out, 0
-    count = 0
-    for j in range(out.shape[0]):
-        w, v = np.linalg.eigh(out[j])
-        low = max(floor, 1e-9 * float(np.max(np.abs(w))))
-        if w[0] < low / 2:
-            out[j] = (v * np.maximum(w, low)) @ v.T
-            out[j] = 0.5 * (out[j] + out[j].T)
-            count += 1
-    return out, count
 
 
 def log_gaussian(x: np.ndarray, means: np.ndarray, prec_chol: np.ndarray) -> np.ndarray:
@@ -150,6 +144,7 @@ class GMM(Algorithm):
         self.initial: dict[str, np.ndarray] | None = None
         self.iterations = 0
         self.projected = 0
+        self.shrinkage: NoisyGaussians | None = None
 
     # -- Algorithm ------------------------------------------------------------------------
     def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None:
@@ -162,6 +157,7 @@ class GMM(Algorithm):
         self.iterations = 0
         self.clamped = 0
         self.projected = 0
+        self.shrinkage = None
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
         """Round 0: ``init`` then ``em``; later rounds: ``em``."""
@@ -232,11 +228,33 @@ class GMM(Algorithm):
         n, s, q = weighted_moments(x, r)
         return {"N": n, "S": s, "Q": q}
 
-    def initialise(self, n: np.ndarray, s: np.ndarray, q: np.ndarray) -> None:
-        """Server: the initial mixture from the global moments (see the module docstring)."""
-        n = np.maximum(np.asarray(n, dtype=np.float64), 10 * np.finfo(np.float64).eps)
-        _, mean, cov = moments_to_gaussians(n, s, q, reg=self.reg_covar)
-        cov = self._positive(cov)
+    def prior(self) -> Prior:
+        """The data-independent moments of the noise-aware solve: the box's centre and the
+        covariance ``(high - low)^2 / 12 I`` of the uniform distribution on the box."""
+        return Prior(np.full(self.d, 0.5 * (self.low + self.high)),
+                     (self.high - self.low) ** 2 / 12.0 * np.eye(self.d))
+
+    def noisy_solve(self, n: np.ndarray, s: np.ndarray, q: np.ndarray,
+                    noise: MomentNoise) -> NoisyGaussians:
+        """The noise-aware M-step's Gaussians (module docstring); counts projections."""
+        out = noisy_gaussians(n, s, q, noise, self.prior(), ddof=0, floor=self.reg_covar,
+                              ceiling=self.d * (self.high - self.low) ** 2 / 4.0,
+                              box=(self.low, self.high))
+        self.projected += out.projected
+        self.shrinkage = out
+        return out
+
+    def initialise(self, n: np.ndarray, s: np.ndarray, q: np.ndarray,
+                   noise: MomentNoise | None = None) -> None:
+        """Server: the initial mixture from the global moments (see the module docstring);
+        ``noise``: the stds of the noise on the sums (None or zero: exact sums)."""
+        if noise is None or noise.exact:
+            n = np.maximum(np.asarray(n, dtype=np.float64), 10 * np.finfo(np.float64).eps)
+            _, mean, cov = moments_to_gaussians(n, s, q, reg=self.reg_covar)
+            cov = self._positive(cov)
+        else:
+            g = self.noisy_solve(n, s, q, noise)
+            mean, cov = g.means, g.covariances
         rng = np.random.default_rng(derive_seed(self.seed, "gmm-init"))
         try:
             low = np.linalg.cholesky(cov[0])
@@ -250,15 +268,21 @@ class GMM(Algorithm):
         self.initial = {"weights": self.weights.copy(), "means": self.means.copy(),
                         "precisions": np.linalg.inv(self.covariances)}
 
-    def m_step(self, n: np.ndarray, s: np.ndarray, q: np.ndarray) -> None:
-        """Server: the M-step from summed statistics (scikit-learn's update)."""
-        n = np.maximum(np.asarray(n, dtype=np.float64), 0.0) + 10 * np.finfo(np.float64).eps
-        self.weights, self.means, cov = moments_to_gaussians(n, s, q, reg=self.reg_covar)
-        self.covariances = self._positive(cov)
+    def m_step(self, n: np.ndarray, s: np.ndarray, q: np.ndarray,
+               noise: MomentNoise | None = None) -> None:
+        """Server: the M-step from summed statistics: scikit-learn's update for exact sums
+        (``noise`` None or zero), the noise-aware one (module docstring) otherwise."""
+        if noise is None or noise.exact:
+            n = np.maximum(np.asarray(n, dtype=np.float64), 0.0) + 10 * np.finfo(np.float64).eps
+            self.weights, self.means, cov = moments_to_gaussians(n, s, q, reg=self.reg_covar)
+            self.covariances = self._positive(cov)
+        else:
+            g = self.noisy_solve(n, s, q, noise)
+            self.weights, self.means, self.covariances = g.weights, g.means, g.covariances
         self.iterations += 1
 
     def _positive(self, cov: np.ndarray) -> np.ndarray:
-        """Noised covariances projected to eigenvalues >= reg_covar (counted)."""
+        """Covariances projected to eigenvalues >= reg_covar (counted)."""
         cov, count = floor_eigenvalues(cov, self.reg_covar)
         self.projected += count
         return cov
@@ -277,7 +301,8 @@ class _InitPhase(Phase):
         return self.algo.client_statistics(client)
 
     def server_step(self, aggregate: Aggregate) -> None:
-        self.algo.initialise(aggregate["N"], aggregate["S"], aggregate["Q"])
+        self.algo.initialise(aggregate["N"], aggregate["S"], aggregate["Q"],
+                             MomentNoise.from_notes(aggregate.notes, "N", "S", "Q"))
 
 
 class _EMPhase(Phase):
@@ -302,11 +327,13 @@ class _EMPhase(Phase):
                                            np.asarray(broadcast["prec_chol"]))
 
     def server_step(self, aggregate: Aggregate) -> None:
-        self.algo.m_step(aggregate["N"], aggregate["S"], aggregate["Q"])
+        self.algo.m_step(aggregate["N"], aggregate["S"], aggregate["Q"],
+                         MomentNoise.from_notes(aggregate.notes, "N", "S", "Q"))
 
     def client_flops(self, client: ClientState) -> float:
         a = self.algo
         return float(client.n_records * a.k * (2 * a.d * a.d + a.d * (a.d + 1)))
 
 
-__all__ = ["GMM", "log_gaussian", "precision_cholesky", "responsibilities"]
+__all__ = ["GMM", "floor_eigenvalues", "log_gaussian", "precision_cholesky",
+           "responsibilities"]

@@ -58,6 +58,7 @@ from algorithms.base import Aggregate, ClientState, Phase
 from algorithms.fedavg import FedAvg, GlobalModelPhase
 from algorithms.fedprox import with_proximal
 from algorithms.models import CNN, SplitModel, build_model, set_flat
+from algorithms.moments import dp_sum_sigma, pack_upper, packed_size, unpack_upper
 from algorithms.training import LossFn, accuracy, features
 from secagg.data import Dataset
 from secagg.errors import ConfigurationError
@@ -80,37 +81,6 @@ def orthonormal_classifier(n_classes: int, dim: int, seed: int = 0) -> np.ndarra
     a = rng.standard_normal((dim, n_classes))
     q, _ = np.linalg.qr(a)
     return np.ascontiguousarray(q[:, :n_classes].T)
-
-
-def packed_size(dim: int) -> int:
-    """Number of entries in the packed upper triangle (diagonal included) of a d x d matrix."""
-    return dim * (dim + 1) // 2
-
-
-def pack_upper(m: np.ndarray) -> np.ndarray:
-    """The upper triangle (diagonal included) of a square matrix, row-major, as a vector.
-
-    Works on a batch too: ``(..., d, d) -> (..., d(d+1)/2)``.
-    """
-    m = np.asarray(m)
-    if m.ndim < 2 or m.shape[-1] != m.shape[-2]:
-        raise ConfigurationError(f"pack_upper needs square matrices, got shape {m.shape}")
-    iu = np.triu_indices(m.shape[-1])
-    return m[..., iu[0], iu[1]]
-
-
-def unpack_upper(v: np.ndarray, dim: int) -> np.ndarray:
-    """Inverse of :func:`pack_upper`: the symmetric ``(..., d, d)`` matrix of a packed vector."""
-    v = np.asarray(v)
-    if v.shape[-1] != packed_size(dim):
-        raise ConfigurationError(
-            f"packed length {v.shape[-1]} does not match d={dim} (expected {packed_size(dim)})"
-        )
-    out = np.zeros(v.shape[:-1] + (dim, dim), dtype=np.result_type(v.dtype, np.float64))
-    iu = np.triu_indices(dim)
-    out[..., iu[0], iu[1]] = v
-    out[..., iu[1], iu[0]] = v
-    return out
 
 
 def normalise(features: np.ndarray | torch.Tensor, eps: float = 1e-12) -> np.ndarray:
@@ -201,26 +171,6 @@ def ffc_solve_floor(v_sum_packed: np.ndarray, u_sum: np.ndarray, floor: float) -
     return np.ascontiguousarray(w.T)
 
 
-def dp_sum_sigma(notes: Mapping[str, Any], name: str) -> float:
-    """The std of the noise a DP layer added to the *sum* of field ``name``, from an
-    aggregate's ``notes`` (0.0 when no DP layer noised it).
-
-    CentralDP and DistributedDP record the sum's sigma under ``notes["dp"]["fields"]``;
-    LocalDP records each client's sigma there and the sum's (sigma sqrt(contributors))
-    under ``notes["dp"]["sum_sigma"]``, which takes precedence.
-    """
-    dp = notes.get("dp") if isinstance(notes, Mapping) else None
-    if not isinstance(dp, Mapping):
-        return 0.0
-    total = dp.get("sum_sigma")
-    if isinstance(total, Mapping) and name in total:
-        return float(total[name])
-    fields = dp.get("fields")
-    if isinstance(fields, Mapping) and isinstance(fields.get(name), Mapping):
-        return float(fields[name].get("sigma", 0.0))
-    return 0.0
-
-
 def sphere_mse(outputs: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
     """SphereFed's loss (Eq. 5): ``(1/C)||W z - onehot(y)||^2`` averaged over the batch."""
     target = torch.nn.functional.one_hot(y, n_classes).to(outputs.dtype)
@@ -273,7 +223,8 @@ class SphereFed(FedAvg):
     Only the body is shared; the fixed head ``W`` (derived from the run seed) is never sent.
     After calibration the head is ``W*`` from the FFC solve; :attr:`accuracy_before_ffc`
     keeps the fixed-classifier accuracy measured just before it was replaced, and
-    :attr:`ffc_solve_info` the noise and floor the solve used.
+    :attr:`ffc_solve_info` the noise and floor the solve used and the smallest eigenvalue of
+    the matrix it inverted (``min_eigenvalue``: at least the floor under ``lam="auto"``).
     """
 
     name: ClassVar[str] = "spherefed"
@@ -540,15 +491,17 @@ class _FFCPhase(GlobalModelPhase):
         algo = self.algo
         assert algo.dataset is not None and algo.model is not None and algo.params is not None
         algo.accuracy_before_ffc = algo.evaluate(algo.dataset, [])
+        sigma = dp_sum_sigma(aggregate.notes, "V")
+        low = float(np.linalg.eigvalsh(unpack_upper(aggregate["V"], algo.feature_dim))[0])
         if algo.lam == "auto":
-            sigma = dp_sum_sigma(aggregate.notes, "V")
             floor = noise_floor(sigma, algo.feature_dim)
             algo.ffc_head = ffc_solve_floor(aggregate["V"], aggregate["U"], floor)
-            algo.ffc_solve_info = {"sigma_V": sigma, "floor": floor, "lam": 0.0}
+            algo.ffc_solve_info = {"sigma_V": sigma, "floor": floor, "lam": 0.0,
+                                   "min_eigenvalue": max(low, floor) if floor else low}
         else:
             algo.ffc_head = ffc_solve(aggregate["V"], aggregate["U"], float(algo.lam))
-            algo.ffc_solve_info = {"sigma_V": dp_sum_sigma(aggregate.notes, "V"),
-                                   "floor": 0.0, "lam": float(algo.lam)}
+            algo.ffc_solve_info = {"sigma_V": sigma, "floor": 0.0, "lam": float(algo.lam),
+                                   "min_eigenvalue": low + float(algo.lam)}
         algo.set_head(algo.ffc_head)
 
     def client_flops(self, client: ClientState) -> float:
