@@ -55,8 +55,9 @@ import numpy as np
 import torch
 
 from algorithms.base import Aggregate, Algorithm, ClientState, LocalPhase, Phase
-from algorithms.fedlog_solver import solve_map
+from algorithms.fedlog_solver import ShrunkStatistics, shrink_statistics, solve_map
 from algorithms.models import SplitModel, build_model
+from algorithms.spherefed import dp_sum_sigma
 from algorithms.training import accuracy, features, train_local
 from secagg.data import Dataset
 from secagg.errors import ConfigurationError
@@ -132,6 +133,8 @@ class FedLog(Algorithm):
         self.dpsgd = dpsgd
         self.pending_events: list[Any] = []
         self.eta: np.ndarray | None = None
+        #: the last solve's shrinkage of noised statistics (None without DP noise)
+        self.shrinkage: ShrunkStatistics | None = None
         self.n_classes = 0
         self.seed = 0
 
@@ -145,6 +148,7 @@ class FedLog(Algorithm):
         for c in clients:
             c.state["model"] = copy.deepcopy(base)
         self.eta = None
+        self.shrinkage = None
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
         """One statistics phase per round; with ``release_rounds``, a local personalisation
@@ -225,6 +229,19 @@ class FedLog(Algorithm):
         """Install :meth:`evaluation_state`'s output (a node's copy of the algorithm)."""
         self.eta = (np.array(state["eta"], dtype=np.float64) if "eta" in state else None)
 
+    @classmethod
+    def dp_defaults(cls, adjacency: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Under a record-level DP layer, ``release_rounds=1`` unless the user chose the
+        release schedule, the bound or DP-SGD (``release_rounds``, ``client_l2`` or
+        ``dpsgd`` given): one release, of the seeded untrained bodies, whose per-record
+        bound sqrt(1 + d b^2) is a true record-level sensitivity, so the whole budget buys
+        one release with noise sized to one record (see the module docstring). Under
+        client-level DP nothing changes (the default ``client_l2`` bound serves it)."""
+        if adjacency != "record" or any(k in given for k in
+                                        ("release_rounds", "client_l2", "dpsgd")):
+            return {}
+        return {"release_rounds": 1}
+
     def describe(self) -> dict[str, Any]:
         """Name and hyper-parameters."""
         return {"name": self.name, "feature_dim": self.feature_dim,
@@ -271,10 +288,26 @@ class _StatsPhase(Phase):
     def server_step(self, aggregate: Aggregate) -> None:
         a = self.algo
         stats = aggregate["stats"]
-        n = float(stats[:, 0].sum())  # the record count: the counts' sum (noised under DP)
-        if n + a.nu <= 0:  # possible only when DP noise swamps a tiny cohort: keep the head
+        sigma = dp_sum_sigma(aggregate.notes, "stats")
+        a.shrinkage = None
+        if sigma > 0:  # noised: solve with the posterior-mean statistics (every count > 0)
+            shrunk = shrink_statistics(stats, sigma, a.feature_bound)
+            a.shrinkage = shrunk
+            stats = shrunk.stats
+        n = float(stats[:, 0].sum())  # the record count: the counts' sum
+        if n + a.nu <= 0:  # exact statistics of no records: nothing to solve
             return
         a.eta = solve_map(stats, a.nu + n).eta
+
+    def measurements(self) -> dict[str, Any]:
+        """Under DP, how much the solve shrank the noised statistics: the noise std, the
+        estimated between-class variance and the smallest and mean weight a class kept on
+        its own mean (:func:`~algorithms.fedlog_solver.shrink_statistics`)."""
+        s = self.algo.shrinkage
+        if s is None or s.sigma == 0:
+            return {}
+        return {"sigma": s.sigma, "between_var": s.between_var,
+                "min_weight": float(s.weights.min()), "mean_weight": float(s.weights.mean())}
 
     def privacy_events(self) -> list[Any]:
         """DP-SGD events of this round's body trainings (cleared once read)."""

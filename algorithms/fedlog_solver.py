@@ -35,6 +35,12 @@ N > 0 is enforced. Rows with S_y = 0 get eta_y = 0 (they still carry class weigh
 
 The predictive rule is Eq. 10 of the paper: ``Pr(y | phi, eta) = softmax_y(eta_y . [1, phi])``;
 the terms -phi.phi of the base measure and the log-partition do not depend on y and cancel.
+
+Noised statistics (:func:`shrink_statistics`). Under a DP layer the server receives
+``Phi + E`` with E i.i.d. Gaussian of a known std sigma per entry, and a noised count can be
+zero or negative (the solve then has no unique optimum, or gives that class a head far from
+its data). Before the solve the noised statistics are replaced by their posterior mean
+given the release (an empirical-Bayes plug-in); see :func:`shrink_statistics`.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import wrightomega
+from scipy.special import erfcx, wrightomega
 
 from secagg.errors import SecaggError
 
@@ -55,7 +61,9 @@ __all__ = [
     "objective",
     "posterior_map",
     "predict_logits",
+    "shrink_statistics",
     "solve_map",
+    "ShrunkStatistics",
 ]
 
 _LOG2 = math.log(2.0)
@@ -397,6 +405,117 @@ def posterior_map(
             raise FedLogSolveError(f"chi has shape {c.shape} but phi has shape {p.shape}")
         p = p + c
     return solve_map(p, _as_count(total, "nu + n"), tol=tol, max_iter=max_iter)
+
+
+# ----------------------------------------------------------------------------- noised input
+
+
+@dataclass(frozen=True)
+class ShrunkStatistics:
+    """Posterior-mean statistics for the solve, from noised ones (:func:`shrink_statistics`).
+
+    Attributes:
+        stats: the ``(C, D)`` statistics to solve with: row y is ``counts[y] * [1, means[y]]``.
+        counts: the posterior mean of each class's record count, every entry > 0.
+        means: the shrunk class feature means, ``(C, D - 1)``, inside ``[-b, b]``.
+        weights: per class, the weight B_y in [0, 1] its own noised mean keeps against the
+            pooled mean (1: no shrinkage, 0: the pooled mean).
+        between_var: tau^2, the estimated variance of the class means about the pooled
+            mean, per coordinate.
+        sigma: the noise std per entry the input was shrunk for.
+    """
+
+    stats: np.ndarray
+    counts: np.ndarray
+    means: np.ndarray
+    weights: np.ndarray
+    between_var: float
+    sigma: float
+
+
+def _positive_count_mean(c: np.ndarray, sigma: float) -> np.ndarray:
+    """E[n | c] for c = n + N(0, sigma^2) under a flat prior on n >= 0: the mean of a normal
+    truncated to [0, inf), ``sigma (x + R(x))`` with x = c / sigma and R(x) = phi(x)/Phi(x)
+    the inverse Mills ratio. Always > 0; about c when c >> sigma, about sigma^2 / |c| when
+    c << -sigma."""
+    x = c / sigma
+    u = -x
+    out = np.empty_like(x)
+    far = u > 100.0  # x + R(x) = 1/u - 2/u^3 + 10/u^5 - ... (no cancellation)
+    uf = u[far]
+    out[far] = 1.0 / uf - 2.0 / uf**3 + 10.0 / uf**5
+    near = ~far
+    # R(x) = sqrt(2/pi) / erfcx(-x / sqrt 2): no underflow of Phi(x) for negative x
+    out[near] = x[near] + math.sqrt(2.0 / math.pi) / erfcx(-x[near] / math.sqrt(2.0))
+    return sigma * np.maximum(out, _TINY)
+
+
+def shrink_statistics(S: np.ndarray, sigma: float, feature_bound: float) -> ShrunkStatistics:
+    """Posterior-mean FedLog statistics from a release noised with std ``sigma`` per entry.
+
+    ``S`` is the noised ``(C, D)`` sum: row y is ``[n_y, t_y] + E_y`` where n_y is the class's
+    record count, ``t_y = n_y mu_y`` the sum of its features (each clamped to
+    ``[-b, b]``, b = ``feature_bound``), and E_y i.i.d. ``N(0, sigma^2)`` (what the DP layers
+    add; a discrete or per-client noise of that total std is treated the same). The exact
+    statistics are replaced by estimates of them given the release, which the MAP solve
+    then treats as data; no class is dropped and every row has a positive count:
+
+    * counts: ``n_y`` has a flat prior on ``[0, inf)``, so its posterior mean given the noised
+      count c_y is that of a normal truncated at 0,
+      ``n_hat_y = c_y + sigma phi(c_y/sigma) / Phi(c_y/sigma) > 0`` (= c_y when c_y >> sigma;
+      a small positive pseudo-count of order ``sigma^2/|c_y|`` when the noise swamps it).
+    * means: the class means are drawn around a common mean, ``mu_y ~ N(m, tau^2 I)``, and
+      (taking the counts at n_hat) the noised sum gives ``t_y / n_hat_y ~ N(mu_y,
+      sigma^2/n_hat_y^2 I)``. The posterior mean is
+      ``mu_hat_y = m + B_y (t_y / n_hat_y - m)`` with
+      ``B_y = n_hat_y^2 tau^2 / (n_hat_y^2 tau^2 + sigma^2)``: a class keeps its own mean
+      in proportion to how far its signal (count^2 x between-class variance) exceeds the
+      noise variance, and falls back to the pooled mean otherwise. ``m = sum_y t_y / sum_y
+      n_hat_y`` (the pooled mean, which averages the noise of every row), and tau^2 is
+      the method-of-moments estimate
+      ``max(0, sum_y (||t_y - n_hat_y m||^2 / (D-1) - sigma^2)) / sum_y n_hat_y^2``
+      (``E||t_y - n_y m||^2 = (D-1)(n_y^2 tau^2 + sigma^2)``), so the data decide how much
+      to shrink. Means are then projected onto the box ``[-b, b]^(D-1)`` that every feature
+      lies in.
+
+    The result's rows are ``n_hat_y [1, mu_hat_y]``, so ``||S_y|| / n_hat_y <=
+    sqrt(1 + (D-1) b^2)`` and the solve's head is finite for every class. With ``sigma = 0``
+    nothing is estimated: ``S`` is returned as given (the exact solve).
+
+    Raises:
+        FedLogSolveError: ``S`` is not a finite ``(C, D)`` array with D >= 2, or ``sigma`` or
+            ``feature_bound`` is negative or not finite (``feature_bound`` must be > 0).
+    """
+    s = _as_matrix(S, "S")
+    if isinstance(sigma, bool) or not (isinstance(sigma, numbers.Real)
+                                       and math.isfinite(sigma) and sigma >= 0):
+        raise FedLogSolveError(f"sigma must be a finite number >= 0, got {sigma!r}")
+    if isinstance(feature_bound, bool) or not (
+            isinstance(feature_bound, numbers.Real) and math.isfinite(feature_bound)
+            and feature_bound > 0):
+        raise FedLogSolveError(f"feature_bound must be a finite number > 0, got "
+                               f"{feature_bound!r}")
+    if s.shape[1] < 2:
+        raise FedLogSolveError(f"S needs a count column and features, got shape {s.shape}")
+    sigma = float(sigma)
+    b = float(feature_bound)
+    C, D = s.shape
+    if sigma == 0.0:
+        counts = s[:, 0].copy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            means = np.where(counts[:, None] > 0, s[:, 1:] / counts[:, None], 0.0)
+        return ShrunkStatistics(s.copy(), counts, means, np.ones(C), math.nan, 0.0)
+    n_hat = _positive_count_mean(s[:, 0], sigma)
+    t = s[:, 1:]
+    m = np.clip(t.sum(axis=0) / n_hat.sum(), -b, b)
+    resid = t - n_hat[:, None] * m
+    excess = float(np.sum(np.einsum("ij,ij->i", resid, resid) / (D - 1) - sigma * sigma))
+    tau2 = max(0.0, excess) / float(np.sum(n_hat * n_hat))
+    # B_y / n_hat_y = n_hat_y tau^2 / (n_hat_y^2 tau^2 + sigma^2): finite for tiny counts
+    gain = n_hat * tau2 / (n_hat * n_hat * tau2 + sigma * sigma)
+    means = np.clip(m + gain[:, None] * resid, -b, b)
+    stats = n_hat[:, None] * np.concatenate([np.ones((C, 1)), means], axis=1)
+    return ShrunkStatistics(stats, n_hat, means, gain * n_hat, tau2, sigma)
 
 
 # ----------------------------------------------------------------------------- prediction
