@@ -300,14 +300,14 @@ class _StatsPhase(Phase):
         a.eta = solve_map(stats, a.nu + n).eta
 
     def measurements(self) -> dict[str, Any]:
-        """Under DP, how much the solve shrank the noised statistics: the noise std, the
-        estimated between-class variance and the smallest and mean weight a class kept on
-        its own mean (:func:`~algorithms.fedlog_solver.shrink_statistics`)."""
+        """Under DP, what the solve shrank: the noise std on the sum, the smallest
+        posterior-mean count and the largest noise std on a class's raw feature mean
+        (:func:`~algorithms.fedlog_solver.shrink_statistics`)."""
         s = self.algo.shrinkage
         if s is None or s.sigma == 0:
             return {}
-        return {"sigma": s.sigma, "between_var": s.between_var,
-                "min_weight": float(s.weights.min()), "mean_weight": float(s.weights.mean())}
+        return {"sigma": s.sigma, "min_count": float(s.counts.min()),
+                "max_mean_sd": float(s.mean_sd.max())}
 
     def privacy_events(self) -> list[Any]:
         """DP-SGD events of this round's body trainings (cleared once read)."""

@@ -534,12 +534,12 @@ def _run(args: argparse.Namespace) -> int:
     names = [args.layer] + [g.partition("=")[2] for g in args.group_layer]
     kwargs = algorithm_arguments(algo_cls, given, args.adjacency if any(
         n in DP_LAYERS for n in names) else None)
-    for key in kwargs.keys() - given.keys():  # the algorithm's DP defaults: say so
+    algorithm = algo_cls(**kwargs)
+    layer = build_layer(args)
+    for key in sorted(kwargs.keys() - given.keys()):  # the algorithm's DP defaults: say so
         print(f"secagg: {args.algorithm} under {args.adjacency}-level DP: {key}="
               f"{json.dumps(kwargs[key])} by default (--arg {key}=... to choose)",
               file=sys.stderr)
-    algorithm = algo_cls(**kwargs)
-    layer = build_layer(args)
     ds = load_dataset(args.dataset, args.data_dir)
     if args.alpha == 0:
         part = iid_split(ds, args.clients, seed=args.seed, local_test_fraction=0.2)
