@@ -20,6 +20,7 @@ import pytest
 from algorithms.fedlog import FedLog, class_statistics
 from algorithms.fedlog_solver import FedLogSolveError, shrink_statistics, solve_map
 from secagg.algorithm_registry import algorithm_arguments
+from secagg.data import dirichlet_split
 from secagg.federation import Federation
 from secagg.layers import Plaintext
 from secagg.layers.base import Aggregate
@@ -181,3 +182,30 @@ def test_fedlog_dp_defaults_are_one_record_level_release():
     built = FedLog(**algorithm_arguments(FedLog, {}, "record"))
     assert built.client_l2 is None and built.release_rounds == 1
     assert FedLog().client_l2 is not None  # the Python default is unchanged
+
+
+# ----------------------------------------------------------------------------- utility
+
+
+def test_accuracy_averaged_over_seeds_rises_with_epsilon(digits):
+    """FedLog's one release under central DP on digits (10 clients, Dirichlet 0.5, the
+    head solved from the seeded bodies' statistics, which is all the release buys): the
+    mean accuracy over three seeds strictly increases along epsilon 1 < 4 < 16, and stays
+    below the noiseless head's. (Measured: about 0.11 < 0.19 < 0.62, plaintext 0.81.)"""
+    seeds = (0, 1, 2)
+
+    def mean_accuracy(epsilon: float | None) -> float:
+        accs = []
+        for seed in seeds:
+            part = dirichlet_split(digits, 10, 0.5, seed=seed, local_test_fraction=0.2)
+            layer = Plaintext() if epsilon is None else CentralDP(
+                Plaintext(), epsilon=epsilon, delta=1e-5, seed=seed)
+            algo = FedLog(**algorithm_arguments(FedLog, {}, "record" if epsilon else None))
+            res = Federation(algo, layer, part, rounds=1, seed=seed, progress=False,
+                             attest=False).run()
+            accs.append(res.accuracy)
+        return float(np.mean(accs))
+
+    means = [mean_accuracy(eps) for eps in (1.0, 4.0, 16.0)]
+    assert means[0] < means[1] < means[2], means
+    assert means[2] < mean_accuracy(None), means
