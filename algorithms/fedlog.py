@@ -42,6 +42,21 @@ still takes n from the count column. ``client_l2=None`` declares the per-record 
 instead; the engine then refuses record-level DP unless the bodies train under DP-SGD
 (then, given the body, one record moves the statistic by at most its bound, and the DP-SGD
 events compose with the release on the run's ledger).
+
+Defaults under DP (:meth:`FedLog.dp_defaults`). Under a record-level DP layer the command
+line and the sweep build FedLog with ``release_rounds=1`` unless the user chose the release
+schedule, the bound or DP-SGD: the one release then has the per-record bound as its
+sensitivity, the whole budget buys one release, and the guarantee is record-level end to
+end. Client-level DP over a handful of clients cannot carry these statistics (noise
+``z * client_l2`` against class counts of ~100: the run's plan warns), and a release every
+round of trained bodies is not record-level without DP-SGD. ``FedLog()`` built directly
+keeps the paper's schedule.
+
+Noised statistics. Under DP the server step reads the noise std of the released sum from
+the aggregate (:func:`algorithms.spherefed.dp_sum_sigma`) and solves with the statistics'
+posterior mean (:func:`algorithms.fedlog_solver.shrink_statistics`): every class keeps a
+positive count and a mean inside the feature box, so no class is dropped and the head is
+finite however heavy the noise.
 """
 
 from __future__ import annotations
@@ -91,7 +106,8 @@ class FedLog(Algorithm):
         release_rounds: release statistics in the first ``release_rounds`` rounds only;
             later rounds train the bodies against the last head and upload nothing
             (:class:`_PersonalizePhase`). ``None`` (default): every round, as in the paper.
-            ``1``: one release of the initial bodies' statistics (see the module docstring).
+            ``1``: one release of the initial bodies' statistics (see the module docstring;
+            the command line's and the sweep's default under record-level DP).
         client_l2: public L2 bound on one client's whole statistic (each client scales its
             upload into it); the field's bound is then client-level. ``None`` declares the
             per-record bound sqrt(1 + d b^2) instead (sound at record level only with
