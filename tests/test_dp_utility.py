@@ -184,6 +184,51 @@ def test_fedlog_dp_defaults_are_one_record_level_release():
     assert FedLog().client_l2 is not None  # the Python default is unchanged
 
 
+def _sweep(**over):
+    from secagg.sweep.config import load_config
+
+    raw = {"sweep": {"rounds": 3, **over.pop("sweep", {})},
+           "data": {"dataset": "digits", "clients": 10},
+           "grid": {"algorithms": ["fedlog"], "layers": ["plaintext", "central-dp"],
+                    "epsilon": [1.0], "seeds": [0]}, **over}
+    return load_config(raw, out="unused")
+
+
+def test_sweep_builds_dp_cells_with_the_dp_defaults_and_keeps_them_apart():
+    cfg = _sweep()
+    plain, dp = sorted(cfg.cells(), key=lambda c: c.layer != "plaintext")
+    assert cfg.algorithm_kwargs(plain) == {}
+    assert cfg.algorithm_kwargs(dp) == {"release_rounds": 1}
+    # a DP cell of another algorithm configuration never replays the plaintext cell's tape
+    assert cfg.cache_key(plain) != cfg.cache_key(dp)
+    explicit = _sweep(algorithm={"fedlog": {"release_rounds": 2, "client_l2": 500.0}})
+    dp2 = [c for c in explicit.cells() if c.layer == "central-dp"][0]
+    assert explicit.algorithm_kwargs(dp2) == {"release_rounds": 2, "client_l2": 500.0}
+    assert explicit.cache_key(dp2) == explicit.cache_key(
+        [c for c in explicit.cells() if c.layer == "plaintext"][0])
+    for over in ({"sweep": {"adjacency": "client"}}, {"sweep": {"dp_rounds": "last"}}):
+        other = _sweep(**over)
+        cell = [c for c in other.cells() if c.layer == "central-dp"][0]
+        assert other.algorithm_kwargs(cell) == {}
+
+
+def test_cli_applies_and_announces_the_dp_default(capsys):
+    from secagg.cli import main
+
+    rc = main(["run", "--layer", "central-dp", "--epsilon", "2", "--rounds", "3",
+               "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert "release_rounds=1 by default" in err
+    plan = [line.split() for line in out.splitlines()[1:] if line.strip()]
+    assert [row[:2] for row in plan] == [["1", "stats"]]  # one release, in round 1
+    rc = main(["run", "--layer", "central-dp", "--epsilon", "2", "--rounds", "3",
+               "--arg", "release_rounds=null", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "by default" not in err
+    assert len([line for line in out.splitlines()[1:] if line.strip()]) == 3
+
+
 # ----------------------------------------------------------------------------- utility
 
 
