@@ -2,15 +2,22 @@
 
 :func:`plot_results` draws, from the rows of a sweep (:mod:`secagg.sweep`):
 
-* ``privacy_utility.{png,svg}`` -- accuracy against total epsilon, one panel per algorithm,
-  one series per DP layer (mean over seeds, the band spans the seeds' min to max), with the
-  non-DP layers as dashed horizontal lines;
+* ``privacy_utility.{png,svg}`` -- accuracy (the y-axis names its kind) against total
+  epsilon, one panel per algorithm, one series per DP layer (mean over seeds, the band
+  spans the seeds' min to max), plaintext's mean as the dashed non-private reference and
+  other layers without noise dotted;
 * ``cost_utility.{png,svg}`` -- accuracy against uplink bytes and against estimated client
-  energy, one series per layer.
+  energy, one series per layer;
+* ``client_epsilon.{png,svg}`` (:func:`plot_client_epsilons`), only when some row carries
+  per-client epsilons -- their histogram per observer.
 
 Every series carries the SVG id ``series-ALGORITHM-LAYER`` (cost plot:
 ``cost-bytes-LAYER`` and ``cost-energy-LAYER``), so a reader or a test can find it in the
-file. ``secagg plot RESULTS`` redraws from ``results.jsonl`` or ``results.csv``.
+file. ``secagg plot RESULTS`` redraws from ``results.jsonl`` or ``results.csv`` (the
+per-client lists are in ``results.jsonl`` only).
+
+Tick labels are written here, never by matplotlib's offset or scientific formatters, and
+are measured after layout (:func:`_fit_ticks`), so no two on an axis overlap or read alike.
 """
 
 from __future__ import annotations
@@ -25,10 +32,14 @@ from typing import Any
 
 from secagg.errors import DataError
 
-__all__ = ["load_results", "plot_results", "series_ids"]
+__all__ = ["load_results", "plot_client_epsilons", "plot_results", "series_ids"]
 
+_OBSERVERS = ("release", "server")  # secagg.sweep.report.CLIENT_OBSERVERS
+_OBSERVER_NAMES = {"release": "observers of the released model", "server": "the server"}
 _NUMERIC = ("epsilon", "delta", "clip", "dropout", "accuracy", "epsilon_spent",
-            "uplink_bytes", "downlink_bytes", "energy_j", "wall_s")
+            "uplink_bytes", "downlink_bytes", "energy_j", "wall_s",
+            *(f"client_eps_{o}_{s}" for o in _OBSERVERS
+              for s in ("min", "median", "max", "none")))
 _STYLE = {"plaintext": "k", "secure-sum": "0.4", "central-dp": "tab:blue",
           "distributed-dp": "tab:green", "local-dp": "tab:red"}
 _MARKERS = ("o", "s", "^", "D", "v")
@@ -75,45 +86,235 @@ def _series(rows: Iterable[Mapping[str, Any]], x: str) -> dict[float, list[float
     return out
 
 
-def _scale_axis(ax: Any, values: Sequence[float], ticks: Sequence[float] | None = None) -> None:
-    """An x-axis a reader can read at any data range: log with a few decade ticks when
-    the values span a factor of 10 or more, else linear with at most 4 ticks labelled in
-    engineering units (a narrow range such as 1.570e5..1.575e5 would otherwise fill a log
-    axis with overlapping minor labels). ``ticks`` (e.g. the swept epsilons) are labelled
-    themselves; :func:`_thin_labels` then hides any that would overlap."""
-    from matplotlib.ticker import EngFormatter, LogLocator, MaxNLocator, NullFormatter
+# -- ticks a reader can read ------------------------------------------------------------
+#
+# Every axis gets fixed ticks with labels written here (no offset text, no exponent
+# shared by the axis), chosen so that the labels are distinct by construction: a linear
+# axis puts its ticks on multiples of one step and prints as many decimals as the step
+# has, so two ticks never print alike, whatever the range (1.570e5..1.575e5 reads 157000,
+# 157100, ...; 157000..157000.4 reads 157000.0, 157000.1, ...). A positive range
+# spanning LOG_DECADES decades or more goes on a log axis with 1-2-5 or decade ticks.
+# :func:`_fit_ticks` then measures the rendered labels and steps down to sparser ticks
+# until no two labels of an axis overlap; ticks given explicitly (the swept epsilons)
+# keep their marks and lose the labels that would overlap.
 
-    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))
-            and float(v) > 0]
-    wide = bool(vals) and max(vals) / min(vals) >= 10
-    if wide:
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    if ticks:
-        ax.set_xticks(list(ticks), [f"{t:g}" for t in ticks])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    elif wide:
-        ax.xaxis.set_major_locator(LogLocator(numticks=5))
-        ax.xaxis.set_major_formatter(EngFormatter(places=0, sep=""))
-    else:
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
-        ax.xaxis.set_major_formatter(EngFormatter(places=2, sep=""))
+#: A positive data range this many decades wide (max/min >= 10**LOG_DECADES) gets a log axis.
+LOG_DECADES = 1.5
+_PREFIXES = ((1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T"))
+_GAP_PX = 3.0  # the least gap between two tick labels, in pixels
 
 
-def _thin_labels(fig: Any) -> None:
-    """Hide x tick labels that would overlap their left neighbour, in every axes of
-    ``fig`` (after layout, so the extents are the rendered ones)."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    for ax in fig.axes:
-        last = -math.inf
-        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
-        for t in sorted(labels, key=lambda t: t.get_window_extent(renderer).x0):
-            box = t.get_window_extent(renderer)
-            if box.x0 < last + 2:
-                t.set_visible(False)
+def _decimals(step: float) -> int:
+    """How many decimals print ``step`` (and so every multiple of it) exactly."""
+    for d in range(13):
+        scaled = abs(step) * 10 ** d
+        if abs(scaled - round(scaled)) <= 1e-6 * max(scaled, 1e-300):
+            return d
+    return 12
+
+
+def _linear_labels(ticks: Sequence[float]) -> list[str]:
+    """Labels of evenly spaced ticks: one unit prefix (none, k, M, G, T) for the axis and
+    the decimals of the step, whichever prefix gives the shortest labels. Distinct for
+    distinct ticks (each is a multiple of the step, printed exactly)."""
+    if len(ticks) == 1:
+        return [_value_label(ticks[0])]
+    step = min(abs(b - a) for a, b in zip(ticks, ticks[1:], strict=False))
+    best: list[str] | None = None
+    for scale, suffix in _PREFIXES:
+        if scale > 1 and max(abs(t) for t in ticks) < scale:
+            break
+        d = _decimals(step / scale)
+        labels = ["0" if abs(t) < step * 1e-9 else
+                  f"{t / scale:.{d}f}".replace("-", "\u2212") + suffix for t in ticks]
+        if best is None or max(map(len, labels)) < max(map(len, best)):
+            best = labels
+    if best is None or len(set(best)) < len(set(ticks)):  # a step below 1e-12: no prefix
+        return _value_labels(ticks)
+    if max(map(len, best)) > 8:  # e.g. 0.000000003: each value on its own (3e-09) when
+        for digits in range(1, 8):  # that is shorter and still exact
+            alone = [f"{t:.{digits}g}" for t in ticks]
+            if all(math.isclose(float(a), t, rel_tol=1e-9, abs_tol=step * 1e-9)
+                   for a, t in zip(alone, ticks, strict=True)):
+                if max(map(len, alone)) < max(map(len, best)):
+                    return [a.replace("-", "\u2212") for a in alone]
+                break
+    return best
+
+
+def _value_label(v: float, digits: int = 4) -> str:
+    """A short label for one value (``digits`` significant digits at most): 200, 2k, 5M,
+    0.01, -7.5."""
+    for scale, suffix in reversed(_PREFIXES):
+        if scale > 1 and abs(v) >= scale:
+            return f"{v / scale:.{digits}g}".replace("-", "\u2212") + suffix
+    return f"{v:.{digits}g}".replace("-", "\u2212")
+
+
+def _value_labels(ticks: Sequence[float]) -> list[str]:
+    """Labels of arbitrary ticks (the swept epsilons, log ticks), with as few significant
+    digits as keep distinct ticks distinct (4 at least)."""
+    labels: list[str] = []
+    for digits in range(4, 18):
+        labels = [_value_label(t, digits) for t in ticks]
+        if len(set(labels)) == len(set(ticks)):
+            break
+    return labels
+
+
+def _linear_candidates(lo: float, hi: float, integer: bool = False) -> list[list[float]]:
+    """Tick sets inside [lo, hi], densest first (each of evenly spaced nice numbers;
+    whole numbers only when ``integer``)."""
+    from matplotlib.ticker import MaxNLocator
+
+    out: list[list[float]] = []
+    span = hi - lo
+    for n in (6, 5, 4, 3, 2, 1):  # steps 1-2-5 (not 2.5: one decimal more on every label)
+        ticks = [float(t) for t in MaxNLocator(nbins=n, steps=[1, 2, 5, 10], integer=integer)
+                 .tick_values(lo, hi) if lo - 1e-9 * span <= t <= hi + 1e-9 * span]
+        if len(ticks) >= 2 and ticks not in out:
+            out.append(ticks)
+    return out or [[(lo + hi) / 2]]
+
+
+def _log_candidates(lo: float, hi: float) -> list[list[float]]:
+    """Tick sets inside [lo, hi] (0 < lo < hi) on a log axis, densest first: 1-2-5 per
+    decade, 1-3, then every decade, every second decade, ..."""
+    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    out: list[list[float]] = []
+    for subs in ((1.0, 2.0, 5.0), (1.0, 3.0)):
+        ticks = [m * 10.0 ** k for k in range(k0, k1 + 1) for m in subs
+                 if lo <= m * 10.0 ** k <= hi]
+        if len(ticks) >= 2:
+            out.append(ticks)
+    decades = [10.0 ** k for k in range(k0, k1 + 1) if lo <= 10.0 ** k <= hi]
+    for stride in range(1, max(len(decades), 1) + 1):
+        ticks = [t for i, t in enumerate(decades) if i % stride == 0]
+        if len(ticks) >= 2 and ticks not in out:
+            out.append(ticks)
+    if not out:  # less than one decade inside the view: its two ends
+        out.append([lo, hi])
+    return out
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def _is_wide(values: Sequence[float]) -> bool:
+    """Whether ``values`` go on a log axis: all positive and spanning LOG_DECADES decades."""
+    return (bool(values) and min(values) > 0
+            and math.log10(max(values) / min(values)) >= LOG_DECADES)
+
+
+class _AxisTicks:
+    """The tick plan of one axis: candidate tick sets (densest first) with their labels,
+    or fixed ticks whose labels may be thinned."""
+
+    def __init__(self, axis: Any, values: Sequence[float], fixed: Sequence[float] = (),
+                 log: bool | None = None, integer: bool = False) -> None:
+        from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+        self.axis = axis
+        vals = _finite(values) + _finite(fixed)
+        self.log = _is_wide(vals) if log is None else log
+        ax = axis.axes
+        if self.log:
+            (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log")
+        ax.autoscale_view()
+        lo, hi = sorted(axis.get_view_interval())
+        self.limits = (lo, hi)
+        self.fixed = bool(fixed)
+        if fixed:
+            ticks = sorted(set(_finite(fixed)))
+            self.candidates = [[t for t in ticks if lo <= t <= hi] or ticks]
+            self.labels = [_value_labels(self.candidates[0])]
+        else:
+            distinct = sorted(set(vals))
+            if len(distinct) == 1:
+                self.candidates = [distinct]
+            elif self.log:
+                self.candidates = _log_candidates(lo, hi)
             else:
-                last = box.x1
+                self.candidates = _linear_candidates(lo, hi, integer)
+            self.labels = [_value_labels(c) if self.log or len(c) == 1
+                           else _linear_labels(c) for c in self.candidates]
+        self.level = 0
+        axis.set_minor_locator(NullLocator())
+        axis.set_minor_formatter(NullFormatter())
+        axis.set_major_locator(FixedLocator(self.candidates[0]))
+        self.apply()
+
+    def apply(self) -> None:
+        """Set the ticks and labels of the current level; keep the view limits."""
+        ax = self.axis.axes
+        self.axis.set_ticks(self.candidates[self.level], self.labels[self.level])
+        (ax.set_xlim if self.axis is ax.xaxis else ax.set_ylim)(*self.limits)
+
+    def thin(self, renderer: Any) -> None:
+        """Blank the labels that would come too close to the last one kept, left to right
+        (bottom to top); the tick marks stay."""
+        horizontal = self.axis is self.axis.axes.xaxis
+        ticks, labels = self.candidates[self.level], self.labels[self.level]
+        boxes = []
+        for tick in self.axis.get_major_ticks():
+            lab = tick.label1
+            if lab.get_visible() and lab.get_text() and tick.get_loc() in ticks:
+                box = lab.get_window_extent(renderer)
+                boxes.append(((box.x0, box.x1) if horizontal else (box.y0, box.y1),
+                              ticks.index(tick.get_loc())))
+        last = -math.inf
+        for (lo, hi), i in sorted(boxes):
+            if lo < last + _GAP_PX:
+                labels[i] = ""
+            else:
+                last = hi
+        self.apply()
+
+    def sparser(self) -> bool:
+        """Step to the next sparser tick set; False when there is none."""
+        if self.level + 1 >= len(self.candidates):
+            return False
+        self.level += 1
+        self.apply()
+        return True
+
+
+def _labels_of(axis: Any) -> list[Any]:
+    return [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+
+
+def _overlapping(axis: Any, renderer: Any) -> bool:
+    """Whether two visible tick labels of ``axis`` overlap (or come closer than _GAP_PX)."""
+    horizontal = axis is axis.axes.xaxis
+    boxes = sorted((t.get_window_extent(renderer) for t in _labels_of(axis)),
+                   key=lambda b: b.x0 if horizontal else b.y0)
+    if horizontal:
+        return any(a.x1 + _GAP_PX > b.x0 for a, b in zip(boxes, boxes[1:], strict=False))
+    return any(a.y1 + _GAP_PX > b.y0 for a, b in zip(boxes, boxes[1:], strict=False))
+
+
+def _fit_ticks(fig: Any, plans: Sequence[_AxisTicks]) -> None:
+    """Step each axis down to sparser ticks until no two of its labels overlap, as laid
+    out (the layout moves as labels change, so this measures again after each change);
+    fixed ticks, and any axis still crowded at its sparsest, lose overlapping labels."""
+    for _ in range(12):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        crowded = [p for p in plans if _overlapping(p.axis, renderer)]
+        if not crowded:
+            return
+        stepped = [p.sparser() for p in crowded if not p.fixed]  # every one, no short cut
+        if not any(stepped):
+            break
+    for _ in range(3):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        crowded = [p for p in plans if _overlapping(p.axis, renderer)]
+        if not crowded:
+            return
+        for p in crowded:
+            p.thin(renderer)
 
 
 def _figure(width: float, height: float) -> Any:
@@ -121,13 +322,41 @@ def _figure(width: float, height: float) -> Any:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=72, layout="constrained")
-    FigureCanvasAgg(fig)  # a renderer, to measure the tick labels (_thin_labels)
+    FigureCanvasAgg(fig)  # a renderer, to measure the tick labels (_fit_ticks)
     return fig
+
+
+def _accuracy_label(rows: Iterable[Mapping[str, Any]]) -> str:
+    """``accuracy (global test)``: the kinds of accuracy the rows measured (a result's
+    ``accuracy_kind``), or plain ``accuracy`` when the rows do not say."""
+    kinds = sorted({str(r["accuracy_kind"]) for r in rows if r.get("accuracy_kind")})
+    return f"accuracy ({', '.join(kinds)})" if kinds else "accuracy"
+
+
+def _save(fig: Any, out: Path, stem: str, formats: Sequence[str]) -> dict[str, Path]:
+    paths = {}
+    for fmt in formats:
+        paths[f"{stem}.{fmt}"] = out / f"{stem}.{fmt}"
+        fig.savefig(paths[f"{stem}.{fmt}"])
+    return paths
+
+
+def _layer_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    return sorted({r["layer"] for r in rows},
+                  key=lambda n: (list(_STYLE).index(n) if n in _STYLE else 99, n))
 
 
 def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[str],
                  formats: Sequence[str] = ("png", "svg")) -> dict[str, Path]:
-    """Draw the privacy-utility and cost-utility figures into ``out_dir``.
+    """Draw the sweep's figures into ``out_dir``: ``privacy_utility`` and
+    ``cost_utility``, and ``client_epsilon`` (:func:`plot_client_epsilons`) when some
+    row carries per-client epsilons.
+
+    Privacy-utility: one panel per algorithm; per DP layer, the mean accuracy over seeds
+    against the total epsilon with a band from the seeds' minimum to their maximum; the
+    non-private reference (plaintext's mean over seeds, else another layer without DP
+    noise) as a dashed line, other layers without noise dotted; the y-axis names the
+    accuracy measured (``accuracy_kind``).
 
     Returns the written paths by file name (``privacy_utility.png``, ...); the series ids
     drawn are those :func:`series_ids` lists.
@@ -140,24 +369,41 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
     rows = [r for r in rows if r.get("accuracy") is not None]
     if not rows:
         raise DataError("no finished sweep cell to plot")
-    algos = sorted({r["algorithm"] for r in rows})
-    layers = sorted({r["layer"] for r in rows}, key=lambda n: list(_STYLE).index(n)
-                    if n in _STYLE else 99)
-    paths: dict[str, Path] = {}
+    paths = _plot_privacy_utility(rows, out, formats)
+    paths.update(_plot_cost_utility(rows, out, formats))
+    paths.update(plot_client_epsilons(rows, out, formats))
+    return paths
 
-    fig = _figure(4.2 * len(algos) + 0.6, 3.4)
+
+def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
+                          formats: Sequence[str]) -> dict[str, Path]:
+    from matplotlib.patches import Patch
+
+    algos = sorted({r["algorithm"] for r in rows})
+    layers = _layer_order(rows)
+    seeds = len({r.get("seed") for r in rows})
+    fig = _figure(4.2 * len(algos) + 0.6, 3.6)
     axes = fig.subplots(1, len(algos), squeeze=False)[0]
+    plans = []
     for ax, algo in zip(axes, algos, strict=True):
         mine = [r for r in rows if r["algorithm"] == algo]
+        flat = [ly for ly in layers if any(r["layer"] == ly for r in mine)
+                and all(r.get("epsilon") is None for r in mine if r["layer"] == ly)]
+        reference = "plaintext" if "plaintext" in flat else (flat[0] if flat else None)
+        banded = False
         for layer in layers:
             sel = [r for r in mine if r["layer"] == layer]
             if not sel:
                 continue
             color = _STYLE.get(layer)
-            if all(r.get("epsilon") is None for r in sel):
+            if layer in flat:
                 accs = [float(r["accuracy"]) for r in sel]
-                line = ax.axhline(sum(accs) / len(accs), color=color, ls="--", lw=1.2,
-                                  label=f"{layer} (no DP)")
+                n = len({r.get("seed") for r in sel})
+                name = ("non-private reference: " if layer == reference else "no DP: ")
+                line = ax.axhline(sum(accs) / len(accs), color=color,
+                                  ls="--" if layer == reference else ":",
+                                  lw=1.4 if layer == reference else 1.0,
+                                  label=f"{name}{layer} (mean of {n} seed(s))")
                 line.set_gid(f"series-{algo}-{layer}")
                 continue
             s = _series(sel, "epsilon")
@@ -169,54 +415,152 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
                 band = ax.fill_between(xs, [min(s[x]) for x in xs], [max(s[x]) for x in xs],
                                        color=line.get_color(), alpha=0.2, lw=0)
                 band.set_gid(f"spread-{algo}-{layer}")
+                banded = True
+        handles, labels = ax.get_legend_handles_labels()
+        if banded:
+            handles.append(Patch(color="0.5", alpha=0.3, lw=0))
+            labels.append(f"band: min-max over {seeds} seeds")
         eps = sorted({float(r["epsilon"]) for r in mine if r.get("epsilon") is not None})
-        _scale_axis(ax, eps, ticks=eps)
+        if eps:
+            plans.append(_AxisTicks(ax.xaxis, eps, fixed=eps))
+        else:
+            ax.set_xticks([])  # no DP cell: no epsilon to mark
         ax.set_xlabel("total epsilon")
-        ax.set_ylabel("accuracy")
+        ax.set_ylabel(_accuracy_label(mine))
+        plans.append(_AxisTicks(ax.yaxis, [float(r["accuracy"]) for r in mine]))
         ax.set_title(algo)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    seeds = len({r.get("seed") for r in rows})
-    fig.suptitle(f"accuracy vs epsilon (band: min-max over {seeds} seed(s))", fontsize=9)
-    _thin_labels(fig)
-    for fmt in formats:
-        paths[f"privacy_utility.{fmt}"] = out / f"privacy_utility.{fmt}"
-        fig.savefig(paths[f"privacy_utility.{fmt}"])
+        ax.legend(handles, labels, fontsize=7)
+    fig.suptitle(f"accuracy vs epsilon\nline: mean over {seeds} seed(s); band: their min "
+                 "to max", fontsize=9)
+    _fit_ticks(fig, plans)
+    paths = _save(fig, out, "privacy_utility", formats)
+    return paths
 
+
+def _plot_cost_utility(rows: Sequence[Mapping[str, Any]], out: Path,
+                       formats: Sequence[str]) -> dict[str, Path]:
+    from matplotlib.markers import MarkerStyle
+
+    algos = sorted({r["algorithm"] for r in rows})
     fig = _figure(8.4, 3.4)
     ax_b, ax_e = fig.subplots(1, 2)
-    for layer in layers:
+    for layer in _layer_order(rows):
         sel = [r for r in rows if r["layer"] == layer and r.get("uplink_bytes") is not None]
-        if not sel:
-            continue
         for ax, key, name in ((ax_b, "uplink_bytes", "bytes"), (ax_e, "energy_j", "energy")):
-            pts = [(float(r[key]), float(r["accuracy"])) for r in sel
-                   if r.get(key) is not None and math.isfinite(float(r[key]))]
-            if not pts:
+            have = [r for r in sel if r.get(key) is not None and math.isfinite(float(r[key]))]
+            if not have:
                 continue
-            marks = [_MARKERS[algos.index(r["algorithm"]) % len(_MARKERS)] for r in sel
-                     if r.get(key) is not None and math.isfinite(float(r[key]))]
-            coll = ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=16,
+            coll = ax.scatter([float(r[key]) for r in have],
+                              [float(r["accuracy"]) for r in have], s=16,
                               color=_STYLE.get(layer), label=layer, alpha=0.8)
-            from matplotlib.markers import MarkerStyle
-
-            coll.set_paths([MarkerStyle(m).get_path().transformed(
-                MarkerStyle(m).get_transform()) for m in marks])
+            marks = [MarkerStyle(_MARKERS[algos.index(r["algorithm"]) % len(_MARKERS)])
+                     for r in have]
+            coll.set_paths([m.get_path().transformed(m.get_transform()) for m in marks])
             coll.set_gid(f"cost-{name}-{layer}")
     ax_b.set_title("markers: " + ", ".join(
         f"{_MARKERS[i % len(_MARKERS)]} {a}" for i, a in enumerate(algos)), fontsize=8)
     ax_b.set_xlabel("uplink bytes (total)")
     ax_e.set_xlabel(f"est. client energy, J ({rows[0].get('device_profile', '?')})")
+    plans = []
     for ax, key in ((ax_b, "uplink_bytes"), (ax_e, "energy_j")):
-        _scale_axis(ax, [float(r[key]) for r in rows if r.get(key) is not None])
-        ax.set_ylabel("accuracy")
+        plans.append(_AxisTicks(ax.xaxis, [r[key] for r in rows if r.get(key) is not None]))
+        plans.append(_AxisTicks(ax.yaxis, [r["accuracy"] for r in rows]))
+        ax.set_ylabel(_accuracy_label(rows))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    _thin_labels(fig)
-    for fmt in formats:
-        paths[f"cost_utility.{fmt}"] = out / f"cost_utility.{fmt}"
-        fig.savefig(paths[f"cost_utility.{fmt}"])
-    return paths
+    _fit_ticks(fig, plans)
+    return _save(fig, out, "cost_utility", formats)
+
+
+def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[str],
+                         formats: Sequence[str] = ("png", "svg")) -> dict[str, Path]:
+    """Draw ``client_epsilon.{png,svg}``: histograms of the clients' own epsilons, from
+    the rows that carry them (``client_epsilons``, recorded by the sweep from
+    ``result.json``'s ``privacy.clients``; see :func:`secagg.sweep.report.client_spread`).
+
+    One row of panels per (algorithm, layer, epsilon, and delta / clip / dropout where
+    the rows differ in them) -- seeds pooled -- and one panel per observer (``release``:
+    who sees the released models; ``server``). The run's global epsilon
+    (``client_eps_global``: ``result.json``'s ``privacy.epsilon``, the largest over the
+    pooled seeds), where recorded, is a dashed vertical line on each panel that has
+    per-client figures. Clients without a figure against an observer (null: no guarantee
+    against it, as for the server under central DP) are counted in the panel, never drawn
+    as a number. Each panel's SVG id is ``clients-ALGORITHM-LAYER-EPSILON-OBSERVER``
+    (``...-EPSILON-clip1-OBSERVER`` and so on where clip, delta or dropout vary).
+
+    Returns the written paths by file name; empty (nothing drawn) when no row carries
+    per-client epsilons.
+    """
+    have = [r for r in rows if r.get("client_epsilons")]
+    if not have:
+        return {}
+    # the grid's other axes split groups too, where the rows differ in them
+    varied = [k for k in ("delta", "clip", "dropout") if len({r.get(k) for r in have}) > 1]
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in have:
+        eps = None if r.get("epsilon") is None else float(r["epsilon"])
+        extra = tuple((k, r.get(k)) for k in varied)
+        groups.setdefault((str(r["algorithm"]), str(r["layer"]), eps, extra), []).append(r)
+    keys = sorted(groups, key=lambda k: (k[0], _layer_order([{"layer": k[1]}])[0],
+                                         -1.0 if k[2] is None else k[2],
+                                         [(n, -1.0 if v is None else v) for n, v in k[3]]))
+    found = {o for r in have for o in r["client_epsilons"]}
+    observers = [o for o in _OBSERVERS if o in found] + sorted(found - set(_OBSERVERS))
+    fig = _figure(3.8 * len(observers) + 0.4, 2.6 * len(keys) + 0.4)
+    grid = fig.subplots(len(keys), len(observers), squeeze=False)
+    plans = []
+    for row_axes, key in zip(grid, keys, strict=True):
+        algo, layer, eps, extra = key
+        name = "-".join([algo, layer, "none" if eps is None else f"{eps:g}"]
+                        + [f"{n}{'none' if v is None else f'{v:g}'}" for n, v in extra])
+        also = "".join(f", {n} {'none' if v is None else f'{v:g}'}" for n, v in extra)
+        members = groups[key]
+        seeds = len({r.get("seed") for r in members})
+        spent = _finite(r.get("client_eps_global") for r in members)
+        delta = next((r["delta"] for r in members if r.get("delta") is not None), None)
+        for ax, obs in zip(row_axes, observers, strict=True):
+            ax.set_gid(f"clients-{name}-{obs}")
+            allv = [v for r in members for v in (r["client_epsilons"].get(obs) or [])]
+            vals = _finite(allv)
+            missing = len(allv) - len(vals)
+            head = f"{algo}, {layer}" + ("" if eps is None else f", epsilon {eps:g}") + also
+            ax.set_title(f"{head}\nagainst {_OBSERVER_NAMES.get(obs, obs)}", fontsize=8)
+            ax.set_xlabel("client's epsilon" + ("" if delta is None else
+                                                f" (delta {float(delta):g})"))
+            ax.set_ylabel("clients" + (f" ({seeds} seeds pooled)" if seeds > 1 else ""))
+            if not vals:
+                ax.text(0.5, 0.5, f"no figure for any of {len(allv)} client(s):\n"
+                        "no guarantee against this observer", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=8)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
+            xs = vals + spent
+            log = _is_wide(xs)
+            if log:
+                lo, hi = math.log10(min(vals)), math.log10(max(vals))
+                n = max(1, min(30, int(math.sqrt(len(vals))) + 1))
+                bins: Any = [10 ** (lo + (hi - lo) * i / n) for i in range(n + 1)]
+                if hi == lo:
+                    bins = 1
+            else:
+                bins = max(1, min(30, int(math.sqrt(len(vals))) + 1))
+            ax.hist(vals, bins=bins, color=_STYLE.get(layer, "tab:blue"), alpha=0.8,
+                    label=f"{len(vals)} client(s)" if seeds == 1
+                    else f"{len(vals)} (client, seed) figures")
+            if spent:
+                ax.axvline(max(spent), color="k", ls="--", lw=1.2,
+                           label=f"run's global epsilon {max(spent):.3g}")
+            if missing:
+                ax.plot([], [], " ", label=f"{missing} without a figure (no guarantee)")
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+            plans.append(_AxisTicks(ax.xaxis, xs, log=log))
+            plans.append(_AxisTicks(ax.yaxis, [0.0] + [p.get_height() for p in ax.patches],
+                                    integer=True))
+    _fit_ticks(fig, plans)
+    return _save(fig, Path(out_dir), "client_epsilon", formats)
 
 
 def series_ids(rows: Sequence[Mapping[str, Any]]) -> list[str]:

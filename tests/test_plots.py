@@ -6,6 +6,7 @@ import csv
 import json
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 
 from secagg.errors import DataError
@@ -82,14 +83,8 @@ def test_nothing_to_plot_is_a_data_error(tmp_path):
         plot_results([], tmp_path)
 
 
-@pytest.mark.parametrize("bytes_range, eps", [
-    ((157_000, 157_500), (0.5, 1.0, 4.0)),                 # the narrow band that overlapped
-    ((1e2, 1e9), (0.5, 0.6, 0.7, 0.8, 1.0, 2.0, 4.0, 8.0, 16.0)),   # wide, crowded epsilons
-    ((3e4, 3.2e4), (1.0, 1.05, 1.1)),
-])
-def test_tick_labels_never_overlap(tmp_path, monkeypatch, bytes_range, eps):
-    """Render both figures and check, per axes, that no two visible x tick labels overlap
-    (their rendered extents), and that each axes keeps at least two labels."""
+def _capture_figures(monkeypatch):
+    """The figures plot_results draws (each kept after it is saved)."""
     import secagg.plots as plots
 
     figs = []
@@ -101,23 +96,276 @@ def test_tick_labels_never_overlap(tmp_path, monkeypatch, bytes_range, eps):
         return fig
 
     monkeypatch.setattr(plots, "_figure", capture)
+    return figs
+
+
+def _assert_readable_ticks(fig):
+    """On every axis of ``fig`` (x and y, as last drawn): at least one visible tick
+    label, no two visible labels overlapping (rendered extents), no two alike, and no
+    offset or scale text (``+1.57e5``, ``x10^5``) beside the axis."""
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis, lo, hi in ((ax.xaxis, "x0", "x1"), (ax.yaxis, "y0", "y1")):
+            labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+            if not axis.get_ticklocs().size:
+                continue  # an axis deliberately left without ticks (nothing to mark)
+            texts = [t.get_text() for t in labels]
+            where = (ax.get_title(), axis.get_label_text(), texts)
+            assert labels, where
+            assert len(set(texts)) == len(texts), where
+            assert axis.get_offset_text().get_text() == "", where
+            boxes = sorted((t.get_window_extent(renderer) for t in labels),
+                           key=lambda b: getattr(b, lo))
+            for a, b in zip(boxes, boxes[1:]):
+                assert getattr(a, hi) <= getattr(b, lo), where
+
+
+@pytest.mark.parametrize("bytes_range, accs, eps", [
+    # the band the issue reported (1.57x10^5, 1.575x10^5, ... overlapping), then narrower
+    ((157_000, 157_500), (0.5, 0.6), (0.5, 1.0, 4.0)),
+    ((157_000, 157_020), (0.5, 0.6), (0.5, 1.0, 4.0)),
+    ((157_000, 157_000.4), (0.8001, 0.8004), (1.0, 1.05, 1.1)),   # tiny relative ranges
+    ((1e2, 1e9), (0.05, 0.95), (0.5, 0.6, 0.7, 0.8, 1.0, 2.0, 4.0, 8.0, 16.0)),  # huge
+    ((42_000, 42_000), (0.7, 0.7), (2.0,)),                # a single point on each axis
+    ((0, 3e4), (0.0, 0.2), (1e-3, 1e3)),                   # from zero; epsilons over decades
+])
+def test_tick_labels_are_distinct_and_never_overlap(tmp_path, monkeypatch, bytes_range,
+                                                    accs, eps):
+    """Render every figure for a data range and check the rendered tick labels of each
+    axis: none overlap, none alike, no offset text. (The code before passed the reported
+    band, 157,000..157,500 bytes, but printed 157,000..157,020 bytes as five labels
+    "157.00k" and tiny accuracy ranges with an offset.)"""
+    figs = _capture_figures(monkeypatch)
     lo, hi = bytes_range
     rows = []
+    n = len(LAYERS) * len(eps)
     for i, layer in enumerate(LAYERS):
         for j, e in enumerate(eps):
-            x = lo + (hi - lo) * (i * len(eps) + j) / (len(LAYERS) * len(eps))
+            k = i * len(eps) + j
+            x = lo + (hi - lo) * k / max(n - 1, 1)
+            acc = accs[0] + (accs[1] - accs[0]) * k / max(n - 1, 1)
             rows.append({"id": f"{layer}{e}", "algorithm": "fedlog", "layer": layer,
-                         "epsilon": e, "seed": 0, "accuracy": 0.5 + 0.01 * j,
+                         "epsilon": e, "seed": 0, "accuracy": acc,
+                         "accuracy_kind": "global test",
                          "uplink_bytes": x, "energy_j": x / 1e4, "status": "ok",
                          "device_profile": "phone-wifi"})
     plot_results(rows, tmp_path)
     assert len(figs) == 2
     for fig in figs:
-        renderer = fig.canvas.get_renderer()
-        for ax in fig.axes:
-            boxes = sorted((t.get_window_extent(renderer) for t in ax.get_xticklabels()
-                            if t.get_visible() and t.get_text()), key=lambda b: b.x0)
-            assert len(boxes) >= 2, [t.get_text() for t in ax.get_xticklabels()]
-            for a, b in zip(boxes, boxes[1:]):
-                assert a.x1 <= b.x0, (ax.get_xlabel(), [t.get_text() for t in
-                                                        ax.get_xticklabels()])
+        _assert_readable_ticks(fig)
+
+
+@pytest.mark.parametrize("values", [
+    (-1.0e6, 0.0), (-1e-3, 1e-3), (0.0, 0.0), (-7.5, -7.5), (1e-6, 1e6),
+    (157_000.0, 157_000.02), (-3.0, 1e9), (123_456_789.0, 123_456_790.0), (3e-9, 5e-9),
+    (0.0568, 0.056801),
+])
+def test_any_axis_range_gets_readable_ticks(values):
+    """The tick plan alone, on both axes of a bare figure, for ranges the sweep plots do
+    not reach (negative, zero, sub-unit, a spread of 12 decades)."""
+    from secagg.plots import _AxisTicks, _figure, _fit_ticks
+
+    fig = _figure(3.0, 2.4)
+    ax = fig.subplots()
+    lo, hi = values
+    xs = [lo + (hi - lo) * i / 19 for i in range(20)]
+    ax.plot(xs, xs, "o")
+    _fit_ticks(fig, [_AxisTicks(ax.xaxis, xs), _AxisTicks(ax.yaxis, xs)])
+    fig.canvas.draw()
+    _assert_readable_ticks(fig)
+    for axis in (ax.xaxis, ax.yaxis):
+        assert axis.get_offset_text().get_text() == ""  # no offset or x10^k clutter
+        wide = lo > 0 and hi / lo >= 10 ** 1.5
+        assert axis.get_scale() == ("log" if wide else "linear")
+        assert max(len(t.get_text()) for t in axis.get_ticklabels()) <= 12  # short
+        locs = axis.get_ticklocs()
+        for loc, label in zip(locs, axis.get_ticklabels(), strict=True):  # and exact
+            text = label.get_text().replace("\u2212", "-")
+            scale = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}.get(text[-1:], 1.0)
+            value = float(text[:-1] if scale != 1.0 else text) * scale
+            step = min(np.diff(locs)) if len(locs) > 1 else abs(loc)
+            assert value == pytest.approx(loc, rel=1e-9, abs=step * 1e-9), (text, loc)
+
+
+def test_privacy_plot_names_the_accuracy_and_draws_a_reference(tmp_path, monkeypatch):
+    figs = _capture_figures(monkeypatch)
+    rows = _rows()
+    for r in rows:
+        r["accuracy_kind"] = "global test"
+    plot_results(rows, tmp_path)
+    ax = figs[0].axes[0]
+    assert ax.get_ylabel() == "accuracy (global test)"
+    ref = [ln for ln in ax.get_lines() if ln.get_gid() == "series-fedlog-plaintext"]
+    assert len(ref) == 1 and ref[0].get_linestyle() == "--"
+    assert ref[0].get_ydata()[0] == pytest.approx((0.80 + 0.81) / 2)  # mean of the seeds
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("min-max over 2 seeds" in t for t in labels)
+
+
+# -- per-client epsilons (issue 28): the sweep's spread and the histogram ---------------
+
+def _result_json(tmp_path, release, server, epsilon=5.0):
+    """A result.json with privacy.clients in the per-client schema, read back from disk."""
+    clients = {str(i): {"epsilon": {"release": r, "server": s}, "participations": i + 1,
+                        "eligible_rounds": 10, "refusals": 0, "status": "active"}
+               for i, (r, s) in enumerate(zip(release, server, strict=True))}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({"accuracy": 0.8, "accuracy_kind": "global test",
+                                "privacy": {"epsilon": epsilon, "delta": 1e-5,
+                                            "clients": clients}}))
+    return json.loads(path.read_text())
+
+
+def test_sweep_records_the_per_client_spread(tmp_path):
+    from secagg.sweep.report import CSV_COLUMNS, _csv_line, client_spread
+
+    res = _result_json(tmp_path, release=[0.5, 4.0, 1.0, 2.0, 3.0],
+                       server=[2.0, None, 1.0, 8.0, 4.0])
+    got = client_spread(res["privacy"])
+    assert got["client_eps_global"] == 5.0
+    assert got["client_eps_release_min"] == 0.5
+    assert got["client_eps_release_median"] == 2.0
+    assert got["client_eps_release_max"] == 4.0
+    assert got["client_eps_release_none"] == 0
+    # the client without a figure is counted, not taken for a number
+    assert (got["client_eps_server_min"], got["client_eps_server_median"],
+            got["client_eps_server_max"], got["client_eps_server_none"]) == (1.0, 3.0, 8.0, 1)
+    assert got["client_epsilons"]["server"] == [2.0, None, 1.0, 8.0, 4.0]  # client-id order
+    line = _csv_line({"id": "c", **got})
+    row = dict(zip(CSV_COLUMNS, next(csv.reader([line])), strict=True))
+    assert row["client_eps_server_median"] == "3.0" and row["client_eps_server_none"] == "1"
+    # clients 10 and 9 sort as numbers, not as strings
+    ten = client_spread({"clients": {"10": {"epsilon": {"release": 1.0}},
+                                     "9": {"epsilon": {"release": 2.0}}}})
+    assert ten["client_epsilons"]["release"] == [2.0, 1.0]
+    assert ten["client_eps_server_none"] == 2  # no server figure at all: both counted
+    assert ten["client_eps_global"] is None  # no global figure in that privacy section
+    assert client_spread(None) == {} and client_spread({"epsilon": 1.0}) == {}
+    hidden = client_spread(res["privacy"], unprotected=("server",))
+    assert hidden["client_epsilons"]["server"] == [None] * 5
+    assert hidden["client_eps_server_none"] == 5 and hidden["client_eps_release_max"] == 4.0
+
+
+def test_a_sweep_cell_records_the_spread_of_its_result(tmp_path, monkeypatch):
+    """run_cell takes the per-client figures from the run's result (result.json's
+    privacy.clients) into its row; the figures here are injected into real runs. A
+    central-DP cell records no figure against the server, and a cell whose run is not
+    private (noise seed fixed) none at all, whatever the result says."""
+    from secagg.result import Result
+    from secagg.sweep import load_config, run_cell
+
+    injected = _result_json(tmp_path, [1.0, 3.0, 2.0], [0.5, 1.5, 1.0])["privacy"]
+    real = Result.to_dict
+
+    def with_clients(self, *a, **k):
+        d = real(self, *a, **k)
+        d["privacy"]["clients"] = injected["clients"]  # beside the run's own epsilon
+        return d
+
+    monkeypatch.setattr(Result, "to_dict", with_clients)
+    spec = {"sweep": {"rounds": 1, "workers": 0, "plot": False},
+            "data": {"clients": 3, "train_limit": 300},
+            "algorithm": {"fedlog": {"local_epochs": 1}},
+            "grid": {"algorithms": ["fedlog"], "layers": ["local-dp", "central-dp"],
+                     "epsilon": [2.0]}}
+    cfg = load_config(spec)
+    rows = {c.layer: run_cell(cfg, c) for c in cfg.cells()}
+    row = rows["local-dp"]
+    assert row["client_epsilons"] == {"release": [1.0, 3.0, 2.0], "server": [0.5, 1.5, 1.0]}
+    assert (row["client_eps_release_min"], row["client_eps_release_median"],
+            row["client_eps_release_max"]) == (1.0, 2.0, 3.0)
+    assert (row["client_eps_server_max"], row["client_eps_server_none"]) == (1.5, 0)
+    assert row["client_eps_global"] == pytest.approx(row["epsilon_spent"])
+    central = rows["central-dp"]
+    assert central["client_epsilons"]["server"] == [None] * 3
+    assert central["client_eps_server_max"] is None and central["client_eps_server_none"] == 3
+    assert central["client_eps_release_max"] == 3.0
+    spec["sweep"]["noise_seed"] = 3  # reproducible noise: the run says it is not private
+    seeded = load_config(spec)
+    row = run_cell(seeded, seeded.cells()[0])
+    assert row["private"] is False
+    assert row["client_epsilons"] == {"release": [None] * 3, "server": [None] * 3}
+    assert row["client_eps_release_none"] == 3 and row["client_eps_release_max"] is None
+
+
+def _client_rows(tmp_path):
+    """Sweep rows, two layers x two epsilons x two seeds, with per-client figures;
+    central DP has none against the server."""
+    from secagg.sweep.report import client_spread
+
+    rows = []
+    for layer in ("central-dp", "distributed-dp"):
+        for eps in (1.0, 4.0):
+            for seed in (0, 1):
+                rel = [eps * (0.2 + 0.1 * i) for i in range(8)]
+                srv = [None] * 8 if layer == "central-dp" else [eps * 0.1 * (i + 1)
+                                                                for i in range(8)]
+                res = _result_json(tmp_path, rel, srv, epsilon=eps)
+                rows.append({"id": f"{layer}{eps}{seed}", "algorithm": "fedlog",
+                             "layer": layer, "epsilon": eps, "delta": 1e-5, "seed": seed,
+                             "accuracy": 0.7, "accuracy_kind": "global test",
+                             "epsilon_spent": eps, "uplink_bytes": 1000, "energy_j": 1.0,
+                             "status": "ok", "device_profile": "phone-wifi",
+                             **client_spread(res["privacy"])})
+    return rows
+
+
+def test_client_epsilon_histogram_has_a_panel_per_cell_group_and_observer(tmp_path,
+                                                                           monkeypatch):
+    figs = _capture_figures(monkeypatch)
+    rows = _client_rows(tmp_path)
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from secagg.cli import main
+
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "plots")]) == 0  # secagg plot
+    paths = {p.name: p for p in (tmp_path / "plots").iterdir()}
+    assert {"client_epsilon.png", "client_epsilon.svg"} <= set(paths)
+    assert paths["client_epsilon.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = ET.fromstring(paths["client_epsilon.svg"].read_bytes())
+    panels = {el.get("id") for el in svg.iter() if (el.get("id") or "").startswith("clients-")}
+    # (2 layers x 2 epsilons, seeds pooled) x (release, server)
+    assert panels == {f"clients-fedlog-{ly}-{e}-{o}" for ly in ("central-dp", "distributed-dp")
+                      for e in ("1", "4") for o in ("release", "server")}
+    hist = figs[-1]
+    assert len(hist.axes) == 8
+    _assert_readable_ticks(hist)
+    by_gid = {ax.get_gid(): ax for ax in hist.axes}
+    ax = by_gid["clients-fedlog-distributed-dp-4-release"]
+    counts = sum(p.get_height() for p in ax.patches)
+    assert counts == 16  # 8 clients x 2 seeds
+    glob = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+    assert len(glob) == 1 and glob[0].get_xdata()[0] == 4.0  # the run's global figure
+    empty = by_gid["clients-fedlog-central-dp-1-server"]
+    assert not empty.patches and "no guarantee" in empty.texts[0].get_text()
+
+
+def test_no_per_client_data_draws_no_histogram(tmp_path):
+    from secagg.plots import plot_client_epsilons
+
+    rows = _rows()
+    assert plot_client_epsilons(rows, tmp_path) == {}
+    paths = plot_results(rows, tmp_path)
+    assert not any(n.startswith("client_epsilon") for n in paths)
+    assert not list(tmp_path.glob("client_epsilon*"))
+    # a CSV keeps the spread columns but not the per-client lists: no histogram either
+    rows = _client_rows(tmp_path)
+    from secagg.sweep.report import _csv_line
+
+    (tmp_path / "results.csv").write_text("".join(_csv_line(r, i == 0)
+                                                  for i, r in enumerate(rows)))
+    got = load_results(tmp_path / "results.csv")
+    assert got[0]["client_eps_release_max"] == pytest.approx(0.9)
+    assert plot_client_epsilons(got, tmp_path) == {}
+
+
+def test_client_epsilon_histogram_keeps_clip_settings_apart(tmp_path):
+    """Cells that differ in the clipping bound are not pooled into one histogram."""
+    from secagg.plots import plot_client_epsilons
+
+    rows = [dict(r, clip=c) for r in _client_rows(tmp_path)
+            if r["layer"] == "distributed-dp" and r["epsilon"] == 1.0 for c in (1.0, 2.0)]
+    paths = plot_client_epsilons(rows, tmp_path, formats=("svg",))
+    svg = ET.fromstring(paths["client_epsilon.svg"].read_bytes())
+    panels = {el.get("id") for el in svg.iter() if (el.get("id") or "").startswith("clients-")}
+    assert panels == {f"clients-fedlog-distributed-dp-1-clip{c}-{o}" for c in ("1", "2")
+                      for o in ("release", "server")}

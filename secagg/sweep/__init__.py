@@ -31,6 +31,13 @@ the replay and runs the cell for real. The ``cache`` column says ``record``, ``h
 ``miss`` (fell back) or ``off``. With the same (seeded) noise a cached cell equals the
 uncached one exactly (tests/test_sweep.py).
 
+Per-client epsilons. When a run reports each client's own epsilon (``result.json``'s
+``privacy.clients``), its row records the spread per observer (min / median / max and
+how many clients have no figure: :func:`~secagg.sweep.report.client_spread`) and, in
+``results.jsonl``, every client's figure for the histogram ``secagg plot`` draws. A cell
+records no figure against the server under central DP, and none at all when its run is
+not private, whatever the run reports.
+
 Modules: :mod:`~secagg.sweep.config` (keys, validation, the grid),
 :mod:`~secagg.sweep.cache` (the staged layer, recording and replay),
 :mod:`~secagg.sweep.cells` (one cell), :mod:`~secagg.sweep.schedule` (the pool, resuming)

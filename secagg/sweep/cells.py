@@ -24,6 +24,7 @@ from secagg.sweep.cache import (
     save_tape,
 )
 from secagg.sweep.config import Cell, SweepConfig
+from secagg.sweep.report import CLIENT_OBSERVERS, client_spread
 
 # -- running one cell -------------------------------------------------------------------
 
@@ -96,8 +97,11 @@ def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",
         return ((cfg.dp_phases is None or phase in cfg.dp_phases)
                 and (cfg.dp_rounds == "all" or r == cfg.rounds - 1))
 
+    built: list[Layer | None] = []  # the DP layer of the run that gave the result
+
     def once(how: str) -> Any:
         dp, inner = _layers(cfg, cell)
+        built.append(dp)
         algo = _algorithm(cfg, cell)
         tape = None
         if how == "replay":  # the safe format: arrays and JSON, digests checked
@@ -148,4 +152,20 @@ def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",
         row["epsilon_spent"] = float(res.privacy.epsilon(cell.delta))
         row["private"] = bool(res.privacy.private)
         row["not_private_reasons"] = list(res.privacy.not_private_reasons)
+    # per-client epsilons, where the run reports them (result.json's privacy.clients)
+    row.update(client_spread(res.to_dict(prof).get("privacy"),
+                             unprotected=_unprotected_observers(built[-1], row["private"])))
     return row
+
+
+def _unprotected_observers(dp: Layer | None, private: bool | None) -> tuple[str, ...]:
+    """The observers a cell gives no guarantee against, whatever a per-client figure
+    says: every one when the run's ledger says the run is not private (a release without
+    noise, a noise seed fixed by the user), and the server under central DP, which adds
+    the noise after seeing the un-noised sums. (The engine sees the sweep's routing
+    layer, not the DP layer itself, so the sweep states this from the layer it built.)"""
+    from secagg.privacy.layers import CentralDP
+
+    if private is False:
+        return CLIENT_OBSERVERS
+    return ("server",) if isinstance(dp, CentralDP) else ()
