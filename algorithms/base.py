@@ -142,3 +142,11 @@ class Algorithm(ABC):
     def describe(self) -> dict[str, Any]:
         """JSON-able description (name and hyper-parameters)."""
         return {"name": self.name}
+
+    @classmethod
+    def dp_defaults(cls, adjacency: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Constructor arguments this algorithm takes by default when its uploads go through
+        a DP layer of ``adjacency`` (``"record"`` or ``"client"``); ``given`` holds the
+        arguments the user chose, which always win. The command line and the sweep apply
+        them (:func:`secagg.algorithm_registry.algorithm_arguments`). Default: none."""
+        return {}

@@ -42,6 +42,21 @@ still takes n from the count column. ``client_l2=None`` declares the per-record 
 instead; the engine then refuses record-level DP unless the bodies train under DP-SGD
 (then, given the body, one record moves the statistic by at most its bound, and the DP-SGD
 events compose with the release on the run's ledger).
+
+Defaults under DP (:meth:`FedLog.dp_defaults`). Under a record-level DP layer the command
+line and the sweep build FedLog with ``release_rounds=1`` unless the user chose the release
+schedule, the bound or DP-SGD: the one release then has the per-record bound as its
+sensitivity, the whole budget buys one release, and the guarantee is record-level end to
+end. Client-level DP over a handful of clients cannot carry these statistics (noise
+``z * client_l2`` against class counts of ~100: the run's plan warns), and a release every
+round of trained bodies is not record-level without DP-SGD. ``FedLog()`` built directly
+keeps the paper's schedule.
+
+Noised statistics. Under DP the server step reads the noise std of the released sum from
+the aggregate (:func:`algorithms.spherefed.dp_sum_sigma`) and solves with the statistics'
+posterior mean (:func:`algorithms.fedlog_solver.shrink_statistics`): every class keeps a
+positive count and a mean inside the feature box, so no class is dropped and the head is
+finite however heavy the noise.
 """
 
 from __future__ import annotations
@@ -55,8 +70,9 @@ import numpy as np
 import torch
 
 from algorithms.base import Aggregate, Algorithm, ClientState, LocalPhase, Phase
-from algorithms.fedlog_solver import solve_map
+from algorithms.fedlog_solver import ShrunkStatistics, shrink_statistics, solve_map
 from algorithms.models import SplitModel, build_model
+from algorithms.spherefed import dp_sum_sigma
 from algorithms.training import accuracy, features, train_local
 from secagg.data import Dataset
 from secagg.errors import ConfigurationError
@@ -90,7 +106,8 @@ class FedLog(Algorithm):
         release_rounds: release statistics in the first ``release_rounds`` rounds only;
             later rounds train the bodies against the last head and upload nothing
             (:class:`_PersonalizePhase`). ``None`` (default): every round, as in the paper.
-            ``1``: one release of the initial bodies' statistics (see the module docstring).
+            ``1``: one release of the initial bodies' statistics (see the module docstring;
+            the command line's and the sweep's default under record-level DP).
         client_l2: public L2 bound on one client's whole statistic (each client scales its
             upload into it); the field's bound is then client-level. ``None`` declares the
             per-record bound sqrt(1 + d b^2) instead (sound at record level only with
@@ -132,6 +149,8 @@ class FedLog(Algorithm):
         self.dpsgd = dpsgd
         self.pending_events: list[Any] = []
         self.eta: np.ndarray | None = None
+        #: the last solve's shrinkage of noised statistics (None without DP noise)
+        self.shrinkage: ShrunkStatistics | None = None
         self.n_classes = 0
         self.seed = 0
 
@@ -145,6 +164,7 @@ class FedLog(Algorithm):
         for c in clients:
             c.state["model"] = copy.deepcopy(base)
         self.eta = None
+        self.shrinkage = None
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
         """One statistics phase per round; with ``release_rounds``, a local personalisation
@@ -225,6 +245,19 @@ class FedLog(Algorithm):
         """Install :meth:`evaluation_state`'s output (a node's copy of the algorithm)."""
         self.eta = (np.array(state["eta"], dtype=np.float64) if "eta" in state else None)
 
+    @classmethod
+    def dp_defaults(cls, adjacency: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Under a record-level DP layer, ``release_rounds=1`` unless the user chose the
+        release schedule, the bound or DP-SGD (``release_rounds``, ``client_l2`` or
+        ``dpsgd`` given): one release, of the seeded untrained bodies, whose per-record
+        bound sqrt(1 + d b^2) is a true record-level sensitivity, so the whole budget buys
+        one release with noise sized to one record (see the module docstring). Under
+        client-level DP nothing changes (the default ``client_l2`` bound serves it)."""
+        if adjacency != "record" or any(k in given for k in
+                                        ("release_rounds", "client_l2", "dpsgd")):
+            return {}
+        return {"release_rounds": 1}
+
     def describe(self) -> dict[str, Any]:
         """Name and hyper-parameters."""
         return {"name": self.name, "feature_dim": self.feature_dim,
@@ -271,10 +304,26 @@ class _StatsPhase(Phase):
     def server_step(self, aggregate: Aggregate) -> None:
         a = self.algo
         stats = aggregate["stats"]
-        n = float(stats[:, 0].sum())  # the record count: the counts' sum (noised under DP)
-        if n + a.nu <= 0:  # possible only when DP noise swamps a tiny cohort: keep the head
+        sigma = dp_sum_sigma(aggregate.notes, "stats")
+        a.shrinkage = None
+        if sigma > 0:  # noised: solve with the posterior-mean statistics (every count > 0)
+            shrunk = shrink_statistics(stats, sigma, a.feature_bound)
+            a.shrinkage = shrunk
+            stats = shrunk.stats
+        n = float(stats[:, 0].sum())  # the record count: the counts' sum
+        if n + a.nu <= 0:  # exact statistics of no records: nothing to solve
             return
         a.eta = solve_map(stats, a.nu + n).eta
+
+    def measurements(self) -> dict[str, Any]:
+        """Under DP, what the solve shrank: the noise std on the sum, the smallest
+        posterior-mean count and the largest noise std on a class's raw feature mean
+        (:func:`~algorithms.fedlog_solver.shrink_statistics`)."""
+        s = self.algo.shrinkage
+        if s is None or s.sigma == 0:
+            return {}
+        return {"sigma": s.sigma, "min_count": float(s.counts.min()),
+                "max_mean_sd": float(s.mean_sd.max())}
 
     def privacy_events(self) -> list[Any]:
         """DP-SGD events of this round's body trainings (cleared once read)."""

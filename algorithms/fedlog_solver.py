@@ -35,6 +35,12 @@ N > 0 is enforced. Rows with S_y = 0 get eta_y = 0 (they still carry class weigh
 
 The predictive rule is Eq. 10 of the paper: ``Pr(y | phi, eta) = softmax_y(eta_y . [1, phi])``;
 the terms -phi.phi of the base measure and the log-partition do not depend on y and cancel.
+
+Noised statistics (:func:`shrink_statistics`). Under a DP layer the server receives
+``Phi + E`` with E i.i.d. Gaussian of a known std sigma per entry, and a noised count can be
+zero or negative (the solve then has no unique optimum, or gives that class a head far from
+its data). Before the solve the noised statistics are replaced by their posterior mean
+given the release (an empirical-Bayes plug-in); see :func:`shrink_statistics`.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import wrightomega
+from scipy.special import erfcx, wrightomega
 
 from secagg.errors import SecaggError
 
@@ -55,7 +61,9 @@ __all__ = [
     "objective",
     "posterior_map",
     "predict_logits",
+    "shrink_statistics",
     "solve_map",
+    "ShrunkStatistics",
 ]
 
 _LOG2 = math.log(2.0)
@@ -397,6 +405,146 @@ def posterior_map(
             raise FedLogSolveError(f"chi has shape {c.shape} but phi has shape {p.shape}")
         p = p + c
     return solve_map(p, _as_count(total, "nu + n"), tol=tol, max_iter=max_iter)
+
+
+# ----------------------------------------------------------------------------- noised input
+
+
+@dataclass(frozen=True)
+class ShrunkStatistics:
+    """Posterior-mean statistics for the solve, from noised ones (:func:`shrink_statistics`).
+
+    Attributes:
+        stats: the ``(C, D)`` statistics to solve with: row y is ``counts[y] * [1, means[y]]``.
+        counts: the posterior mean of each class's record count, every entry > 0.
+        means: the posterior-mean class feature means, ``(C, D - 1)``, inside ``[-b, b]``.
+        mean_sd: per class, the std ``sigma / counts[y]`` of the noise on its raw mean.
+        sigma: the noise std per entry the input was shrunk for.
+    """
+
+    stats: np.ndarray
+    counts: np.ndarray
+    means: np.ndarray
+    mean_sd: np.ndarray
+    sigma: float
+
+
+def _positive_count_mean(c: np.ndarray, sigma: float) -> np.ndarray:
+    """E[n | c] for c = n + N(0, sigma^2) under a flat prior on n >= 0: the mean of a normal
+    truncated to [0, inf), ``sigma (x + R(x))`` with x = c / sigma and R(x) = phi(x)/Phi(x)
+    the inverse Mills ratio. Always > 0; about c when c >> sigma, about sigma^2 / |c| when
+    c << -sigma."""
+    x = c / sigma
+    u = -x
+    out = np.empty_like(x)
+    far = u > 100.0  # x + R(x) = 1/u - 2/u^3 + 10/u^5 - ... (no cancellation)
+    uf = u[far]
+    out[far] = 1.0 / uf - 2.0 / uf**3 + 10.0 / uf**5
+    near = ~far
+    # R(x) = sqrt(2/pi) / erfcx(-x / sqrt 2): no underflow of Phi(x) for negative x
+    out[near] = x[near] + math.sqrt(2.0 / math.pi) / erfcx(-x[near] / math.sqrt(2.0))
+    return sigma * np.maximum(out, _TINY)
+
+
+def _box_mean(xbar: np.ndarray, sd: np.ndarray, b: float) -> np.ndarray:
+    """E[mu | xbar] for xbar = mu + N(0, sd^2) under a flat prior on mu in [-b, b]: the
+    mean of N(xbar, sd^2) truncated to [-b, b], elementwise. Always inside the box; xbar
+    when sd is small against the distance to the box's faces, toward 0 as sd grows.
+
+    ``m + sd (phi(lo) - phi(hi)) / (Phi(hi) - Phi(lo))`` with lo, hi the standardised faces;
+    when both faces lie on one side of m, through the scaled complementary error function
+    (erfcx) relative to the nearer face, so far tails neither underflow nor cancel."""
+    from scipy.special import ndtr
+
+    sd = np.minimum(sd, 1e6 * b)  # beyond this the posterior is the flat box: mean ~0
+    m = np.clip(xbar, -1e150, 1e150)  # (an overflowed raw mean: the face, all the same)
+    flip = m > 0  # reflect so that m <= 0: then the box lies above m or straddles it
+    m = np.where(flip, -m, m)
+    lo, hi = (-b - m) / sd, (b - m) / sd  # lo < hi, hi > 0
+    out = np.empty_like(m)
+    mid = lo <= 0.0
+    # straddling: Phi(hi) - Phi(lo) >= Phi(hi) - 1/2 is no small difference
+    pdf = math.sqrt(0.5 / math.pi)
+    num = pdf * (np.exp(-0.5 * lo[mid] ** 2) - np.exp(-0.5 * hi[mid] ** 2))
+    out[mid] = m[mid] + sd[mid] * num / (ndtr(hi[mid]) - ndtr(lo[mid]))
+    # above m (0 < lo < hi): multiply through by exp(lo^2 / 2); the mean is lo's face plus
+    # sd (ratio - lo), with ratio = (1 - e) / (sqrt(pi/2) (erfcx(lo/r2) - e erfcx(hi/r2)))
+    up = ~mid
+    a, c = lo[up], hi[up]
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        e = np.exp(-0.5 * (c - a) * (c + a))
+        r2 = math.sqrt(2.0)
+        ratio = (1.0 - e) / (math.sqrt(0.5 * math.pi) * (erfcx(a / r2) - e * erfcx(c / r2)))
+        # far above (a > 1e4) the density on [a, c] is exp(-a t) to 1e-8: its mean offset
+        # 1/a - L e^(-aL) / (1 - e^(-aL)), L = c - a, without ratio - a's cancellation
+        k = a * (c - a)
+        tail = 1.0 / a - np.where(k > 1e-12, (c - a) * np.exp(-k) / -np.expm1(-k),
+                                  1.0 / a - 0.5 * (c - a))
+    off = np.where(a > 1e4, tail, ratio - a)
+    out[up] = -b + sd[up] * off
+    return np.clip(np.where(flip, -out, out), -b, b)
+
+
+def shrink_statistics(S: np.ndarray, sigma: float, feature_bound: float) -> ShrunkStatistics:
+    """Posterior-mean FedLog statistics from a release noised with std ``sigma`` per entry.
+
+    ``S`` is the noised ``(C, D)`` sum: row y is ``[n_y, t_y] + E_y`` where n_y is the class's
+    record count, ``t_y = n_y mu_y`` the sum of its features (each clamped to
+    ``[-b, b]``, b = ``feature_bound``, so ``mu_y`` lies in the box too), and E_y i.i.d.
+    ``N(0, sigma^2)`` (what the DP layers add; a discrete or per-client noise of that
+    total std is treated alike). The exact statistics are replaced by their posterior mean
+    given the release under flat priors on what the statistics can be, which the MAP solve
+    then treats as data. No class is dropped and every row has a positive count:
+
+    * counts: ``n_y`` has a flat prior on ``[0, inf)``, so its posterior mean given the noised
+      count c_y is that of ``N(c_y, sigma^2)`` truncated at 0,
+      ``n_hat_y = c_y + sigma phi(c_y/sigma) / Phi(c_y/sigma) > 0`` (= c_y when
+      c_y >> sigma; a pseudo-count of order ``sigma^2/|c_y|`` when the noise swamps it).
+    * means: given the count (taken at n_hat_y), the raw mean ``t_y / n_hat_y`` is
+      ``mu_y`` plus noise of std ``s_y = sigma / n_hat_y`` per coordinate, and ``mu_y`` has a
+      flat prior on the box ``[-b, b]^(D-1)``; its posterior mean is, per coordinate, the
+      mean of ``N(t_y / n_hat_y, s_y^2)`` truncated to ``[-b, b]``. A well-counted class
+      keeps its own mean; as ``s_y`` grows past b the mean moves toward the box's centre 0,
+      the conjugate prior's mean (chi = 0), so a swamped class gets a row near
+      ``n_hat_y [1, 0]`` rather than a huge or sign-flipped one.
+
+    The rows ``n_hat_y [1, mu_hat_y]`` have ``||S_y|| / n_hat_y <= sqrt(1 + (D-1) b^2)``, so the
+    solve's head is finite for every class. The priors are deliberately flat (they encode
+    only what the statistics can be): a prior fitted to the release would also shrink
+    classes toward each other, which measured worse on digits (a head nearer one constant
+    prediction). With ``sigma = 0`` nothing is estimated: ``S`` is returned as given (the
+    exact solve).
+
+    Raises:
+        FedLogSolveError: ``S`` is not a finite ``(C, D)`` array with D >= 2, or ``sigma``
+            is negative or not finite, or ``feature_bound`` is not a finite number > 0.
+    """
+    s = _as_matrix(S, "S")
+    if isinstance(sigma, bool) or not (isinstance(sigma, numbers.Real)
+                                       and math.isfinite(sigma) and sigma >= 0):
+        raise FedLogSolveError(f"sigma must be a finite number >= 0, got {sigma!r}")
+    if isinstance(feature_bound, bool) or not (
+            isinstance(feature_bound, numbers.Real) and math.isfinite(feature_bound)
+            and feature_bound > 0):
+        raise FedLogSolveError(f"feature_bound must be a finite number > 0, got "
+                               f"{feature_bound!r}")
+    if s.shape[1] < 2:
+        raise FedLogSolveError(f"S needs a count column and features, got shape {s.shape}")
+    sigma = float(sigma)
+    b = float(feature_bound)
+    C = s.shape[0]
+    if sigma == 0.0:
+        counts = s[:, 0].copy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            means = np.where(counts[:, None] > 0, s[:, 1:] / counts[:, None], 0.0)
+        return ShrunkStatistics(s.copy(), counts, means, np.zeros(C), 0.0)
+    n_hat = _positive_count_mean(s[:, 0], sigma)
+    sd = sigma / n_hat
+    with np.errstate(over="ignore"):
+        xbar = s[:, 1:] / n_hat[:, None]  # +-inf where it overflows: the face, below
+    means = _box_mean(xbar, sd[:, None] * np.ones_like(xbar), b)
+    stats = n_hat[:, None] * np.concatenate([np.ones((C, 1)), means], axis=1)
+    return ShrunkStatistics(stats, n_hat, means, sd, sigma)
 
 
 # ----------------------------------------------------------------------------- prediction

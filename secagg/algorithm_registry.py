@@ -8,11 +8,13 @@ these two functions.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from secagg.errors import ConfigurationError
 
-__all__ = ["GROUP", "available_algorithms", "load_algorithm"]
+__all__ = ["GROUP", "algorithm_arguments", "available_algorithms", "load_algorithm"]
 
 #: The entry-point group algorithms register under.
 GROUP = "secagg.algorithms"
@@ -45,3 +47,18 @@ def load_algorithm(name: str) -> type:
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(
             f"algorithm {name!r} is registered but cannot be loaded: {exc}") from None
+
+
+def algorithm_arguments(cls: type, given: Mapping[str, Any],
+                        adjacency: str | None) -> dict[str, Any]:
+    """The constructor arguments to build ``cls`` with: the user's ``given`` ones, plus,
+    when its uploads go through a DP layer (``adjacency`` is that layer's ``"record"`` or
+    ``"client"``; None: no DP layer), the defaults the algorithm declares for DP
+    (``cls.dp_defaults(adjacency, given)``, e.g. FedLog's one release) for every argument
+    the user did not give."""
+    out = dict(given)
+    hook = getattr(cls, "dp_defaults", None)
+    if adjacency is not None and callable(hook):
+        for key, value in hook(adjacency, out).items():
+            out.setdefault(key, value)
+    return out

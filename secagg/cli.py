@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from secagg import __version__
-from secagg.algorithm_registry import available_algorithms, load_algorithm
+from secagg.algorithm_registry import algorithm_arguments, available_algorithms, load_algorithm
 from secagg.costs import PROFILES
 from secagg.errors import ConfigurationError, SecaggError, SecureSumAborted
 from secagg.layers.registry import LayerOptions, get_layer, layer_names, make_layer
@@ -530,8 +530,16 @@ def _run(args: argparse.Namespace) -> int:
     # left its outputs.
     _check_run_args(args)
     algo_cls = load_algorithm(args.algorithm)
-    algorithm = algo_cls(**_algorithm_kwargs(args, algo_cls))
+    given = _algorithm_kwargs(args, algo_cls)
+    names = [args.layer] + [g.partition("=")[2] for g in args.group_layer]
+    kwargs = algorithm_arguments(algo_cls, given, args.adjacency if any(
+        n in DP_LAYERS for n in names) else None)
+    algorithm = algo_cls(**kwargs)
     layer = build_layer(args)
+    for key in sorted(kwargs.keys() - given.keys()):  # the algorithm's DP defaults: say so
+        print(f"secagg: {args.algorithm} under {args.adjacency}-level DP: {key}="
+              f"{json.dumps(kwargs[key])} by default (--arg {key}=... to choose)",
+              file=sys.stderr)
     ds = load_dataset(args.dataset, args.data_dir)
     if args.alpha == 0:
         part = iid_split(ds, args.clients, seed=args.seed, local_test_fraction=0.2)

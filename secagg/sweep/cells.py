@@ -23,7 +23,7 @@ from secagg.sweep.cache import (
     load_tape,
     save_tape,
 )
-from secagg.sweep.config import CLIP_ARGUMENT, Cell, SweepConfig
+from secagg.sweep.config import Cell, SweepConfig
 from secagg.sweep.report import CLIENT_OBSERVERS, client_spread
 
 # -- running one cell -------------------------------------------------------------------
@@ -72,11 +72,9 @@ def _layers(cfg: SweepConfig, cell: Cell) -> tuple[Layer | None, Layer]:
 
 
 def _algorithm(cfg: SweepConfig, cell: Cell) -> Any:
-    """A fresh instance of the cell's algorithm, with the config's arguments and its clip."""
-    kwargs = dict(cfg.algorithm_args.get(cell.algorithm, {}))
-    if cell.clip is not None:
-        kwargs[CLIP_ARGUMENT[cell.algorithm]] = cell.clip
-    return load_algorithm(cell.algorithm)(**kwargs)
+    """A fresh instance of the cell's algorithm, with the config's arguments, its clip and
+    (under a DP layer) the algorithm's DP defaults (:meth:`SweepConfig.algorithm_kwargs`)."""
+    return load_algorithm(cell.algorithm)(**cfg.algorithm_kwargs(cell))
 
 
 def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",

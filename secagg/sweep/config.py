@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from secagg.algorithm_registry import load_algorithm
+from secagg.algorithm_registry import algorithm_arguments, load_algorithm
 from secagg.errors import ConfigurationError, SecaggError
 from secagg.layers.registry import get_layer, layer_names
 
@@ -167,9 +167,31 @@ class SweepConfig:
         s["algorithm_args"] = self.algorithm_args.get(algorithm, {})
         return s
 
+    def algorithm_kwargs(self, cell: Cell) -> dict[str, Any]:
+        """The cell's algorithm constructor arguments: the config's, the cell's clip, and,
+        under a DP layer, the algorithm's DP defaults for the arguments the config leaves
+        out (:func:`~secagg.algorithm_registry.algorithm_arguments`; none when the sweep
+        picks the DP rounds or phases itself)."""
+        kwargs = dict(self.algorithm_args.get(cell.algorithm, {}))
+        if cell.clip is not None:
+            kwargs[CLIP_ARGUMENT[cell.algorithm]] = cell.clip
+        dp = cell.layer in DP_LAYERS and self.dp_phases is None and self.dp_rounds == "all"
+        return algorithm_arguments(load_algorithm(cell.algorithm), kwargs,
+                                   (self.adjacency or "record") if dp else None)
+
+    def _dp_defaults(self, cell: Cell) -> dict[str, Any]:
+        """The arguments :meth:`algorithm_kwargs` adds for DP (hashed into the cell's id and
+        cache key: a cell whose algorithm differs never shares a tape or a result)."""
+        given = self.algorithm_args.get(cell.algorithm, {})
+        return {k: v for k, v in self.algorithm_kwargs(cell).items()
+                if k not in given and not (cell.clip is not None
+                                           and k == CLIP_ARGUMENT[cell.algorithm])}
+
     def cell_id(self, cell: Cell) -> str:
         """Stable id: SHA-256 of the cell and the settings, 16 hex digits."""
-        blob = json.dumps({"cell": dataclasses.asdict(cell), **self._settings_for(cell.algorithm)},
+        extra = self._dp_defaults(cell)
+        blob = json.dumps({"cell": dataclasses.asdict(cell), **self._settings_for(cell.algorithm),
+                           **({"dp_defaults": extra} if extra else {})},
                           sort_keys=True, default=list)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -178,8 +200,10 @@ class SweepConfig:
         inner = get_layer(cell.layer).inner or cell.layer
         s = self._settings_for(cell.algorithm)
         s.pop("noise_seed")
+        extra = self._dp_defaults(cell)
         blob = json.dumps({"algorithm": cell.algorithm, "clip": cell.clip,
-                           "dropout": cell.dropout, "seed": cell.seed, "inner": inner, **s},
+                           "dropout": cell.dropout, "seed": cell.seed, "inner": inner, **s,
+                           **({"dp_defaults": extra} if extra else {})},
                           sort_keys=True, default=list)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
