@@ -195,3 +195,16 @@ def test_task_carries_the_tape_through_bytes(tmp_path):
     bad = {**files, ".npz": files[".npz"][:-1] + bytes([files[".npz"][-1] ^ 1])}
     fallback, _ = run_cell_task(cfg, dp, "replay", bad, "tape")
     assert fallback["cache"] == "miss"
+
+
+def test_without_ray_the_error_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    cfg = {"sweep": {"rounds": 1, "plot": False},
+           "data": {"dataset": "digits", "clients": 4, "alpha": 0.5},
+           "grid": {"algorithms": ["fedlog"], "layers": ["plaintext"]}}
+    from secagg.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r'\.\[ray\]'):
+        sweep(cfg, out=tmp_path / "o", ray="", progress=False)
+    assert not (tmp_path / "o" / "results.jsonl").exists() or \
+        (tmp_path / "o" / "results.jsonl").read_text() == ""
