@@ -332,6 +332,10 @@ def _make_parser() -> argparse.ArgumentParser:
                     help="delete the statistics cache (the clients' raw statistics) when the "
                     "sweep ends (sweep.keep_cache = false)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run the cells as Ray tasks: on a local Ray instance, or on the "
+                    "cluster at ADDRESS (HOST:PORT of `ray start --head`, or auto); needs "
+                    "the ray extra; --workers is then ignored")
 
     pl = sub.add_parser("plot", help="redraw the plots of a sweep",
                         description="Redraw privacy_utility.{png,svg} and cost_utility.{png,svg} "
@@ -638,7 +642,7 @@ def _sweep(args: argparse.Namespace) -> int:
     _interrupt_on_sigterm()
     res = sweep(args.config, out=args.out, workers=args.workers,
                 cache=False if args.no_cache else None, progress=False if args.quiet else None,
-                keep_cache=False if args.no_keep_cache else None)
+                keep_cache=False if args.no_keep_cache else None, ray=args.ray)
     print(f"{len(res.ran)} cell(s) run, {len(res.skipped)} already done; results in "
           f"{res.jsonl} and {res.csv}")
     for name, path in res.plots.items():

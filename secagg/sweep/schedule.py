@@ -48,8 +48,8 @@ def _task(cfg: SweepConfig, cell: Cell, mode: str, tape: str | None) -> dict[str
 def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
           out: str | os.PathLike[str] | None = None, workers: int | None = None,
           cache: bool | None = None, progress: bool | None = None,
-          limit: Sequence[Cell] | None = None, keep_cache: bool | None = None
-          ) -> SweepResult:
+          limit: Sequence[Cell] | None = None, keep_cache: bool | None = None,
+          ray: str | None = None) -> SweepResult:
     """Run (or resume) a sweep; return every finished row.
 
     Args:
@@ -62,6 +62,9 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
         keep_cache: keep the statistics cache (``<out>/cache``: the clients' raw,
             un-noised statistics) after the sweep (overrides ``sweep.keep_cache``); False
             deletes it when the sweep ends, finished or not.
+        ray: run the cells as Ray tasks (:mod:`secagg.sweep.ray_cluster`): ``""`` on a
+            local Ray instance, ``"HOST:PORT"`` (or ``"auto"``) on that cluster; ``workers``
+            is then ignored (the cluster's CPUs decide). None (default): processes here.
     """
     cfg = config if isinstance(config, SweepConfig) else load_config(config, out)
     if out is not None:
@@ -124,7 +127,12 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
         return [(c, how, tape if how == "replay" else None) for c in rest]
 
     try:
-        if n_workers == 0:
+        if ray is not None:
+            if first:  # nothing to run: no Ray to start (or to need)
+                from secagg.sweep.ray_cluster import run_on_ray
+
+                run_on_ray(cfg, first, finish, ray)
+        elif n_workers == 0:
             queue = list(first)
             while queue:
                 c, how, tape = queue.pop(0)
