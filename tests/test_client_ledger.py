@@ -434,3 +434,29 @@ def test_exhausted_clients_leave_and_the_rate_changes(clients):
     assert by_round[2] == {(5, 1.0, 5)}  # the others now face a rate of 1
     assert all(len(v) == 1 for v in by_round.values())
     assert sum(1 for e in events if e.action == "uploaded") == 10
+
+
+def test_cli_client_budget_ledger_and_audit(tmp_path, capsys):
+    """``secagg run --client-budget --client-ledger`` reports privacy.clients, writes the
+    ledgers, and ``secagg audit`` prints the per-client distribution."""
+    from secagg.cli import main
+
+    argv = ["run", "--clients", "4", "--local-epochs", "1", "--rounds", "1", "--quiet",
+            "--layer", "local-dp", "--epsilon", "1", "--sampling", "poisson",
+            "--fraction", "0.5", "--client-budget", "server=100",
+            "--client-ledger", str(tmp_path / "led"), "--out", str(tmp_path / "r")]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    cl = res["privacy"]["clients"]
+    assert set(cl) == {"0", "1", "2", "3"}
+    assert sorted(p.name for p in (tmp_path / "led").iterdir()) == [
+        f"client-{i}.jsonl" for i in range(4)]
+    assert (tmp_path / "r" / "client_ledgers.jsonl").exists()
+    capsys.readouterr()
+    assert main(["audit", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "per-client epsilon (4 clients" in out and "vs release" in out
+    assert "vs server" in out and "worst:" in out
+    assert main(["run", "--client-budget", "client=3", "--out", str(tmp_path / "x")]) == 1
+    assert "client budget observer" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
