@@ -36,8 +36,9 @@ CHEAP = (event_to_dict(GaussianEvent(noise_multiplier=4.0)),)
 
 def ev(r: int, action: str, *, client: str = "a", q: float = 0.01, sampling: str = "poisson",
        events: tuple = GAUSS, run: str = "r0", **kw) -> ClientEvent:
+    kw.setdefault("amplifiable", True)
     return ClientEvent(client=client, run=run, round=r, phase="fedavg", action=action,
-                       layer="local-dp", sampling=sampling, sampling_rate=q,
+                       layer="central-dp", sampling=sampling, sampling_rate=q,
                        eligible=1000, cohort=10, noise_multiplier=1.0, clip=1.0,
                        events=events, **kw)
 
@@ -115,6 +116,15 @@ def test_centraldp_gives_no_guarantee_against_the_server() -> None:
     assert eps["release"].epsilon is not None
     s = client_summary(events, DELTA)
     assert s["epsilon"]["server"] is None and "server" in s["reasons"]
+
+
+def test_client_added_noise_is_not_amplified() -> None:
+    """LocalDP / DistributedDP noise is added by the drawn clients: no amplification."""
+    events = [ev(r, "uploaded" if r < 3 else "not_sampled", events=CHEAP, amplifiable=False)
+              for r in range(50)]
+    rel = release_epsilon(events, DELTA)
+    assert not rel.amplified and rel.charged_rounds == 3
+    assert rel.epsilon == pytest.approx(server_epsilon(events, DELTA).epsilon, rel=1e-12)
 
 
 def test_fixed_size_cohort_is_not_amplified() -> None:
@@ -370,10 +380,10 @@ def test_privacy_clients_schema_and_global_bounds_every_client(clients):
             by_n = {c["participations"]: c["epsilon"]["server"] for c in cl.values()}
             ns = sorted(by_n)
             assert all(by_n[a] < by_n[b] for a, b in zip(ns, ns[1:]))
-        # the release figure is amplified: below the server figure of the same client
-        if not server_none:
-            assert all(c["epsilon"]["release"] < c["epsilon"]["server"]
-                       for c in cl.values() if c["participations"] == 4)
+        if server_none:  # CentralDP's server-added noise: amplified by Poisson sampling
+            assert max(rel) < glob
+        else:  # noise the clients add comes and goes with the cohort: not amplified
+            assert all(c["epsilon"]["release"] == c["epsilon"]["server"] for c in cl.values())
 
 
 def test_fixed_denominator_keeps_the_noise_scale_with_30_percent_dropped(clients):

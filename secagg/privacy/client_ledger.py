@@ -34,11 +34,16 @@ The observers (the issue's point 2):
 ``release``
     whoever sees the released aggregates and the models built from them, and not the
     cohort. Where the cohort was drawn by Poisson sampling and the round's release is a
-    Gaussian mechanism, every round the client was *eligible* for (sampled or not) is
-    charged the Poisson-subsampled Gaussian at its sampling rate; composing only the rounds
-    it took part in would understate it. Rounds whose cohort was drawn with a fixed size,
-    or whose mechanism has no subsampling bound here (the integer mechanisms, record-level
-    DP-SGD), are charged unamplified, and only when the client uploaded.
+    Gaussian mechanism whose noise the server adds whoever is in the cohort (CentralDP:
+    ``amplifiable``), every round the client was *eligible* for (sampled or not) is charged
+    the Poisson-subsampled Gaussian at its sampling rate; composing only the rounds it
+    took part in would understate it. There, a client that is not drawn and one whose
+    contribution is zero give the same release, so the add/remove analysis of the sampled
+    Gaussian applies exactly. Noise the clients add themselves (LocalDP, DistributedDP)
+    comes and goes with the cohort, so no amplification is claimed for it; rounds drawn
+    with a fixed cohort size, or whose mechanism has no subsampling bound here (the
+    integer mechanisms, record-level DP-SGD), are charged unamplified too, and only when
+    the client uploaded.
 ``server``
     the aggregator, who learns the cohort: the unamplified mechanism over the rounds the
     client uploaded (a dropped client is charged as if it uploaded). Under CentralDP the
@@ -190,6 +195,9 @@ class ClientEvent:
         server_amplification: the declared terms claim amplification by sampling against
             the server (a node's policy refuses that: the server learns the cohort).
         reason: why the client refused or declined (empty otherwise).
+        amplifiable: the release's noise is added by the server whoever is in the cohort
+            (CentralDP), so a Poisson-drawn round is charged the subsampled mechanism
+            against observers of the releases (False: never amplified).
     """
 
     client: str
@@ -214,6 +222,7 @@ class ClientEvent:
     unprotected: dict[str, str] = field(default_factory=dict)
     server_amplification: bool = False
     reason: str = ""
+    amplifiable: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "client", str(self.client))
@@ -387,7 +396,7 @@ def charged_events(events: Sequence[ClientEvent], observer: str, *,
             if ev.action not in _WILLING:
                 continue
             z = _combined_gaussian(ev.privacy_events())
-            poisson = ev.sampling == "poisson" and z is not None
+            poisson = _poisson(ev) and z is not None
             if not poisson and ev.action not in CHARGED_IF_SAMPLED:
                 continue  # not drawn: a fixed-size or unamplified round costs nothing
             if ev.unprotected.get("release"):
@@ -429,11 +438,16 @@ def _observer_epsilon(events: Sequence[ClientEvent], observer: str, delta: float
     return ObserverEpsilon(observer, _compose(evs, d), d, "", rounds, amplified)
 
 
+def _poisson(ev: ClientEvent) -> bool:
+    """Whether the round is charged the Poisson-subsampled mechanism (release observer)."""
+    return ev.sampling == "poisson" and ev.amplifiable
+
+
 def _is_charged(ev: ClientEvent, observer: str) -> bool:
     if ev.action in CHARGED_IF_SAMPLED:
         return True
     return (observer == "release" and ev.action == "not_sampled"
-            and ev.sampling == "poisson" and _combined_gaussian(ev.privacy_events()) is not None)
+            and _poisson(ev) and _combined_gaussian(ev.privacy_events()) is not None)
 
 
 def release_epsilon(events: Sequence[ClientEvent], delta: float) -> ObserverEpsilon:
@@ -513,7 +527,7 @@ def group_epsilon(ledgers: Mapping[str, Sequence[ClientEvent]], delta: float,
             if not willing:
                 continue
             z = _combined_gaussian(willing[0].privacy_events())
-            poisson = all(m.sampling == "poisson" for m in willing) and z is not None
+            poisson = all(_poisson(m) for m in willing) and z is not None
             if not poisson and not used:
                 continue
             why = next((m.unprotected["release"] for m in willing
@@ -872,6 +886,9 @@ class ClientAccounts:
         self.layer, self.delta = layer, _check_delta(delta)
         self.budget, self.policy = budget, policy
         self.sampling, self.colluders = sampling, colluders
+        from secagg.privacy.layers import CentralDP
+
+        self.amplifiable = isinstance(layer, CentralDP) and not layer.tree
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.clients = list(clients)
         self.ledgers = open_ledgers(directory, self.clients)
@@ -920,6 +937,7 @@ class ClientAccounts:
             adjacency=getattr(layer, "adjacency", "client"), sampling=self.sampling,
             sampling_rate=min(1.0, max(self._rate, 1e-12)), eligible=self._eligible,
             cohort=self._cohort, noise_multiplier=z, colluders=self.colluders,
+            amplifiable=self.amplifiable,
             events=tuple(event_to_dict(replace(e, label="", round=None, phase=None,
                                                fields=(), not_private_reason=""))
                          for e in events),
