@@ -852,6 +852,11 @@ class Engine:
                ) -> int:
         """One phase: broadcast, collect + layer + release, solve. Returns how many
         clients' uploads the aggregate holds."""
+        if self.accounts is not None and all(c in self.accounts.refusing for c in cohort):
+            # nobody drawn, or every drawn client refused before touching its data:
+            # nothing to aggregate or release (the model stays as it is)
+            self.accounts.record_phase(ctx.round, phase.name, cohort, (), [], {})
+            return 0
         # 1. broadcast
         payload = phase.broadcast()
         bcast = self.transport.broadcast(payload, cohort, ctx)

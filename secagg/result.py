@@ -111,6 +111,13 @@ class Result:
             r, phase, why = refused[0]
             return (f"stopped in round {r + 1} of {self.planned_rounds} (phase {phase!r}) by "
                     f"the privacy budget guard: {why}")
+        if self.participation and all(p[2] == 0 for p in self.participation) and (
+                self.client_accounts is not None and not self.aborted):
+            refused = sum(int(c.get("refusals", 0))
+                          for c in (self.client_privacy() or {}).values())
+            return (f"no client uploaded: {refused} refusal(s) by clients over their budget "
+                    "or against their policy, and no other client was drawn; the model is "
+                    "the untrained initial one")
         if self.participation and all(p[2] == 0 for p in self.participation):
             return (f"every phase aborted ({len(self.aborted)} of {len(self.participation)}); "
                     "no upload was aggregated, the model is the untrained initial one")
@@ -247,8 +254,9 @@ class Result:
 
 def client_spread(clients: dict[str, Any], observer: str) -> dict[str, Any] | None:
     """The distribution of the clients' epsilons against ``observer`` (from
-    ``privacy.clients``): min, median, max, how many clients have no guarantee (None) and
-    the worst clients (up to five, largest first); None without any client."""
+    ``privacy.clients``): min, median, max (of the clients that have a figure), how many
+    clients have no guarantee (None) and the worst clients (up to five: those with no
+    guarantee, then the largest epsilons); None without any client."""
     if not clients:
         return None
     vals = [(cid, c["epsilon"].get(observer)) for cid, c in clients.items()]
@@ -257,8 +265,9 @@ def client_spread(clients: dict[str, Any], observer: str) -> dict[str, Any] | No
     out: dict[str, Any] = {"clients": len(vals), "no_guarantee": len(none)}
     if known:
         eps = np.array([v for v, _ in known])
-        out.update(min=float(eps.min()), median=float(np.median(eps)), max=float(eps.max()),
-                   worst=[cid for _, cid in reversed(known[-5:])])
+        out.update(min=float(eps.min()), median=float(np.median(eps)), max=float(eps.max()))
+    # the worst first: those with no guarantee, then the largest epsilons
+    out["worst"] = (none + [cid for _, cid in reversed(known)])[:5]
     return out
 
 

@@ -564,3 +564,20 @@ def test_filtered_client_is_invisible_to_the_server(clients) -> None:
         assert d_a["costs"][way]["messages"] == d_b["costs"][way]["messages"]
     assert d_a["privacy"]["clients"] == d_b["privacy"]["clients"]
     assert "individual" not in json.dumps(d_a) and "spent" not in json.dumps(d_a)
+
+
+def test_a_round_every_drawn_client_refuses_releases_nothing(clients, tmp_path):
+    """A budget below one release: every client refuses round 0, the secure sum is not
+    started (it would abort below its threshold), nothing is released or aggregated."""
+    layer = DistributedDP(SecureSum(threshold=0.7), noise_multiplier=2.0, delta=1e-5,
+                          adjacency="client")
+    algo, fed = _fed(clients, layer, rounds=2, fraction=0.5, client_budget="server=0.01")
+    res = fed.run()
+    assert algo.trained == [] and algo.means == []
+    assert [p[2] for p in res.participation] == [0, 0]
+    assert res.privacy.events == ()
+    cl = res.to_dict()["privacy"]["clients"]
+    assert sum(c["refusals"] for c in cl.values()) == 5
+    assert all(c["status"] == "exhausted" and c["epsilon"]["server"] == 0.0
+               for c in cl.values())
+    assert "5 refusal(s)" in res.failure()
