@@ -581,3 +581,14 @@ def test_a_round_every_drawn_client_refuses_releases_nothing(clients, tmp_path):
     assert all(c["status"] == "exhausted" and c["epsilon"]["server"] == 0.0
                for c in cl.values())
     assert "5 refusal(s)" in res.failure()
+
+
+def test_a_round_without_noise_gives_no_guarantee_but_a_zero_charge_is_kept() -> None:
+    plain = ClientEvent(client="a", run="r", round=0, phase="p", action="uploaded",
+                        layer="secure-sum")
+    assert all(e.epsilon is None and "no DP noise" in e.reason
+               for e in client_epsilons([plain], DELTA).values())
+    # a DP layer's round that charged nothing (a DP-FTRL leaf adding no tree node)
+    free = ClientEvent(client="a", run="r", round=0, phase="p", action="uploaded",
+                       layer="central-dp", noise_multiplier=1.0)
+    assert release_epsilon([free], DELTA).epsilon == 0.0

@@ -198,7 +198,9 @@ class ClientEvent:
         sampling_rate: the chance this client was drawn this round.
         eligible: the eligible population the cohort was drawn from this round.
         cohort: the cohort's size (the fixed denominator of a mean).
-        noise_multiplier: the release's noise multiplier z (None without DP noise).
+        noise_multiplier: the release's noise multiplier z (None without DP noise: then a
+            round with no ``events`` that used the client's data has no guarantee; with
+            one, a round may charge nothing, e.g. a DP-FTRL tree leaf that adds no node).
         clip: the L2 clip of the update (None when the phase has none).
         survivors, min_survivors: under DistributedDP, the clients whose noise shares are
             in the sum, and the fewest the secure sum accepts (the shares are sized for it).
@@ -437,7 +439,7 @@ def charged_events(events: Sequence[ClientEvent], observer: str, *,
                     return [], (f"round {ev.round} ({ev.phase}): {c} colluding clients "
                                 "know every noise share in the sum"), False
                 out.append(r)
-        if not ev.events and not ev.unprotected.get(observer) and (
+        if not ev.events and ev.noise_multiplier is None and (
                 observer == "server" or ev.action in CHARGED_IF_SAMPLED):
             return [], (f"round {ev.round} ({ev.phase}): the release carried no DP noise "
                         f"(layer {ev.layer or 'unknown'!r})"), amplified
@@ -581,7 +583,7 @@ def group_epsilon(ledgers: Mapping[str, Sequence[ClientEvent]], delta: float,
                 out.append(_scaled(e, len(group)))
         except PrivacyError as exc:
             return ObserverEpsilon(observer, None, d, str(exc), rounds, amplified)
-        if not group[0].events:
+        if not group[0].events and group[0].noise_multiplier is None:
             return ObserverEpsilon(observer, None, d, f"round {key[1]} ({key[2]}): the "
                                    "release carried no DP noise", rounds, amplified)
     return ObserverEpsilon(observer, _compose(out, d), d, "", rounds, amplified)
@@ -905,6 +907,9 @@ class ClientAccounts:
         from secagg.privacy.layers import CentralDP
 
         self.amplifiable = isinstance(layer, CentralDP) and not layer.tree
+        from secagg.privacy.layers import DistributedDP, LocalDP
+
+        self._dp = isinstance(layer, (CentralDP, LocalDP, DistributedDP))
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.clients = list(clients)
         self.directory = None if directory is None else Path(directory)
@@ -947,7 +952,7 @@ class ClientAccounts:
                events: Sequence[PrivacyEvent], unprotected: Mapping[str, str],
                **extra: Any) -> ClientEvent:
         layer = self.layer
-        z = getattr(layer, "noise_multiplier", None) if hasattr(layer, "inner") else None
+        z = layer.noise_multiplier if self._dp else None
         return ClientEvent(
             client=client, run=self.run_id, round=r, phase=phase, action=action,
             layer=getattr(layer, "name", type(layer).__name__),
