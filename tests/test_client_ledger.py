@@ -592,3 +592,22 @@ def test_a_round_without_noise_gives_no_guarantee_but_a_zero_charge_is_kept() ->
     free = ClientEvent(client="a", run="r", round=0, phase="p", action="uploaded",
                        layer="central-dp", noise_multiplier=1.0)
     assert release_epsilon([free], DELTA).epsilon == 0.0
+
+
+def test_filter_state_stays_with_the_client_across_runs(clients, tmp_path) -> None:
+    """The filter's spend is kept beside the client's ledger (not in the result): a client
+    the filter stopped in one run sends zeros from the first round of the next."""
+    filt = IndividualFilter("gdp", 2.0, 1e-5)
+    layer = CentralDP(Plaintext(), noise_multiplier=1.0, delta=1e-5, adjacency="client")
+    algo, fed = _fed(clients, layer, rounds=3, algo=_Neighbour(0.4),
+                     individual_filter=filt, client_ledgers=tmp_path)
+    fed.run()
+    assert algo.trained.count(0) == 2  # mu 0.4: one round fits under mu_B 0.50, not two
+    state = json.loads((tmp_path / "client-0.filter.json").read_text())
+    assert state["halted"] is True
+    algo2, fed2 = _fed(clients, CentralDP(Plaintext(), noise_multiplier=1.0, delta=1e-5,
+                                          adjacency="client"),
+                       rounds=2, algo=_Neighbour(0.4), individual_filter=filt,
+                       client_ledgers=tmp_path)
+    fed2.run()
+    assert algo2.trained.count(0) == 0 and algo2.trained.count(1) == 2
