@@ -660,14 +660,10 @@ class Engine:
         self.accounts: Any | None = None
         self.individual_filter = individual_filter
         if individual_filter is not None:
-            from secagg.privacy.layers import CentralDP, LocalDP
-
-            if transport.link is not None or not (
-                    isinstance(layer, LocalDP)
-                    or (isinstance(layer, CentralDP) and not layer.tree)):
-                raise ConfigurationError(
-                    "an individual filter charges a Gaussian release per round: it needs "
-                    "CentralDP (without a tree) or LocalDP, in one process")
+            if transport.link is not None:
+                raise ConfigurationError("an individual filter runs in one process; on "
+                                         "Flower the node keeps its own")
+            individual_filter.check_layer(layer)
         if transport.link is not None:  # the layer's server side runs over the link
             if sampling != "fixed" or client_budget is not None or client_ledgers is not None:
                 raise ConfigurationError(
@@ -733,6 +729,7 @@ class Engine:
         run.transcript.meta(
             algorithm=alg.describe(), layer=layer.describe(), seed=self.seed,
             rounds=self.rounds, clients=len(clients), fraction=self.fraction, **tr.meta(),
+            **({"sampling": "poisson"} if self.sampling == "poisson" else {}),
             **({} if self.threat is None else {
                 "threat": self.threat.describe(), "allow_leaks": self.allow_leaks}),
             **({} if run.attest is None else {"attestation": run.attest.header()}),

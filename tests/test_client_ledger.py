@@ -611,3 +611,15 @@ def test_filter_state_stays_with_the_client_across_runs(clients, tmp_path) -> No
                        client_ledgers=tmp_path)
     fed2.run()
     assert algo2.trained.count(0) == 0 and algo2.trained.count(1) == 2
+
+
+def test_an_individual_filter_needs_a_gaussian_release_per_round(clients) -> None:
+    from secagg.errors import ConfigurationError
+
+    filt = IndividualFilter("rdp", 4.0, 1e-5)
+    for layer in (Plaintext(), DistributedDP(SecureSum(), noise_multiplier=1.0,
+                                             adjacency="client"),
+                  CentralDP(Plaintext(), noise_multiplier=1.0, adjacency="client",
+                            tree=True)):
+        with pytest.raises(ConfigurationError, match="Gaussian release per round"):
+            _fed(clients, layer, individual_filter=filt)[1].run()

@@ -1158,6 +1158,22 @@ class IndividualFilter:
             return gdp_epsilon(math.sqrt(max(spent, 0.0)), self.delta)
         return spent + math.log(1 / self.delta) / (self.order - 1) if spent > 0 else 0.0
 
+    def check_layer(self, layer: Any) -> None:
+        """Refuse a layer whose release is not one Gaussian per round (the filter charges
+        each round's individual Gaussian): CentralDP without a tree, or LocalDP.
+
+        Raises:
+            ConfigurationError: another layer."""
+        from secagg.errors import ConfigurationError
+        from secagg.privacy.layers import CentralDP, LocalDP
+
+        if not (isinstance(layer, LocalDP) or (isinstance(layer, CentralDP)
+                                               and not layer.tree)):
+            raise ConfigurationError(
+                "an individual filter charges a Gaussian release per round: it needs "
+                "CentralDP (without a tree) or LocalDP, not "
+                f"{getattr(layer, 'name', type(layer).__name__)!r}")
+
     def step(self, state: dict[str, Any], mu: float) -> bool:
         """Charge a round of individual ``mu`` to ``state`` (the client's own: ``spent``,
         ``halted``) if it fits; returns whether the round may be released. Once a round
