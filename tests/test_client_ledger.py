@@ -623,3 +623,13 @@ def test_an_individual_filter_needs_a_gaussian_release_per_round(clients) -> Non
                             tree=True)):
         with pytest.raises(ConfigurationError, match="Gaussian release per round"):
             _fed(clients, layer, individual_filter=filt)[1].run()
+
+
+def test_summary_counts_rounds_not_phases() -> None:
+    evs = [ClientEvent(client="a", run="r", round=r, phase=p, action=a, layer="central-dp",
+                       noise_multiplier=4.0, events=CHEAP)
+           for r, a in ((0, "uploaded"), (1, "not_sampled"), (2, "refused"))
+           for p in ("stats", "train")]
+    s = client_summary(evs, DELTA)
+    assert (s["participations"], s["eligible_rounds"], s["refusals"]) == (1, 3, 1)
+    assert s["status"] == "exhausted"

@@ -490,10 +490,11 @@ def client_epsilons(events: Sequence[ClientEvent], delta: float) -> dict[str, Ob
 
 def client_summary(events: Sequence[ClientEvent], delta: float) -> dict[str, Any]:
     """What ``result.json``'s ``privacy.clients`` holds per client: ``epsilon``
-    {observer: float | None}, ``participations`` (rounds uploaded or dropped in),
-    ``eligible_rounds`` (distinct releases it was eligible for, refused ones included),
-    ``refusals`` and ``status`` (``"exhausted"`` when its last round was refused or
-    declined, ``"active"`` otherwise, ``"never eligible"`` without events); plus
+    {observer: float | None}, ``participations`` (rounds, of any run, it uploaded or
+    dropped in), ``eligible_rounds`` (rounds it was eligible for, refused ones included),
+    ``refusals`` (rounds it refused) and ``status`` (``"exhausted"`` when its last round
+    was refused or declined, ``"active"`` otherwise, ``"never eligible"`` without
+    events); plus
     ``reasons`` {observer: why None} where a figure is None."""
     eps = client_epsilons(events, delta)
     last = events[-1].action if events else None
@@ -501,9 +502,10 @@ def client_summary(events: Sequence[ClientEvent], delta: float) -> dict[str, Any
               "exhausted" if last in ("refused", "declined") else "active")
     out: dict[str, Any] = {
         "epsilon": {o: e.epsilon for o, e in eps.items()},
-        "participations": sum(1 for e in events if e.action in CHARGED_IF_SAMPLED),
-        "eligible_rounds": len({e.key for e in events}),
-        "refusals": sum(1 for e in events if e.action == "refused"),
+        "participations": len({(e.run, e.round) for e in events
+                               if e.action in CHARGED_IF_SAMPLED}),
+        "eligible_rounds": len({(e.run, e.round) for e in events}),
+        "refusals": len({(e.run, e.round) for e in events if e.action == "refused"}),
         "status": status,
     }
     reasons = {o: e.reason for o, e in eps.items() if e.epsilon is None}
