@@ -1032,6 +1032,8 @@ class Engine:
         no transcript message, as nothing is sent); no layer, no server step, no release.
         Returns the number of clients that ran it."""
         states = self.transport.states
+        refusing = {} if self.accounts is None else self.accounts.refusing
+        cohort = [c for c in cohort if c not in refusing]  # they do not touch their data
         bcast = self.transport.broadcast(phase.broadcast(), cohort, ctx)
         for c in cohort:
             t0 = time.process_time()

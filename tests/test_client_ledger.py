@@ -633,3 +633,37 @@ def test_summary_counts_rounds_not_phases() -> None:
     s = client_summary(evs, DELTA)
     assert (s["participations"], s["eligible_rounds"], s["refusals"]) == (1, 3, 1)
     assert s["status"] == "exhausted"
+
+
+class _LocalPhase(_MeanPhase):
+    """A phase that uploads nothing (local work on the client's data)."""
+
+    name = "local"
+
+    def spec(self) -> UploadSpec:
+        return UploadSpec(())
+
+    def client_step(self, client, broadcast) -> dict:
+        self.algo.local.append(client.id)
+        return {}
+
+
+class _TwoPhaseAlgo(_MeanAlgo):
+    def __init__(self) -> None:
+        super().__init__()
+        self.local: list[int] = []
+
+    def phases(self, round: int, rounds: int) -> list:
+        return [_LocalPhase(self), _MeanPhase(self)]
+
+
+def test_a_refusing_client_skips_local_phases_too(clients) -> None:
+    z = 4.0
+    one = server_epsilon([ev(0, "uploaded", events=(event_to_dict(
+        GaussianEvent(noise_multiplier=z)),))], 1e-5).epsilon
+    algo = _TwoPhaseAlgo()
+    _, fed = _fed(clients, LocalDP(Plaintext(), noise_multiplier=z, delta=1e-5,
+                                   adjacency="client"),
+                  rounds=3, algo=algo, client_budget={"server": one * 1.0001})
+    fed.run()
+    assert sorted(algo.local) == sorted(algo.trained) == list(range(10))
