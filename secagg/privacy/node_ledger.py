@@ -6,7 +6,8 @@ budget (:mod:`secagg.flower.client`) is enforced across both.
 
 Format: one JSON object per line (canonical: sorted keys, no spaces, ASCII)::
 
-    {"id": MESSAGE_ID, "kind": "intent" | "commit", "payload": {...}, "prev": DIGEST}
+    {"id": RELEASE_ID, "kind": "intent" | "commit" | "refusal", "payload": {...},
+     "prev": DIGEST}
 
 ``prev`` is the SHA-256 (hex) of the previous line's bytes (without its newline); the
 first line's is :data:`GENESIS`. The *head* of a ledger is the digest of its last line
@@ -24,6 +25,8 @@ Invariants a writer keeps (:class:`NodeLedger`):
 * **Charged once per message.** Entries carry the message id; a second intent for an id
   already in the file (a replayed message) is not written and not charged, and the node
   does not answer it again (a fresh answer would be a second release).
+* **Refusals are kept, not charged.** A release the node refused before touching its data
+  (over budget) is a ``refusal`` entry: part of the history, charged nothing.
 * **One writer.** A writer holds an exclusive lock on ``PATH.lock``
   (:class:`LedgerLocked` otherwise); the lock dies with the process, so a crash never
   leaves the ledger locked.
@@ -42,7 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -60,17 +63,20 @@ __all__ = [
     "LedgerState",
     "LedgerTorn",
     "NodeLedger",
+    "format_reconcile",
     "read_ledger",
+    "reconcile",
+    "release_id",
     "repair_torn_tail",
 ]
 
 #: ``prev`` of a ledger's first line (and the head of an empty ledger).
 GENESIS = hashlib.sha256(b"secagg/node-ledger/v1").hexdigest()
 #: The entry kinds.
-KINDS = ("intent", "commit")
+KINDS = ("intent", "commit", "refusal")
 _KEYS = frozenset({"id", "kind", "payload", "prev"})
 
-Kind = Literal["intent", "commit"]
+Kind = Literal["intent", "commit", "refusal"]
 
 
 class LedgerError(PrivacyError):
@@ -106,6 +112,14 @@ class LedgerConflict(LedgerError):
     different terms, a commit without its intent, or a second commit."""
 
 
+def release_id(run: str, round: int, phase: str) -> str:
+    """The id a node's ledger charges a release under: the run, round and phase it was
+    asked for. Stricter than a transport message id: a replayed message, and a fresh
+    message asking for the same release again, are both charged once and answered once
+    (a second answer would be a second noisy release)."""
+    return f"{run}/{int(round)}/{phase}"
+
+
 def _line(prev: str, kind: str, message_id: str, payload: Mapping[str, Any]) -> bytes:
     return json.dumps({"id": message_id, "kind": kind, "payload": dict(payload), "prev": prev},
                       sort_keys=True, separators=(",", ":"), ensure_ascii=True,
@@ -121,9 +135,9 @@ class Entry:
     """One verified ledger line.
 
     Attributes:
-        kind: ``"intent"`` or ``"commit"``.
+        kind: ``"intent"``, ``"commit"`` or ``"refusal"``.
         message_id: the message the entry is about.
-        payload: the event (intent) or the outcome (commit), as JSON.
+        payload: the event (intent, refusal) or the outcome (commit), as JSON.
         prev: the digest of the line before (:data:`GENESIS` for the first).
         digest: the SHA-256 of this line (the head after it).
         line: its 1-based line number.
@@ -159,6 +173,10 @@ class LedgerState:
     def commits(self) -> dict[str, Entry]:
         """The commit entry of each committed message id."""
         return {e.message_id: e for e in self.entries if e.kind == "commit"}
+
+    def refusals(self) -> list[dict[str, Any]]:
+        """The events of the releases refused (charged nothing)."""
+        return [dict(e.payload) for e in self.entries if e.kind == "refusal"]
 
     def charged(self) -> list[dict[str, Any]]:
         """The events the node is charged: one per intent, committed or not (an intent
@@ -210,7 +228,7 @@ def _parse(path: Path, data: bytes, allow_torn: bool) -> LedgerState:
         kind, mid, payload, prev = rec["kind"], rec["id"], rec["payload"], rec["prev"]
         if kind not in KINDS or not isinstance(mid, str) or not mid \
                 or not isinstance(payload, dict):
-            raise LedgerCorrupt(path, i, "kind must be intent|commit, id a non-empty "
+            raise LedgerCorrupt(path, i, "kind must be intent|commit|refusal, id a non-empty "
                                 "string, payload an object")
         if prev != head:
             raise LedgerCorrupt(path, i, "the digest chain breaks here (prev does not match "
@@ -219,6 +237,8 @@ def _parse(path: Path, data: bytes, allow_torn: bool) -> LedgerState:
             if mid in intents:
                 raise LedgerConflict(path, i, f"a second intent for message {mid!r}")
             intents[mid] = payload
+        elif kind == "refusal":
+            pass
         elif mid not in intents or mid in commits:
             raise LedgerConflict(path, i, f"commit of message {mid!r} without its intent, "
                                  "or committed twice")
@@ -366,6 +386,10 @@ class NodeLedger:
         """The digest of the last line written (:data:`GENESIS` when none)."""
         return self.state.head
 
+    def refusals(self) -> list[dict[str, Any]]:
+        """The events of the releases refused (charged nothing)."""
+        return [dict(e.payload) for e in self.entries if e.kind == "refusal"]
+
     def charged(self) -> list[dict[str, Any]]:
         """The events charged so far (see :meth:`LedgerState.charged`)."""
         return self.state.charged()
@@ -417,6 +441,11 @@ class NodeLedger:
         self._append("intent", message_id, event)
         return True
 
+    def refuse(self, message_id: str, event: Mapping[str, Any]) -> str:
+        """Record that the release ``message_id`` was refused before the node touched its
+        data (charged nothing). Returns the new head."""
+        return self._append("refusal", message_id, event)
+
     def commit(self, message_id: str, outcome: Mapping[str, Any] | None = None) -> str:
         """Record that message ``message_id``'s upload was handed on. Returns the new head.
 
@@ -441,3 +470,103 @@ def _sync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def reconcile(path: str | Path, records: Sequence[Mapping[str, Any]], client: int
+              ) -> dict[str, Any]:
+    """Reconcile node ``client``'s ledger file at ``path`` with the server's copy in a run's
+    transcript ``records`` (its ``node-ledger`` records: the heads the node reported, and
+    the release each reply charged, and the releases it refused over its budget).
+
+    Checks: the file's chain verifies; every head the server holds is a head of the file,
+    in the same order (so the file was not rewritten after the node reported it); the
+    events the node committed in this run equal, in order, the releases the server
+    recorded for it; the releases it refused are those the server saw refused. An intent
+    of this run without a commit (a crash between the two) is charged by the node and
+    unknown to the server: counted, not a mismatch.
+
+    Returns:
+        ``client``, ``ok`` (no problems), ``problems`` (text), ``server_head`` (the last
+        head the server holds, or None), ``file_head``, ``later_entries`` (entries the file
+        holds after the server's last head: later runs), ``committed`` and ``uncommitted``
+        (this run's counts), ``refusals`` (this run's, by the node's budget), ``run``.
+    """
+    out: dict[str, Any] = {"client": int(client), "problems": [], "server_head": None,
+                           "file_head": None, "later_entries": 0, "committed": 0,
+                           "uncommitted": 0, "run": None}
+    problems: list[str] = out["problems"]
+    header = next((r for r in records if r.get("type") == "run"), {})
+    run = (header.get("attestation") or {}).get("run")
+    out["run"] = run
+    mine = [r for r in records if r.get("type") == "node-ledger"
+            and r.get("client") == int(client)]
+    try:
+        state = read_ledger(path)
+    except LedgerError as exc:
+        problems.append(str(exc))
+        out["ok"] = False
+        return out
+    out["file_head"] = state.head
+    if not mine:
+        problems.append(f"the transcript holds no ledger head of client {client} (the node "
+                        "kept no ledger in this run, or the server did not record it)")
+    at = -2
+    heads = [r for r in mine if isinstance(r.get("head"), str)]
+    for r in heads:
+        i = state.head_after(r["head"])
+        if i is None:
+            problems.append(f"the server's copy of client {client}'s head {r.get('head')} is "
+                            "not in the file (rewritten or replaced since the node reported "
+                            "it)")
+        elif i < at:
+            problems.append(f"client {client}'s reported heads go backwards in the file")
+        else:
+            at = i
+    if heads and at >= -1:
+        out["server_head"] = heads[-1]["head"]
+        out["later_entries"] = len(state.entries) - 1 - at
+    if run is None:
+        problems.append("the transcript names no run (no attestation header): its releases "
+                        "cannot be matched with the file's")
+    commits = state.commits()
+    ours = [(e, e.message_id in commits) for e in state.intents().values()
+            if e.payload.get("run") == run]
+    committed = [dict(e.payload) for e, done in ours if done]
+    out["committed"], out["uncommitted"] = len(committed), len(ours) - len(committed)
+    server = [dict(r["event"]) for r in mine if isinstance(r.get("event"), Mapping)]
+    if committed != server:
+        problems.append(f"client {client}: the file commits {len(committed)} release(s) of "
+                        f"this run, the server recorded {len(server)}"
+                        + ("" if len(committed) != len(server) else " (with other terms)"))
+    def keys(events: Sequence[Mapping[str, Any]]) -> list[tuple[Any, Any]]:
+        return [(e.get("round"), e.get("phase")) for e in events]
+
+    refused = keys([e.payload for e in state.entries
+                    if e.kind == "refusal" and e.payload.get("run") == run])
+    told = keys([r["refused"] for r in mine if isinstance(r.get("refused"), Mapping)])
+    out["refusals"] = len(refused)
+    if refused != told:
+        problems.append(f"client {client}: the file records refusals in (round, phase) "
+                        f"{refused}, the server {told}")
+    out["ok"] = not problems
+    return out
+
+
+def format_reconcile(results: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`reconcile` results as text, one block per node."""
+    lines = []
+    for r in results:
+        if r["ok"]:
+            tail = (f"; {r['later_entries']} later entr{'y' if r['later_entries'] == 1 else 'ies'}"
+                    " (later runs)" if r["later_entries"] else "")
+            lines.append(f"node ledger of client {r['client']}: reconciled - chain verified, "
+                         f"head {str(r['server_head'])[:16]}... as the server recorded, "
+                         f"{r['committed']} release(s) of this run committed as recorded"
+                         + (f", {r['uncommitted']} charged without commit (crash)"
+                            if r["uncommitted"] else "")
+                         + (f", {r['refusals']} refused over budget" if r["refusals"] else "")
+                         + tail)
+        else:
+            lines.append(f"node ledger of client {r['client']}: DOES NOT RECONCILE")
+            lines.extend(f"  {p}" for p in r["problems"])
+    return "\n".join(lines)
