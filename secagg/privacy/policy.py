@@ -20,6 +20,11 @@ key                             meaning
 
 A multiplier of zero or below is refused whatever the policy (no DP layer can be rebuilt
 from it, :func:`secagg.privacy.layers.node_layer`).
+
+:meth:`NodePolicy.check_terms` applies the same floor to a round's declared terms as a
+client ledger keeps them (:class:`~secagg.privacy.client_ledger.ClientEvent`), and refuses
+besides any claim of amplification by sampling against the server: in secagg the server
+always learns the cohort, so no such amplification holds against it.
 """
 
 from __future__ import annotations
@@ -103,3 +108,21 @@ class NodePolicy:
         if clip is not None and self.max_clip is not None and not clip <= self.max_clip:
             raise PrivacyError(f"clip bound {clip:g} is above this node's ceiling "
                                f"{self.max_clip:g} (dp-max-clip)")
+
+    def check_terms(self, terms: Any) -> None:
+        """Refuse a round's declared terms (a
+        :class:`~secagg.privacy.client_ledger.ClientEvent`) that break this policy: noise
+        below the floor, a clip above the ceiling, no noise under ``dp_required``, or a
+        claim of amplification by sampling against the server (which learns the cohort).
+
+        Raises:
+            PrivacyError: naming the term and the rule it breaks.
+        """
+        if getattr(terms, "server_amplification", False):
+            raise PrivacyError(
+                "the terms claim amplification by sampling against the server, but the "
+                "server learns the cohort: no such amplification holds against it")
+        z = getattr(terms, "noise_multiplier", None)
+        dp = None if z is None and not getattr(terms, "events", ()) else {
+            "noise_multiplier": z}
+        self.check(dp, getattr(terms, "clip", None))

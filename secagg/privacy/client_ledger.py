@@ -1,0 +1,768 @@
+"""Each client's own privacy ledger: events, not epsilons, and the epsilon per observer.
+
+A run's :class:`~secagg.privacy.accountant.PrivacyLedger` gives one epsilon for the worst
+client over every release. This module keeps, per client, what actually happened to it in
+every round it was eligible for, so that its own epsilon can be computed -- and recomputed
+later with another accountant -- against each observer separately.
+
+API (stable; new names are added, none renamed):
+
+* :class:`ClientEvent` -- one round of one client: run, round, phase, what the client did
+  (:data:`ACTIONS`), the mechanism and its parameters (noise multiplier, clip, the cohort
+  sampling and its rate, the eligible population, the cohort size, survivors and minimum
+  survivors under DistributedDP, the tolerated colluders), the adjacency, the layer, the
+  privacy events of the release (``events``: JSON dicts of
+  :class:`~secagg.privacy.events.PrivacyEvent`, one application each, DP-SGD's record-level
+  events included) and, per observer, why no guarantee holds (``unprotected``).
+  ``to_dict`` / ``from_dict`` / ``to_json`` / ``from_json`` round-trip it exactly.
+* :func:`release_epsilon`, :func:`server_epsilon`, :func:`client_epsilons` -- the client's
+  epsilon against each :data:`OBSERVERS` at a delta, as an :class:`ObserverEpsilon`
+  (``epsilon`` None with a ``reason`` where there is no guarantee).
+* :func:`charged_events` -- the :class:`PrivacyEvent` list an observer's figure composes
+  (to recompute it with any accountant).
+* :func:`group_epsilon` -- the epsilon of a set of clients held by one organisation, from
+  the group's sensitivity (never the sum of single-client epsilons).
+* :class:`ClientBudget`, :class:`Admission`, :func:`project`, :func:`admit` -- a budget per
+  observer, and the check a client runs before it touches its data in a round: the
+  projected epsilons with the round's declared terms added, refused when over budget.
+* :class:`ClientLedger` -- one client's events, append-only on disk as JSON lines
+  (:meth:`ClientLedger.open` / :meth:`ClientLedger.append`), and :func:`open_ledgers` for a
+  directory of them (one file per client).
+
+The observers (the issue's point 2):
+
+``release``
+    whoever sees the released aggregates and the models built from them, and not the
+    cohort. Where the cohort was drawn by Poisson sampling and the round's release is a
+    Gaussian mechanism, every round the client was *eligible* for (sampled or not) is
+    charged the Poisson-subsampled Gaussian at its sampling rate; composing only the rounds
+    it took part in would understate it. Rounds whose cohort was drawn with a fixed size,
+    or whose mechanism has no subsampling bound here (the integer mechanisms, record-level
+    DP-SGD), are charged unamplified, and only when the client uploaded.
+``server``
+    the aggregator, who learns the cohort: the unamplified mechanism over the rounds the
+    client uploaded (a dropped client is charged as if it uploaded). Under CentralDP the
+    server sees the un-noised sum: there is no guarantee (None, with the reason). Under
+    DistributedDP the charge is the noise actually added by the survivors, less the shares
+    of ``colluders`` clients assumed to reveal theirs.
+
+Adjacency is the run's (``adjacency``: ``"client"``, the client's whole contribution
+present or absent, or ``"record"``). Every figure is conditioned on the draws of the
+cohorts and the dropouts, which do not depend on any client's data.
+
+Composition uses the run's own machinery (:class:`PrivacyLedger`, PLD where it can, else
+RDP), so a client's figure and the run's global one are computed alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from secagg.errors import PrivacyError
+from secagg.privacy.accountant import PrivacyLedger
+from secagg.privacy.events import (
+    DiscreteGaussianEvent,
+    GaussianEvent,
+    PrivacyEvent,
+    SampledGaussianEvent,
+    SkellamEvent,
+)
+
+__all__ = [
+    "ACTIONS",
+    "CHARGED_IF_SAMPLED",
+    "OBSERVERS",
+    "Admission",
+    "ClientBudget",
+    "ClientEvent",
+    "ClientLedger",
+    "ObserverEpsilon",
+    "admit",
+    "charged_events",
+    "client_epsilons",
+    "client_summary",
+    "event_from_dict",
+    "event_to_dict",
+    "group_epsilon",
+    "open_ledgers",
+    "project",
+    "release_epsilon",
+    "server_epsilon",
+]
+
+#: Who a per-client epsilon holds against (see the module docstring).
+OBSERVERS: tuple[str, ...] = ("release", "server")
+
+#: What a client did in a round it was eligible for:
+#: ``uploaded`` (sampled, its data entered the release), ``dropped`` (sampled, then dropped:
+#: charged as if it uploaded), ``not_sampled`` (eligible and willing, not drawn),
+#: ``refused`` (drawn, refused before touching its data: over budget or against its
+#: policy), ``declined`` (not drawn, and would have refused), ``filtered`` (a
+#: data-dependent filter stopped it: it sent a masked zero; node-side only).
+ACTIONS: tuple[str, ...] = ("uploaded", "dropped", "not_sampled", "refused", "declined",
+                            "filtered")
+
+#: Actions whose round used the client's data (both observers charge them).
+CHARGED_IF_SAMPLED: frozenset[str] = frozenset({"uploaded", "dropped"})
+#: Actions of a round the client was willing to join (Poisson amplification charges them).
+_WILLING = frozenset({"uploaded", "dropped", "not_sampled"})
+
+_EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
+    "gaussian": GaussianEvent,
+    "sampled_gaussian": SampledGaussianEvent,
+    "discrete_gaussian": DiscreteGaussianEvent,
+    "skellam": SkellamEvent,
+}
+_EVENT_PARAMS: dict[str, tuple[str, ...]] = {
+    "gaussian": ("noise_multiplier",),
+    "sampled_gaussian": ("noise_multiplier", "sampling_rate", "steps"),
+    "discrete_gaussian": ("l2_sensitivity", "sigma_share", "n_shares", "dimension"),
+    "skellam": ("l2_sensitivity", "l1_sensitivity", "variance"),
+}
+
+
+def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
+    """The mechanism of ``event`` (one application times ``count``) as a JSON dict:
+    ``{"mechanism": ..., <parameters>, "count": n}`` (no label, round, phase or fields).
+
+    Raises:
+        PrivacyError: a mechanism a client ledger does not keep (e.g. non-private)."""
+    name = getattr(event, "mechanism", None)
+    if name not in _EVENT_PARAMS or type(event) is not _EVENT_TYPES[name]:
+        raise PrivacyError(f"a client ledger keeps Gaussian, sampled Gaussian, discrete "
+                           f"Gaussian and Skellam events, not {event!r}")
+    out: dict[str, Any] = {"mechanism": name}
+    for k in _EVENT_PARAMS[name]:
+        out[k] = getattr(event, k)
+    out["count"] = event.count
+    return out
+
+
+def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
+    """The :class:`PrivacyEvent` a dict of :func:`event_to_dict` describes.
+
+    Raises:
+        PrivacyError: an unknown mechanism or missing parameter."""
+    name = d.get("mechanism")
+    if name not in _EVENT_TYPES:
+        raise PrivacyError(f"unknown mechanism in a client ledger event: {name!r}")
+    try:
+        params = {k: d[k] for k in _EVENT_PARAMS[name]}
+    except KeyError as exc:
+        raise PrivacyError(f"{name} event without {exc.args[0]!r}: {dict(d)!r}") from None
+    return _EVENT_TYPES[name](count=int(d.get("count", 1)), **params)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientEvent:
+    """One round of one client, as its ledger keeps it (JSON-able; see the module
+    docstring). Only ``events``, ``sampling``, ``sampling_rate``, ``colluders``,
+    ``unprotected``, ``adjacency`` and ``action`` enter the epsilons; the rest describes.
+
+    Attributes:
+        client: the client's id (a string).
+        run: the run's id (rounds of different runs are different releases).
+        round, phase: where in the run.
+        action: one of :data:`ACTIONS`.
+        layer: the privacy layer's name.
+        adjacency: ``"client"`` or ``"record"``.
+        sampling: ``"poisson"`` (each eligible client drawn independently with
+            ``sampling_rate``) or ``"fixed"`` (``cohort`` drawn without replacement).
+        sampling_rate: the chance this client was drawn this round.
+        eligible: the eligible population the cohort was drawn from this round.
+        cohort: the cohort's size (the fixed denominator of a mean).
+        noise_multiplier: the release's noise multiplier z (None without DP noise).
+        clip: the L2 clip of the update (None when the phase has none).
+        survivors, min_survivors: under DistributedDP, the clients whose noise shares are
+            in the sum, and the fewest the secure sum accepts (the shares are sized for it).
+        colluders: clients assumed to reveal their noise shares to the server.
+        local_steps, local_rate: record-level DP-SGD's steps and sampling rate this round.
+        events: the release's mechanisms (:func:`event_to_dict`), one application each,
+            at the planned or realised noise (DistributedDP: the survivors' shares).
+        unprotected: observer -> why it has no guarantee from this round (e.g. CentralDP:
+            the server saw the un-noised sum; a field released without noise).
+        server_amplification: the declared terms claim amplification by sampling against
+            the server (a node's policy refuses that: the server learns the cohort).
+        reason: why the client refused or declined (empty otherwise).
+    """
+
+    client: str
+    run: str
+    round: int
+    phase: str
+    action: str
+    layer: str = ""
+    adjacency: str = "client"
+    sampling: str = "fixed"
+    sampling_rate: float = 1.0
+    eligible: int = 1
+    cohort: int = 1
+    noise_multiplier: float | None = None
+    clip: float | None = None
+    survivors: int | None = None
+    min_survivors: int | None = None
+    colluders: int = 0
+    local_steps: int | None = None
+    local_rate: float | None = None
+    events: tuple[dict[str, Any], ...] = ()
+    unprotected: dict[str, str] = field(default_factory=dict)
+    server_amplification: bool = False
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "client", str(self.client))
+        object.__setattr__(self, "events", tuple(dict(e) for e in self.events))
+        object.__setattr__(self, "unprotected", dict(self.unprotected))
+        if self.action not in ACTIONS:
+            raise PrivacyError(f"client event action must be one of {ACTIONS}, got "
+                               f"{self.action!r}")
+        if self.sampling not in ("poisson", "fixed"):
+            raise PrivacyError(f"sampling must be 'poisson' or 'fixed', got {self.sampling!r}")
+        if self.adjacency not in ("client", "record"):
+            raise PrivacyError(f"adjacency must be 'client' or 'record', got "
+                               f"{self.adjacency!r}")
+        q = self.sampling_rate
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
+            raise PrivacyError(f"sampling_rate must be in (0, 1], got {q!r}")
+        for name in ("round", "eligible", "cohort", "colluders"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise PrivacyError(f"{name} must be a non-negative integer, got {v!r}")
+        bad = set(self.unprotected) - set(OBSERVERS)
+        if bad:
+            raise PrivacyError(f"unprotected names unknown observers {sorted(bad)}")
+        for e in self.events:
+            event_from_dict(e)  # validates
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        """(run, round, phase): the release this event belongs to."""
+        return (self.run, self.round, self.phase)
+
+    def privacy_events(self) -> list[PrivacyEvent]:
+        """The release's mechanisms as :class:`PrivacyEvent` objects."""
+        return [event_from_dict(e) for e in self.events]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (:meth:`from_dict` inverts it exactly)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["events"] = [dict(e) for e in self.events]
+        out["unprotected"] = dict(self.unprotected)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ClientEvent:
+        """The event a :meth:`to_dict` dict describes (unknown keys are refused)."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise PrivacyError(f"unknown client event keys {sorted(unknown)}")
+        kw = dict(d)
+        kw["events"] = tuple(kw.get("events", ()))
+        return cls(**kw)
+
+    def to_json(self) -> str:
+        """One line of JSON (keys sorted)."""
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClientEvent:
+        """The event one line of :meth:`to_json` describes."""
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass(frozen=True)
+class ObserverEpsilon:
+    """A client's (or a group's) epsilon against one observer at ``delta``.
+
+    Attributes:
+        observer: one of :data:`OBSERVERS`.
+        epsilon: the composed epsilon, or None where no guarantee holds.
+        delta: the delta it is stated at.
+        reason: why there is no guarantee (``epsilon`` None), else a note (may be empty).
+        charged_rounds: how many rounds were charged.
+        amplified: whether amplification by Poisson sampling was used for some round.
+    """
+
+    observer: str
+    epsilon: float | None
+    delta: float
+    reason: str = ""
+    charged_rounds: int = 0
+    amplified: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {"observer": self.observer, "epsilon": self.epsilon, "delta": self.delta,
+                "reason": self.reason, "charged_rounds": self.charged_rounds,
+                "amplified": self.amplified}
+
+
+# ------------------------------------------------------------------ composition
+
+
+def _combined_gaussian(evs: Sequence[PrivacyEvent]) -> float | None:
+    """The noise multiplier of one Gaussian equivalent to the round's Gaussians on the
+    same contribution (exact: z = (sum z_i^-2)^-1/2 per application), or None when some
+    event is not a plain Gaussian."""
+    if not evs or not all(type(e) is GaussianEvent for e in evs):
+        return None
+    inv = sum(e.count / e.noise_multiplier ** 2 for e in evs)  # type: ignore[attr-defined]
+    return 1.0 / math.sqrt(inv)
+
+
+def _scaled(e: PrivacyEvent, k: int) -> PrivacyEvent:
+    """``e`` with its sensitivity multiplied by ``k`` (a group of k contributions)."""
+    if k == 1:
+        return e
+    if type(e) is GaussianEvent:
+        return replace(e, noise_multiplier=e.noise_multiplier / k)
+    if type(e) is DiscreteGaussianEvent:
+        return replace(e, l2_sensitivity=e.l2_sensitivity * k)
+    if type(e) is SkellamEvent:
+        return replace(e, l2_sensitivity=e.l2_sensitivity * k,
+                       l1_sensitivity=e.l1_sensitivity * k)
+    raise PrivacyError(f"no group bound for {e.mechanism} events (record-level DP-SGD "
+                       "bounds one record, not a group of clients)")
+
+
+def _realised(e: PrivacyEvent, colluders: int) -> PrivacyEvent | None:
+    """The noise the server does not know when ``colluders`` share holders reveal theirs
+    (None: no share is left secret)."""
+    if colluders <= 0:
+        return e
+    if type(e) is DiscreteGaussianEvent:
+        left = e.n_shares - colluders
+        return None if left < 1 else replace(e, n_shares=left)
+    if type(e) is SkellamEvent:
+        # the event's variance is the survivors' total; the per-share variance is not
+        # kept, so the colluders' part is taken as large as the shares could be: refuse
+        raise PrivacyError("Skellam events do not record their share count: give "
+                           "colluders=0 or use the discrete Gaussian")
+    return e  # client-side (LocalDP) or server-side noise: colluders reveal nothing
+
+
+def _compose(events: Sequence[PrivacyEvent], delta: float) -> float:
+    """Compose with the run's machinery (PLD where it can, else RDP)."""
+    ledger = PrivacyLedger(delta=delta)
+    ledger.extend(_merged(events))
+    return ledger.epsilon(delta)
+
+
+def _merged(events: Iterable[PrivacyEvent]) -> list[PrivacyEvent]:
+    """Identical mechanisms merged into one event with a count (faster, same number)."""
+    counts: dict[Any, tuple[PrivacyEvent, int]] = {}
+    for e in events:
+        base = replace(e, count=1, label="", round=None, phase=None, fields=(),
+                       not_private_reason="")
+        k = (type(base).__name__, repr(base))
+        prev = counts.get(k)
+        counts[k] = (base, e.count + (prev[1] if prev else 0))
+    return [replace(b, count=n) for b, n in counts.values()]
+
+
+def _check_delta(delta: float) -> float:
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+    return float(delta)
+
+
+def charged_events(events: Sequence[ClientEvent], observer: str, *,
+                   colluders: int | None = None) -> tuple[list[PrivacyEvent], str, bool]:
+    """What ``observer``'s figure composes for one client: (the :class:`PrivacyEvent` list,
+    the reason there is no guarantee -- empty when there is one --, whether Poisson
+    amplification was used). ``colluders`` overrides each event's own (server only)."""
+    if observer not in OBSERVERS:
+        raise PrivacyError(f"observer must be one of {OBSERVERS}, got {observer!r}")
+    out: list[PrivacyEvent] = []
+    amplified = False
+    for ev in events:
+        if observer == "release":
+            if ev.action not in _WILLING:
+                continue
+            z = _combined_gaussian(ev.privacy_events())
+            poisson = ev.sampling == "poisson" and z is not None
+            if not poisson and ev.action not in CHARGED_IF_SAMPLED:
+                continue  # not drawn: a fixed-size or unamplified round costs nothing
+            if ev.unprotected.get("release"):
+                return [], f"round {ev.round} ({ev.phase}): {ev.unprotected['release']}", \
+                    amplified
+            if poisson:
+                assert z is not None
+                amplified = amplified or ev.sampling_rate < 1
+                out.append(SampledGaussianEvent(noise_multiplier=z,
+                                                sampling_rate=ev.sampling_rate, steps=1))
+            else:
+                out += ev.privacy_events()
+        else:
+            if ev.action not in CHARGED_IF_SAMPLED:
+                continue
+            if ev.unprotected.get("server"):
+                return [], f"round {ev.round} ({ev.phase}): {ev.unprotected['server']}", False
+            c = ev.colluders if colluders is None else int(colluders)
+            for e in ev.privacy_events():
+                r = _realised(e, c)
+                if r is None:
+                    return [], (f"round {ev.round} ({ev.phase}): {c} colluding clients "
+                                "know every noise share in the sum"), False
+                out.append(r)
+        if not ev.events and not ev.unprotected.get(observer) and (
+                observer == "server" or ev.action in CHARGED_IF_SAMPLED):
+            return [], (f"round {ev.round} ({ev.phase}): the release carried no DP noise "
+                        f"(layer {ev.layer or 'unknown'!r})"), amplified
+    return out, "", amplified
+
+
+def _observer_epsilon(events: Sequence[ClientEvent], observer: str, delta: float,
+                      colluders: int | None = None) -> ObserverEpsilon:
+    d = _check_delta(delta)
+    evs, reason, amplified = charged_events(events, observer, colluders=colluders)
+    rounds = sum(1 for ev in events if _is_charged(ev, observer))
+    if reason:
+        return ObserverEpsilon(observer, None, d, reason, rounds, amplified)
+    return ObserverEpsilon(observer, _compose(evs, d), d, "", rounds, amplified)
+
+
+def _is_charged(ev: ClientEvent, observer: str) -> bool:
+    if ev.action in CHARGED_IF_SAMPLED:
+        return True
+    return (observer == "release" and ev.action == "not_sampled"
+            and ev.sampling == "poisson" and _combined_gaussian(ev.privacy_events()) is not None)
+
+
+def release_epsilon(events: Sequence[ClientEvent], delta: float) -> ObserverEpsilon:
+    """The client's epsilon against observers of the releases who do not learn the cohort
+    (see the module docstring): Poisson-subsampled Gaussian over every eligible round
+    where that holds, else the mechanism over the rounds it uploaded."""
+    return _observer_epsilon(events, "release", delta)
+
+
+def server_epsilon(events: Sequence[ClientEvent], delta: float, *,
+                   colluders: int | None = None) -> ObserverEpsilon:
+    """The client's epsilon against the server, who learns the cohort: the unamplified
+    mechanism over the rounds it uploaded (or dropped in); None under CentralDP or where
+    a release had no noise. ``colluders`` overrides each event's assumption."""
+    return _observer_epsilon(events, "server", delta, colluders)
+
+
+def client_epsilons(events: Sequence[ClientEvent], delta: float) -> dict[str, ObserverEpsilon]:
+    """Observer -> :class:`ObserverEpsilon` for one client's events."""
+    return {"release": release_epsilon(events, delta), "server": server_epsilon(events, delta)}
+
+
+def client_summary(events: Sequence[ClientEvent], delta: float) -> dict[str, Any]:
+    """What ``result.json``'s ``privacy.clients`` holds per client: ``epsilon``
+    {observer: float | None}, ``participations`` (rounds uploaded or dropped in),
+    ``eligible_rounds`` (distinct releases it was eligible for, refused ones included),
+    ``refusals`` and ``status`` (``"exhausted"`` when its last round was refused or
+    declined, ``"active"`` otherwise, ``"never eligible"`` without events); plus
+    ``reasons`` {observer: why None} where a figure is None."""
+    eps = client_epsilons(events, delta)
+    last = events[-1].action if events else None
+    status = ("never eligible" if last is None else
+              "exhausted" if last in ("refused", "declined") else "active")
+    out: dict[str, Any] = {
+        "epsilon": {o: e.epsilon for o, e in eps.items()},
+        "participations": sum(1 for e in events if e.action in CHARGED_IF_SAMPLED),
+        "eligible_rounds": len({e.key for e in events}),
+        "refusals": sum(1 for e in events if e.action == "refused"),
+        "status": status,
+    }
+    reasons = {o: e.reason for o, e in eps.items() if e.epsilon is None}
+    if reasons:
+        out["reasons"] = reasons
+    return out
+
+
+def group_epsilon(ledgers: Mapping[str, Sequence[ClientEvent]], delta: float,
+                  observer: str) -> ObserverEpsilon:
+    """The epsilon of a group of clients (one organisation holding all of them) against
+    ``observer``, from the group's sensitivity: in each release, k contributing members
+    have k times one client's sensitivity (a sum), and under Poisson sampling the group is
+    drawn if any member is (rate 1 - prod(1 - q_i)); never the sum of single epsilons.
+
+    Args:
+        ledgers: member id -> its events.
+        delta: the delta to state the figure at.
+        observer: one of :data:`OBSERVERS`.
+    """
+    d = _check_delta(delta)
+    if observer not in OBSERVERS:
+        raise PrivacyError(f"observer must be one of {OBSERVERS}, got {observer!r}")
+    by_key: dict[tuple[str, int, str], list[ClientEvent]] = {}
+    for evs in ledgers.values():
+        for ev in evs:
+            by_key.setdefault(ev.key, []).append(ev)
+    out: list[PrivacyEvent] = []
+    rounds, amplified = 0, False
+    for key in sorted(by_key, key=repr):
+        members = by_key[key]
+        if any(m.adjacency != "client" for m in members):
+            return ObserverEpsilon(observer, None, d, "a group figure needs client-level "
+                                   "adjacency (a record-level bound says nothing about a "
+                                   "group of clients)", rounds, amplified)
+        used = [m for m in members if m.action in CHARGED_IF_SAMPLED]
+        willing = [m for m in members if m.action in _WILLING]
+        if observer == "release":
+            if not willing:
+                continue
+            z = _combined_gaussian(willing[0].privacy_events())
+            poisson = all(m.sampling == "poisson" for m in willing) and z is not None
+            if not poisson and not used:
+                continue
+            why = next((m.unprotected["release"] for m in willing
+                        if m.unprotected.get("release")), "")
+            if why:
+                return ObserverEpsilon(observer, None, d, f"round {key[1]} ({key[2]}): "
+                                       f"{why}", rounds, amplified)
+            rounds += 1
+            if poisson:
+                assert z is not None
+                q = 1.0 - math.prod(1.0 - m.sampling_rate for m in willing)
+                amplified = amplified or q < 1
+                out.append(SampledGaussianEvent(noise_multiplier=z / len(willing),
+                                                sampling_rate=min(1.0, q), steps=1))
+                continue
+            group = used
+        else:
+            if not used:
+                continue
+            why = next((m.unprotected["server"] for m in used if m.unprotected.get("server")),
+                       "")
+            if why:
+                return ObserverEpsilon(observer, None, d, f"round {key[1]} ({key[2]}): "
+                                       f"{why}", rounds, amplified)
+            rounds += 1
+            group = used
+        try:
+            for e in group[0].privacy_events():
+                if observer == "server":
+                    r = _realised(e, group[0].colluders)
+                    if r is None:
+                        return ObserverEpsilon(observer, None, d, "colluders know every "
+                                               "noise share", rounds, amplified)
+                    e = r
+                out.append(_scaled(e, len(group)))
+        except PrivacyError as exc:
+            return ObserverEpsilon(observer, None, d, str(exc), rounds, amplified)
+        if not group[0].events:
+            return ObserverEpsilon(observer, None, d, f"round {key[1]} ({key[2]}): the "
+                                   "release carried no DP noise", rounds, amplified)
+    return ObserverEpsilon(observer, _compose(out, d), d, "", rounds, amplified)
+
+
+# ------------------------------------------------------------------ budget
+
+
+def _budget_value(name: str, v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+            math.isfinite(v) and v > 0):
+        raise PrivacyError(f"client budget {name} must be a positive number, got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class ClientBudget:
+    """A client's epsilon budget per observer (None: no budget against that observer).
+
+    A client holding a ``server`` budget refuses every round that gives no guarantee
+    against the server (CentralDP, un-noised releases)."""
+
+    release: float | None = None
+    server: float | None = None
+
+    def __post_init__(self) -> None:
+        _budget_value("release", self.release)
+        _budget_value("server", self.server)
+
+    @property
+    def observers(self) -> dict[str, float]:
+        """Observer -> budget, for the observers that have one."""
+        return {o: v for o in OBSERVERS if (v := getattr(self, o)) is not None}
+
+    @classmethod
+    def parse(cls, specs: str | Sequence[str]) -> ClientBudget:
+        """From CLI text: ``"EPS"`` (every observer), ``"server=EPS"``,
+        ``"release=EPS"``, or several of these (a list, or comma-separated).
+
+        Raises:
+            PrivacyError: an unknown observer or a value that is not a positive number."""
+        items = [specs] if isinstance(specs, str) else list(specs)
+        parts = [p.strip() for it in items for p in str(it).split(",") if p.strip()]
+        if not parts:
+            raise PrivacyError("an empty client budget")
+        got: dict[str, float] = {}
+        for p in parts:
+            name, _, value = p.rpartition("=")
+            targets = OBSERVERS if not name else (name.strip(),)
+            for t in targets:
+                if t not in OBSERVERS:
+                    raise PrivacyError(f"client budget observer must be one of {OBSERVERS}, "
+                                       f"got {t!r} (in {p!r})")
+                try:
+                    got[t] = float(value)
+                except ValueError:
+                    raise PrivacyError(f"client budget {p!r}: {value!r} is not a "
+                                       "number") from None
+        return cls(**got)
+
+    def to_dict(self) -> dict[str, float | None]:
+        """JSON-able form."""
+        return {"release": self.release, "server": self.server}
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The answer of :func:`admit`: whether the client may take part in the round, its
+    projected epsilon per observer with the round added, and why it refuses."""
+
+    admitted: bool
+    projected: dict[str, float | None]
+    reason: str = ""
+
+
+def project(history: Sequence[ClientEvent], terms: ClientEvent,
+            delta: float) -> dict[str, ObserverEpsilon]:
+    """Each observer's epsilon if the client took part in the round ``terms`` declares
+    (``terms`` is charged as an upload, whatever its ``action``)."""
+    return client_epsilons([*history, replace(terms, action="uploaded")], delta)
+
+
+def admit(history: Sequence[ClientEvent], terms: ClientEvent, budget: ClientBudget | None,
+          delta: float, policy: Any | None = None) -> Admission:
+    """The check a client runs before it touches its data in a round: refuse terms against
+    its ``policy`` (a :class:`~secagg.privacy.policy.NodePolicy`), then refuse when the
+    projected epsilon against an observer it holds a budget for is above that budget, or
+    has no guarantee. Data-independent: the answer depends on the declared terms and the
+    history only, so a refusal reveals nothing about the client's data.
+
+    Args:
+        history: the client's events so far (every run).
+        terms: the round as the server declared it (noise, sampling, cohort...).
+        budget: the client's budget (None: no budget, only the policy is checked).
+        delta: the delta its budget is stated at.
+        policy: the client's NodePolicy, or None.
+    """
+    if policy is not None:
+        try:
+            policy.check_terms(terms)
+        except PrivacyError as exc:
+            return Admission(False, {}, f"policy: {exc}")
+    if budget is None or not budget.observers:
+        return Admission(True, {})
+    eps = project(history, terms, delta)
+    projected = {o: e.epsilon for o, e in eps.items()}
+    for o, limit in budget.observers.items():
+        e = eps[o]
+        if e.epsilon is None:
+            return Admission(False, projected, f"no guarantee against the {o}: {e.reason}")
+        if e.epsilon > limit:
+            return Admission(False, projected,
+                             f"taking part would bring epsilon against the {o} to "
+                             f"{e.epsilon:.4g} at delta={delta:g}, above its budget "
+                             f"{limit:g}")
+    return Admission(True, projected)
+
+
+# ------------------------------------------------------------------ storage
+
+
+class ClientLedger:
+    """One client's events, in memory and, when ``path`` is given, appended to a JSON-lines
+    file (one :meth:`ClientEvent.to_json` per line, flushed and synced per append).
+
+    Args:
+        client: the client's id.
+        path: the file (None: in memory only).
+    """
+
+    SUFFIX: ClassVar[str] = ".jsonl"
+
+    def __init__(self, client: str | int, path: str | os.PathLike[str] | None = None) -> None:
+        self.client = str(client)
+        self.path = None if path is None else Path(path)
+        self._events: list[ClientEvent] = []
+
+    @classmethod
+    def open(cls, client: str | int, path: str | os.PathLike[str]) -> ClientLedger:
+        """The ledger in ``path`` (created on first append when absent).
+
+        Raises:
+            PrivacyError: a line that is not a valid event, or an event of another
+                client."""
+        led = cls(client, path)
+        p = Path(path)
+        if p.exists():
+            for i, line in enumerate(p.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    ev = ClientEvent.from_json(line)
+                except (ValueError, TypeError) as exc:
+                    raise PrivacyError(f"{p}:{i}: not a client ledger event ({exc})") from None
+                if ev.client != led.client:
+                    raise PrivacyError(f"{p}:{i}: event of client {ev.client!r} in the "
+                                       f"ledger of client {led.client!r}")
+                led._events.append(ev)
+        return led
+
+    @property
+    def events(self) -> tuple[ClientEvent, ...]:
+        """Every event, in order."""
+        return tuple(self._events)
+
+    def __iter__(self) -> Iterator[ClientEvent]:
+        return iter(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def append(self, event: ClientEvent) -> None:
+        """Record ``event`` (and write it to the file, synced, when there is one)."""
+        if event.client != self.client:
+            raise PrivacyError(f"event of client {event.client!r} for the ledger of "
+                               f"{self.client!r}")
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(event.to_json() + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        self._events.append(event)
+
+    def epsilons(self, delta: float) -> dict[str, ObserverEpsilon]:
+        """:func:`client_epsilons` of this ledger."""
+        return client_epsilons(self._events, delta)
+
+    def admit(self, terms: ClientEvent, budget: ClientBudget | None, delta: float,
+              policy: Any | None = None) -> Admission:
+        """:func:`admit` against this ledger's history."""
+        return admit(self._events, terms, budget, delta, policy)
+
+    def __repr__(self) -> str:
+        return f"ClientLedger(client={self.client!r}, events={len(self)}, path={self.path})"
+
+
+def open_ledgers(directory: str | os.PathLike[str] | None,
+                 clients: Iterable[str | int]) -> dict[str, ClientLedger]:
+    """Client id -> its ledger: ``<directory>/client-<id>.jsonl`` (read when present), or
+    in memory when ``directory`` is None."""
+    out: dict[str, ClientLedger] = {}
+    for c in clients:
+        cid = str(c)
+        if directory is None:
+            out[cid] = ClientLedger(cid)
+        else:
+            if not cid.replace("-", "").replace("_", "").isalnum():
+                raise PrivacyError(f"client id {cid!r} cannot name a ledger file")
+            out[cid] = ClientLedger.open(cid, Path(directory) / f"client-{cid}"
+                                         f"{ClientLedger.SUFFIX}")
+    return out
