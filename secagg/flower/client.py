@@ -45,8 +45,10 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,7 @@ from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
 from secagg.flower.records import RECORD, content, field, read
 from secagg.layers.plaintext import upload_on_node
 from secagg.messages import Upload, UploadSpec
+from secagg.privacy.node_ledger import LedgerError, NodeLedger, read_ledger, release_id
 from secagg.privacy.policy import NodePolicy
 from secagg.wire import unpack_arrays
 
@@ -191,12 +194,20 @@ class _Node:
             from secagg.attest import public_hex
 
             out["identity"] = public_hex(key)  # the public half of the node's identity
+            head = _ledger_head(context)
+            if head is not None:  # where the node's ledger stands as the run begins
+                out["ledger_head"] = head
             if "next_session" in rec:
                 out.update(self._advertise_next(rec, context, store))
             return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
         if step in _UPLOADS and (step != "share" or rec.get("with_step") is True):
-            out = self._client_step(rec, *self._load(context), store,
-                                    policy=_policy(context))
+            # the node's own checks, before its data is touched: its policy floor, then its
+            # budget (the release is charged, durably, before the step runs)
+            raw = rec.get("broadcast", b"")
+            _check_policy(_policy(context), rec, unpack_arrays(raw) if raw else {})
+            with _charged(context, rec, lambda: self._cid(context, store)) as commit:
+                out = self._client_step(rec, *self._load(context), store)
+                out.update(commit())
         elif step == "evaluate":
             out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
                                  *self._load(context), store)
@@ -210,6 +221,10 @@ class _Node:
             store["cid"] = int(self._load(context)[1].id)
         return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
 
+    def _cid(self, context: Context, store: ConfigRecord) -> int:
+        """This node's client id (from its hello, else its partition)."""
+        return int(store["cid"]) if "cid" in store else int(self._load(context)[1].id)
+
     def _advertise_next(self, rec: ConfigRecord, context: Context,
                         store: ConfigRecord) -> dict[str, Any]:
         """ADVERTISE ahead for the next secure-sum session
@@ -221,7 +236,6 @@ class _Node:
 
     def _client_step(
         self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord,
-        policy: NodePolicy | None = None,
     ) -> dict[str, Any]:
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
@@ -241,8 +255,6 @@ class _Node:
         phase = phases[0]
         raw = rec.get("broadcast", b"")
         bcast = unpack_arrays(raw) if raw else {}
-        if policy is not None:  # the node's floor, checked before its data is touched
-            _check_policy(policy, rec, bcast)
         t0 = time.process_time()
         values = phase.client_step(st, bcast)
         cpu = time.process_time() - t0
@@ -376,6 +388,88 @@ def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.nda
     except (PrivacyError, ValueError, TypeError) as exc:
         raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
             from None
+
+
+#: node config keys of the node's own ledger and budget
+LEDGER_PATH, CLIENT_BUDGET, BUDGET_DELTA = "ledger-path", "client-budget", "client-budget-delta"
+
+
+def _ledger_path(context: Context) -> Path | None:
+    path = context.node_config.get(LEDGER_PATH)
+    if path is None or path == "":
+        return None
+    if not isinstance(path, str):
+        raise ProtocolError(f"node config {LEDGER_PATH} must be a file path, got {path!r}")
+    return Path(path).expanduser()
+
+
+def _ledger_head(context: Context) -> str | None:
+    """The head of the node's ledger file (None without one); a ledger that does not
+    verify is an error reply (the node does not join a run it cannot account for)."""
+    path = _ledger_path(context)
+    if path is None:
+        return None
+    try:
+        return read_ledger(path).head
+    except LedgerError as exc:
+        raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+
+
+@contextmanager
+def _charged(context: Context, rec: ConfigRecord, client: Callable[[], int]
+             ) -> Iterator[Callable[[], dict[str, Any]]]:
+    """The node's budget step around one client step (:mod:`secagg.privacy.node_ledger`,
+    :mod:`secagg.privacy.node_budget`).
+
+    Without ``ledger-path`` in the node config: nothing (a ``client-budget`` without a
+    ledger file is refused: a budget kept in memory would reset with the process). With
+    it: the release (run, round, phase) is refused when already charged (a replay: a
+    second answer would be a second release), or when the node's epsilon, projected under
+    the terms the instruction declares over every release its ledger charges, would cross
+    its budget (then a ``refusal`` entry is written; nothing is charged); else its intent
+    is written and synced before the step runs. Yields the commit, which returns the
+    reply's ``ledger_head``. A step that fails leaves the intent uncommitted: spent.
+    Every refusal is a ProtocolError: an error reply, no array sent."""
+    path = _ledger_path(context)
+    if path is None and context.node_config.get(CLIENT_BUDGET) in (None, ""):
+        yield dict  # no ledger, no budget: the node charges nothing
+        return
+    # (imported here: a node without a ledger never loads the accountant)
+    from secagg.privacy.node_budget import budget_from_node_config, node_admit, node_event
+
+    try:
+        budget = budget_from_node_config(context.node_config)
+    except PrivacyError as exc:
+        raise ProtocolError(f"node config: {exc}") from None
+    if path is None:
+        if budget is not None:
+            raise ProtocolError(f"node config {CLIENT_BUDGET} needs {LEDGER_PATH} (a budget "
+                                "kept in memory would reset with the process)")
+    run, rnd, phase = field(rec, "run", str), field(rec, "round", int), field(rec, "phase", str)
+    try:
+        event = node_event(client(), run, rnd, phase, rec.get("dp"))
+        ledger = NodeLedger(path)
+    except (LedgerError, PrivacyError, ValueError) as exc:
+        raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+    try:
+        rid = release_id(run, rnd, phase)
+        if rid in ledger.state.intents():
+            raise ProtocolError(
+                f"release {rid} is already charged on this node's ledger (a replayed "
+                "message): refused, neither charged nor answered again")
+        if budget is not None:
+            try:
+                ok = node_admit(ledger.charged(), event, *budget)
+            except PrivacyError as exc:
+                raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+            if not ok.admitted:
+                ledger.refuse(rid, replace(event, action="refused",
+                                           reason=ok.reason).to_dict())
+                raise ProtocolError(f"refused by this node's privacy budget: {ok.reason}")
+        ledger.intend(rid, event.to_dict())  # synced: from here the release counts as spent
+        yield lambda: {"ledger_head": ledger.commit(rid, {"status": "uploaded"})}
+    finally:
+        ledger.close()
 
 
 def client_app(

@@ -1,0 +1,128 @@
+"""A Flower node's own budget: the release it is asked for, as a client ledger event, and
+the admission it runs before its step touches its data.
+
+A Flower node holds its budget in its node config (``flower-supernode --node-config``):
+
+========================  ===================================================================
+key                       meaning
+========================  ===================================================================
+``ledger-path``           the node's ledger file (:mod:`secagg.privacy.node_ledger`): every
+                          release it takes part in is charged there, across runs and restarts
+``client-budget``         epsilon per observer (:class:`~secagg.privacy.client_ledger.
+                          ClientBudget`): ``"server=3.0"``, ``"server=3,release=8"``, or a
+                          bare number (every observer); needs ``ledger-path``
+``client-budget-delta``   the delta of the node's epsilons (default 1e-5): the node's own,
+                          never the one the server declares
+========================  ===================================================================
+
+The event a release is charged as (:func:`node_event`) is built from the instruction alone
+-- the run, round, phase and the DP terms the node is told to add noise with -- so the node
+(in its ledger) and the server (in its transcript) build the same event from the same
+message, and ``secagg audit --node-ledger`` can compare them.
+
+What a node can account for itself:
+
+* ``local-dp``: the node adds Gaussian noise of multiplier z to its own upload: one Gaussian
+  event (z), against the server and every later observer.
+* no noise from the node (no DP layer, CentralDP whose noise the server adds, or a layer
+  the node does not rebuild): no guarantee the node can vouch for; the event has no
+  mechanism, and a node holding a budget refuses it.
+* ``distributed-dp``: the protection comes from the survivors' shares together, sized by
+  the secure sum's plan; the node does not derive that plan before its step, so its event
+  claims no figure (``unprotected``, with the reason) and a node holding a budget refuses.
+  Its parameters (z, the cohort) are kept, so the event can be recomputed later.
+
+No amplification by sampling is claimed: a Flower cohort is a fixed-size draw the server
+makes and knows, and a node does not see the rounds it was not drawn for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from secagg.errors import PrivacyError
+from secagg.privacy.client_ledger import (
+    OBSERVERS,
+    Admission,
+    ClientBudget,
+    ClientEvent,
+    admit,
+)
+
+__all__ = ["DEFAULT_DELTA", "budget_from_node_config", "node_admit", "node_event"]
+
+#: The delta of a node's budget when its config names none.
+DEFAULT_DELTA = 1e-5
+
+_NOT_DERIVED = ("distributed-dp share events are not derived on the node before its step "
+                "(they depend on the secure sum's plan): no figure is claimed")
+
+
+def budget_from_node_config(config: Mapping[str, Any]) -> tuple[ClientBudget, float] | None:
+    """The node's budget and its delta from a Flower node config (keys in the module
+    docstring); None when ``client-budget`` is absent.
+
+    Raises:
+        PrivacyError: a malformed budget or delta.
+    """
+    raw = config.get("client-budget")
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise PrivacyError(f"node config client-budget must be a number or "
+                           f"'observer=eps,...', got {raw!r}")
+    budget = ClientBudget.parse(str(raw))
+    delta = config.get("client-budget-delta", DEFAULT_DELTA)
+    try:
+        d = float(delta) if not isinstance(delta, bool) else -1.0
+    except (TypeError, ValueError):
+        d = -1.0
+    if not 0 < d < 1:
+        raise PrivacyError(f"node config client-budget-delta must be in (0, 1), got "
+                           f"{delta!r}")
+    return budget, d
+
+
+def node_event(client: int | str, run: str, round: int, phase: str,
+               dp: str | Mapping[str, Any] | None, *, action: str = "uploaded",
+               clip: float | None = None, reason: str = "") -> ClientEvent:
+    """The event of one release as the instruction declares it (see the module
+    docstring): ``dp`` is the instruction's noise parameters (JSON text or a mapping;
+    None when the node adds no noise)."""
+    params = json.loads(dp) if isinstance(dp, str) else (None if dp is None else dict(dp))
+    base: dict[str, Any] = dict(client=str(client), run=str(run), round=int(round),
+                                phase=str(phase), action=action, clip=clip, reason=reason,
+                                sampling="fixed")
+    if params is None:
+        why = "the node added no noise: no guarantee it can vouch for"
+        return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
+    if not isinstance(params, Mapping):
+        raise PrivacyError(f"DP parameters must be a mapping, got {type(params).__name__}")
+    layer = str(params.get("layer", ""))
+    z = params.get("noise_multiplier")
+    adjacency = params.get("adjacency", "client")
+    if isinstance(z, bool) or not isinstance(z, (int, float)) or not z > 0:
+        raise PrivacyError(f"DP parameters: noise multiplier {z!r} is not positive")
+    base.update(layer=layer, noise_multiplier=float(z), adjacency=adjacency)
+    if layer == "local-dp":
+        return ClientEvent(**base, events=({"mechanism": "gaussian",
+                                            "noise_multiplier": float(z), "count": 1},))
+    why = _NOT_DERIVED if layer == "distributed-dp" else (
+        f"layer {layer!r}: the node does not add this noise itself")
+    return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
+
+
+def node_admit(charged: Sequence[Mapping[str, Any]], event: ClientEvent,
+               budget: ClientBudget, delta: float) -> Admission:
+    """Whether the node may take part in ``event`` given the events its ledger charges
+    (``charged``: :meth:`ClientEvent.to_dict` payloads, every run, crashes included):
+    :func:`secagg.privacy.client_ledger.admit` on them.
+
+    Raises:
+        PrivacyError: a charged payload that is not a client event (the ledger holds
+            something this node cannot account for: it refuses rather than guess).
+    """
+    history = [ClientEvent.from_dict(p) for p in charged]
+    return admit(history, event, budget, delta)
