@@ -30,7 +30,7 @@ from secagg.flower.records import MESSAGE_TYPE, content, read  # noqa: E402
 from secagg.flower.server import FlowerFederation  # noqa: E402
 from secagg.privacy.client_ledger import ClientEvent, server_epsilon  # noqa: E402
 from secagg.privacy.node_budget import node_event  # noqa: E402
-from secagg.privacy.node_ledger import read_ledger, reconcile  # noqa: E402
+from secagg.privacy.node_ledger import read_ledger, reconcile, repair_torn_tail  # noqa: E402
 
 Z, DELTA, K = 2.0, 1e-5, 2
 
@@ -189,6 +189,17 @@ def test_a_crash_between_intent_and_commit_counts_as_spent_on_the_node(tmp_path,
                     _context(ledger, **{"client-budget": budget,
                                         "client-budget-delta": DELTA}))
     assert len(read_ledger(ledger).charged()) == 1
+    # a crash in the middle of an append: the node refuses until an operator repairs it
+    with ledger.open("ab") as fh:
+        fh.write(b'{"id":"r1/2/train","kind":"int')
+    with pytest.raises(ProtocolError, match="cut by a crash"):
+        node.handle(_step_message(node, None, rnd=2), _context(ledger))
+    # and a file holding another client's releases is not this node's
+    repair_torn_tail(ledger)
+    with pytest.raises(ProtocolError, match="own ledger-path"):
+        node.handle(_step_message(node, None, rnd=2),
+                    Context(run_id=1, node_id=101, run_config={}, state=RecordDict(),
+                            node_config={"partition-id": 1, "ledger-path": str(ledger)}))
 
 
 def test_a_replayed_message_is_charged_once_and_answered_once(tmp_path):

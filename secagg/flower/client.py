@@ -32,6 +32,14 @@ Steps (record field ``step``):
   carries the client step (``with_step``): the node runs and encodes it, fixes its
   party's vector length and ring from the encoding, and shares its keys. A session thus
   costs four exchanges instead of five.
+* The node's own ledger and budget (node config ``ledger-path``, ``client-budget``,
+  ``client-budget-delta``; :mod:`secagg.privacy.node_budget`): before a message that runs
+  the client step touches the node's data, the node checks its policy floor, refuses a
+  release it already charged (a replay) or one that would take its epsilon past its
+  budget (an error reply: no array leaves), else writes and syncs the release's intent in
+  its ledger file (:mod:`secagg.privacy.node_ledger`); after the step it commits it and
+  replies with the file's new head (``ledger_head``, also in the hello), which the server
+  keeps in the transcript for ``secagg audit --node-ledger``.
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next
@@ -457,6 +465,11 @@ def _charged(context: Context, rec: ConfigRecord, client: Callable[[], int]
             raise ProtocolError(
                 f"release {rid} is already charged on this node's ledger (a replayed "
                 "message): refused, neither charged nor answered again")
+        others = {str(p.get("client")) for p in ledger.charged()} - {event.client}
+        if others:  # one file per node: another client's history is not this one's
+            raise ProtocolError(f"this node's privacy ledger {path} holds releases of "
+                                f"client(s) {sorted(others)}, this node is client "
+                                f"{event.client}: give each node its own ledger-path")
         if budget is not None:
             try:
                 ok = node_admit(ledger.charged(), event, *budget)
