@@ -219,3 +219,49 @@ def test_a_replayed_message_is_charged_once_and_answered_once(tmp_path):
                    node_config={"partition-id": 0, "client-budget": "server=3"})
     with pytest.raises(ProtocolError, match="needs ledger-path"):
         node.handle(_step_message(node, None, run="r2"), bare)
+
+
+def test_under_distributed_dp_the_node_charges_the_plans_worst_case(tmp_path, trained):
+    """DistributedDP over SecureSum: the node derives the release plan itself and is
+    charged the shares of the fewest survivors the secure sum accepts; its budget holds
+    across runs, and the server's copy of its releases agrees."""
+    from secagg import DistributedDP, SecureSum
+
+    def layer():
+        return DistributedDP(SecureSum(threshold=0.7), noise_multiplier=Z, delta=DELTA,
+                             adjacency="client")
+
+    def run(grid, rounds):
+        fed = FlowerFederation(_fedavg(), layer(), load_dataset("digits"), rounds=rounds,
+                               seed=0, min_nodes=N, stage_timeout=0.5)
+        return fed.run(grid)
+
+    ledger = tmp_path / "ledger.jsonl"
+    grid = FedAvgGrid()
+    grid.contexts[100].node_config.update({"ledger-path": str(ledger)})
+    first = run(grid, 1)
+    (event,) = read_ledger(ledger).charged()
+    assert event["layer"] == "distributed-dp" and event["cohort"] == N
+    assert event["min_survivors"] == 3 and event["events"]  # ceil(0.7 * 4) shares
+    assert {e["mechanism"] for e in event["events"]} == {"discrete_gaussian"}
+    assert all(e["n_shares"] == 3 for e in event["events"])
+    assert reconcile(ledger, first.transcript.records, 0)["ok"]
+
+    def eps(n):
+        evs = [ClientEvent.from_dict({**event, "round": r}) for r in range(n)]
+        return server_epsilon(evs, DELTA).epsilon
+
+    budget = (eps(2) + eps(3)) / 2  # one charged already: one more fits, not two
+    trained.clear()
+    grid = FedAvgGrid()
+    grid.contexts[100].node_config.update({"ledger-path": str(ledger),
+                                           "client-budget": f"server={budget}",
+                                           "client-budget-delta": DELTA})
+    second = run(grid, 2)
+    assert trained[0] == [0] and trained[1] == [0, 1]
+    state = read_ledger(ledger)
+    assert len(state.charged()) == 2 and [p["round"] for p in state.refusals()] == [1]
+    assert second.participation[1][2] == N - 1
+    rec = reconcile(ledger, second.transcript.records, 0)
+    assert rec["ok"], rec["problems"]
+    assert rec["committed"] == 1 and rec["refusals"] == 1

@@ -213,9 +213,11 @@ class _Node:
             # budget (the release is charged, durably, before the step runs)
             raw = rec.get("broadcast", b"")
             _check_policy(_policy(context), rec, unpack_arrays(raw) if raw else {})
-            with _charged(context, rec, lambda: self._cid(context, store)) as commit:
-                out = self._client_step(rec, *self._load(context), store)
-                out.update(commit())
+            with _charged(context, rec, lambda: self._cid(context, store)) as charge:
+                out = self._client_step(rec, *self._load(context), store,
+                                        None if charge is None else charge.admit)
+                if charge is not None:
+                    out.update(charge.commit())
         elif step == "evaluate":
             out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
                                  *self._load(context), store)
@@ -244,7 +246,11 @@ class _Node:
 
     def _client_step(
         self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord,
+        admit: Callable[[UploadSpec], None] | None = None,
     ) -> dict[str, Any]:
+        """Run the phase's client step and hand the upload to the layer's node side;
+        ``admit`` (the node's budget step) is called with the phase's spec after the phase
+        is known and before its step touches the data."""
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
         scored: dict[str, Any] = {}
@@ -263,6 +269,11 @@ class _Node:
         phase = phases[0]
         raw = rec.get("broadcast", b"")
         bcast = unpack_arrays(raw) if raw else {}
+        if admit is not None:  # charged (or refused) before the step touches the data
+            declared = phase.spec()
+            if declared.max_records is None:
+                declared = replace(declared, max_records=field(rec, "max_records", int))
+            admit(declared)
         t0 = time.process_time()
         values = phase.client_step(st, bcast)
         cpu = time.process_time() - t0
@@ -271,6 +282,10 @@ class _Node:
         spec: UploadSpec = phase.spec()
         if spec.max_records is None:
             spec = replace(spec, max_records=field(rec, "max_records", int))
+        if admit is not None and spec != declared:  # the charge must describe the release
+            raise ProtocolError("the phase's spec changed during its step, so the release "
+                                "charged on this node's ledger does not describe it: "
+                                "nothing is sent (the charge stands)")
         up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
         store["client_state"] = safestore.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
@@ -423,66 +438,101 @@ def _ledger_head(context: Context) -> str | None:
         raise ProtocolError(f"this node's privacy ledger: {exc}") from None
 
 
-@contextmanager
-def _charged(context: Context, rec: ConfigRecord, client: Callable[[], int]
-             ) -> Iterator[Callable[[], dict[str, Any]]]:
+class _Charge:
     """The node's budget step around one client step (:mod:`secagg.privacy.node_ledger`,
-    :mod:`secagg.privacy.node_budget`).
+    :mod:`secagg.privacy.node_budget`), opened by :func:`_charged`.
 
-    Without ``ledger-path`` in the node config: nothing (a ``client-budget`` without a
-    ledger file is refused: a budget kept in memory would reset with the process). With
-    it: the release (run, round, phase) is refused when already charged (a replay: a
-    second answer would be a second release), or when the node's epsilon, projected under
-    the terms the instruction declares over every release its ledger charges, would cross
-    its budget (then a ``refusal`` entry is written; nothing is charged); else its intent
-    is written and synced before the step runs. Yields the commit, which returns the
-    reply's ``ledger_head``. A step that fails leaves the intent uncommitted: spent.
-    Every refusal is a ProtocolError: an error reply, no array sent."""
-    path = _ledger_path(context)
-    if path is None and context.node_config.get(CLIENT_BUDGET) in (None, ""):
-        yield dict  # no ledger, no budget: the node charges nothing
-        return
-    # (imported here: a node without a ledger never loads the accountant)
-    from secagg.privacy.node_budget import budget_from_node_config, node_admit, node_event
+    :meth:`admit` runs after the phase is known and before its step touches the data: it
+    refuses a release that would take the node's epsilon, projected under the terms the
+    instruction declares over every release its ledger charges, past its budget (a
+    ``refusal`` entry is written; nothing is charged), else writes and syncs the release's
+    intent. :meth:`commit` runs after the step and returns the reply's ``ledger_head``.
+    A step that fails after :meth:`admit` leaves the intent uncommitted: spent. Every
+    refusal is a ProtocolError: an error reply, no array sent."""
 
-    try:
-        budget = budget_from_node_config(context.node_config)
-    except PrivacyError as exc:
-        raise ProtocolError(f"node config: {exc}") from None
-    if path is None:
-        if budget is not None:
+    def __init__(self, context: Context, rec: ConfigRecord, client: int) -> None:
+        self.rec, self.client, self.ledger = rec, client, None
+        self.path = _ledger_path(context)
+        from secagg.privacy.node_budget import budget_from_node_config
+
+        try:
+            self.budget = budget_from_node_config(context.node_config)
+        except PrivacyError as exc:
+            raise ProtocolError(f"node config: {exc}") from None
+        if self.path is None:
             raise ProtocolError(f"node config {CLIENT_BUDGET} needs {LEDGER_PATH} (a budget "
                                 "kept in memory would reset with the process)")
-    run, rnd, phase = field(rec, "run", str), field(rec, "round", int), field(rec, "phase", str)
-    try:
-        event = node_event(client(), run, rnd, phase, rec.get("dp"))
-        ledger = NodeLedger(path)
-    except (LedgerError, PrivacyError, ValueError) as exc:
-        raise ProtocolError(f"this node's privacy ledger: {exc}") from None
-    try:
-        rid = release_id(run, rnd, phase)
-        if rid in ledger.state.intents():
+        self.run = field(rec, "run", str)
+        self.round, self.phase = field(rec, "round", int), field(rec, "phase", str)
+        self.rid = release_id(self.run, self.round, self.phase)
+        try:
+            self.ledger = NodeLedger(self.path)
+        except LedgerError as exc:
+            raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+        try:
+            self._check()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self) -> None:
+        """Refuse a replay, and a file that holds another client's releases."""
+        assert self.ledger is not None
+        client = self.client
+        if self.rid in self.ledger.state.intents():
             raise ProtocolError(
-                f"release {rid} is already charged on this node's ledger (a replayed "
+                f"release {self.rid} is already charged on this node's ledger (a replayed "
                 "message): refused, neither charged nor answered again")
-        others = {str(p.get("client")) for p in ledger.charged()} - {event.client}
+        others = {str(p.get("client")) for p in self.ledger.charged()} - {str(client)}
         if others:  # one file per node: another client's history is not this one's
-            raise ProtocolError(f"this node's privacy ledger {path} holds releases of "
+            raise ProtocolError(f"this node's privacy ledger {self.path} holds releases of "
                                 f"client(s) {sorted(others)}, this node is client "
-                                f"{event.client}: give each node its own ledger-path")
-        if budget is not None:
-            try:
-                ok = node_admit(ledger.charged(), event, *budget)
-            except PrivacyError as exc:
-                raise ProtocolError(f"this node's privacy ledger: {exc}") from None
-            if not ok.admitted:
-                ledger.refuse(rid, replace(event, action="refused",
-                                           reason=ok.reason).to_dict())
-                raise ProtocolError(f"refused by this node's privacy budget: {ok.reason}")
-        ledger.intend(rid, event.to_dict())  # synced: from here the release counts as spent
-        yield lambda: {"ledger_head": ledger.commit(rid, {"status": "uploaded"})}
+                                f"{client}: give each node its own ledger-path")
+
+    def admit(self, spec: UploadSpec) -> None:
+        """Charge the release, or refuse it (see the class docstring); ``spec``: the
+        phase's spec, with the run's public bounds (public: shapes and bounds only)."""
+        from secagg.privacy.node_budget import node_admit, node_event
+
+        assert self.ledger is not None
+        rec = self.rec
+        try:
+            event = node_event(self.client, self.run, self.round, self.phase, rec.get("dp"),
+                               spec=spec, cohort=rec.get("n"), layer=rec.get("layer"))
+            ok = None if self.budget is None else node_admit(
+                self.ledger.charged(), event, *self.budget)
+        except PrivacyError as exc:
+            raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+        if ok is not None and not ok.admitted:
+            self.ledger.refuse(self.rid, replace(event, action="refused",
+                                                 reason=ok.reason).to_dict())
+            raise ProtocolError(f"refused by this node's privacy budget: {ok.reason}")
+        self.ledger.intend(self.rid, event.to_dict())  # synced: from here, spent
+
+    def commit(self) -> dict[str, Any]:
+        """After the step: commit the release; the reply's ``ledger_head``."""
+        assert self.ledger is not None
+        return {"ledger_head": self.ledger.commit(self.rid, {"status": "uploaded"})}
+
+    def close(self) -> None:
+        """Release the ledger's lock."""
+        if self.ledger is not None:
+            self.ledger.close()
+
+
+@contextmanager
+def _charged(context: Context, rec: ConfigRecord, client: Callable[[], int]
+             ) -> Iterator[_Charge | None]:
+    """The node's :class:`_Charge` for one client step, or None when its config names
+    neither a ledger nor a budget (then nothing is charged)."""
+    if _ledger_path(context) is None and context.node_config.get(CLIENT_BUDGET) in (None, ""):
+        yield None
+        return
+    charge = _Charge(context, rec, client())
+    try:
+        yield charge
     finally:
-        ledger.close()
+        charge.close()
 
 
 def client_app(

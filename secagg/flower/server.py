@@ -27,7 +27,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -315,8 +315,15 @@ class FlowerFederation(TransportHooks):
         (:func:`secagg.privacy.node_budget.node_event`, from the same fields)."""
         from secagg.privacy.node_budget import node_event
 
-        return node_event(client, self._run_tag, ins.get("round", ctx.round),
-                          ins.get("phase", ctx.phase), ins.get("dp"), **kw).to_dict()
+        rnd, name = ins.get("round", ctx.round), ins.get("phase", ctx.phase)
+        spec = None
+        if "layer" in ins and "n" in ins:  # DistributedDP: the plan needs the phase's spec
+            phase = next(p for p in self.algorithm.phases(rnd, self.rounds) if p.name == name)
+            spec = phase.spec()
+            if spec.max_records is None:
+                spec = replace(spec, max_records=int(ins["max_records"]))
+        return node_event(client, self._run_tag, rnd, name, ins.get("dp"), spec=spec,
+                          cohort=ins.get("n"), layer=ins.get("layer"), **kw).to_dict()
 
     def _statements(self, client: int, rec: Any) -> None:
         """Keep the signed statements a node's reply carries (``att``), for the transcript

@@ -27,10 +27,12 @@ What a node can account for itself:
 * no noise from the node (no DP layer, CentralDP whose noise the server adds, or a layer
   the node does not rebuild): no guarantee the node can vouch for; the event has no
   mechanism, and a node holding a budget refuses it.
-* ``distributed-dp``: the protection comes from the survivors' shares together, sized by
-  the secure sum's plan; the node does not derive that plan before its step, so its event
-  claims no figure (``unprotected``, with the reason) and a node holding a budget refuses.
-  Its parameters (z, the cohort) are kept, so the event can be recomputed later.
+* ``distributed-dp``: the protection comes from the survivors' shares together. The node
+  derives the secure sum's release plan itself, before its step, from the phase's spec
+  (public shapes and bounds), the cohort size and the layer's parameters (as it must to
+  encode its share), and is charged the plan's worst case: the shares of the fewest
+  survivors the secure sum accepts (with fewer, nothing is released). No colluders are
+  assumed, as in the run's own figure.
 
 No amplification by sampling is claimed: a Flower cohort is a fixed-size draw the server
 makes and knows, and a node does not see the rounds it was not drawn for.
@@ -43,12 +45,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from secagg.errors import PrivacyError
+from secagg.messages import UploadSpec
 from secagg.privacy.client_ledger import (
     OBSERVERS,
     Admission,
     ClientBudget,
     ClientEvent,
     admit,
+    event_to_dict,
 )
 
 __all__ = ["DEFAULT_DELTA", "budget_from_node_config", "node_admit", "node_event"]
@@ -56,8 +60,8 @@ __all__ = ["DEFAULT_DELTA", "budget_from_node_config", "node_admit", "node_event
 #: The delta of a node's budget when its config names none.
 DEFAULT_DELTA = 1e-5
 
-_NOT_DERIVED = ("distributed-dp share events are not derived on the node before its step "
-                "(they depend on the secure sum's plan): no figure is claimed")
+_NOT_DERIVED = ("distributed-dp share events need the phase's spec, the cohort and the "
+                "secure sum's parameters: not given, so no figure is claimed")
 
 
 def budget_from_node_config(config: Mapping[str, Any]) -> tuple[ClientBudget, float] | None:
@@ -87,10 +91,16 @@ def budget_from_node_config(config: Mapping[str, Any]) -> tuple[ClientBudget, fl
 
 def node_event(client: int | str, run: str, round: int, phase: str,
                dp: str | Mapping[str, Any] | None, *, action: str = "uploaded",
-               clip: float | None = None, reason: str = "") -> ClientEvent:
+               clip: float | None = None, reason: str = "",
+               spec: UploadSpec | None = None, cohort: int | None = None,
+               layer: str | None = None) -> ClientEvent:
     """The event of one release as the instruction declares it (see the module
     docstring): ``dp`` is the instruction's noise parameters (JSON text or a mapping;
-    None when the node adds no noise)."""
+    None when the node adds no noise). Under ``distributed-dp``, with the phase's
+    ``spec``, the ``cohort`` size and the secure sum's ``layer`` parameters (JSON text, as
+    the instruction carries them), the events are the release plan's worst case: the
+    shares of the fewest survivors the secure sum accepts (fewer, and it releases
+    nothing); without them, no figure is claimed."""
     params = json.loads(dp) if isinstance(dp, str) else (None if dp is None else dict(dp))
     base: dict[str, Any] = dict(client=str(client), run=str(run), round=int(round),
                                 phase=str(phase), action=action, clip=clip, reason=reason,
@@ -100,18 +110,33 @@ def node_event(client: int | str, run: str, round: int, phase: str,
         return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
     if not isinstance(params, Mapping):
         raise PrivacyError(f"DP parameters must be a mapping, got {type(params).__name__}")
-    layer = str(params.get("layer", ""))
+    kind = str(params.get("layer", ""))
     z = params.get("noise_multiplier")
     adjacency = params.get("adjacency", "client")
     if isinstance(z, bool) or not isinstance(z, (int, float)) or not z > 0:
         raise PrivacyError(f"DP parameters: noise multiplier {z!r} is not positive")
-    base.update(layer=layer, noise_multiplier=float(z), adjacency=adjacency)
-    if layer == "local-dp":
+    base.update(layer=kind, noise_multiplier=float(z), adjacency=adjacency)
+    if kind == "local-dp":
         return ClientEvent(**base, events=({"mechanism": "gaussian",
                                             "noise_multiplier": float(z), "count": 1},))
-    why = _NOT_DERIVED if layer == "distributed-dp" else (
-        f"layer {layer!r}: the node does not add this noise itself")
+    if kind == "distributed-dp" and spec is not None and cohort is not None \
+            and layer is not None:
+        plan = _distributed_plan(params, layer, spec, cohort)
+        return ClientEvent(**base, cohort=int(cohort), min_survivors=plan.worst,
+                           events=tuple(event_to_dict(e) for e in plan.planned))
+    why = _NOT_DERIVED if kind == "distributed-dp" else (
+        f"layer {kind!r}: the node does not add this noise itself")
     return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
+
+
+def _distributed_plan(params: Mapping[str, Any], layer: str, spec: UploadSpec,
+                      cohort: int) -> Any:
+    """DistributedDP's release plan for ``cohort`` clients (what the node and the server
+    both derive, :meth:`~secagg.privacy.layers.DistributedDP.release_plan`)."""
+    from secagg.privacy.release import node_noiser
+
+    noiser: Any = node_noiser({"dp": json.dumps(dict(params)), "layer": layer})
+    return noiser.release_plan(spec, int(cohort))
 
 
 def node_admit(charged: Sequence[Mapping[str, Any]], event: ClientEvent,
