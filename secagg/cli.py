@@ -263,6 +263,31 @@ def _make_parser() -> argparse.ArgumentParser:
         "noise planned for 2 x fraction x rounds participations per client (every round "
         "at fraction 1); the budget guard stops a run whose clients return more often")
     r.add_argument(
+        "--client-budget", action="append", default=None, metavar="[OBSERVER=]EPS",
+        help="each client's own epsilon budget (repeatable): EPS against every observer, "
+        "or server=EPS / release=EPS; before a round touches its data a client projects "
+        "its epsilon under the round's terms and refuses when over budget")
+    r.add_argument(
+        "--client-ledger", type=Path, default=None, metavar="DIR",
+        help="directory of the clients' own privacy ledgers (client-<id>.jsonl), read "
+        "before the run and extended every round, so spends and refusals carry over runs "
+        "(default: in the run's output only, client_ledgers.jsonl)")
+    r.add_argument(
+        "--sampling", choices=("fixed", "poisson"), default="fixed",
+        help="cohort sampling: a fixed-size cohort, or each client drawn independently "
+        "with probability --fraction (only then is a client's epsilon against observers "
+        "of the releases amplified by sampling) (%(default)s)")
+    r.add_argument(
+        "--colluders", type=int, default=0,
+        help="distributed-dp: clients each client assumes reveal their noise shares to "
+        "the server; its epsilon against the server uses the others' (%(default)s)")
+    r.add_argument(
+        "--client-min-noise", type=float, default=None, metavar="Z",
+        help="each client refuses rounds whose noise multiplier is below Z")
+    r.add_argument(
+        "--client-max-clip", type=float, default=None, metavar="C",
+        help="each client refuses rounds whose clip bound is above C")
+    r.add_argument(
         "--include-values",
         action="store_true",
         help="store observed values in the transcript (sensitive)",
@@ -388,6 +413,9 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigurationError("--alpha must be >= 0 (0 means IID)")
     if args.rounds < 1:
         raise ConfigurationError("--rounds must be >= 1")
+    if args.colluders < 0:
+        raise ConfigurationError("--colluders must be >= 0")
+    _client_ledger_kwargs(args)  # parses --client-budget and the client policy
     t = args.threshold
     if t >= 1:
         if not float(t).is_integer():
@@ -523,6 +551,21 @@ def _quiet_library_warnings() -> None:
     warnings.formatwarning = one_line  # type: ignore[assignment]
 
 
+def _client_ledger_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Federation's client-ledger arguments from ``secagg run``'s flags."""
+    from secagg.privacy.client_ledger import ClientBudget
+    from secagg.privacy.policy import NodePolicy
+
+    policy = None
+    if args.client_min_noise is not None or args.client_max_clip is not None:
+        policy = NodePolicy(min_noise_multiplier=args.client_min_noise,
+                            max_clip=args.client_max_clip)
+    return {"sampling": args.sampling, "client_ledgers": args.client_ledger,
+            "client_budget": None if not args.client_budget
+            else ClientBudget.parse(args.client_budget),
+            "client_policy": policy, "colluders": args.colluders}
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.list:
         for name, ep in sorted(available_algorithms().items()):
@@ -558,6 +601,7 @@ def _run(args: argparse.Namespace) -> int:
         include_values=args.include_values,
         progress=False if args.quiet else None,
         max_records=args.max_records,
+        **_client_ledger_kwargs(args),
     )
     if args.dry_run:  # the plan only: nothing trained, nothing written
         from secagg.privacy.plan import format_plan, swamped
@@ -599,6 +643,13 @@ def _audit(args: argparse.Namespace) -> int:
     costs = path.parent / "costs.csv"
     if costs.exists():
         report["reconcile"] = reconcile(report, costs)
+    result_json = path.parent / "result.json"
+    if result_json.exists():
+        from secagg.audit import client_distribution
+
+        dist = client_distribution(json.loads(result_json.read_text()))
+        if dist is not None:
+            report["clients"] = dist
     ledgers = _node_ledgers(args.node_ledger, transcript)
     if ledgers:
         report["node_ledgers"] = ledgers

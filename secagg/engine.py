@@ -606,6 +606,15 @@ class Engine:
         attest: every client (and the decryptor) signs a statement per message it sends
             (:mod:`secagg.attest`); in one process the engine holds their keys, remotely
             the transport's ``collector`` gathers what the nodes signed.
+        sampling: ``"fixed"`` (a cohort of :func:`cohort_size` drawn without replacement
+            from the eligible clients) or ``"poisson"`` (each eligible client drawn with
+            probability ``fraction``; the mean's fixed denominator is then the expected
+            cohort). In one process only.
+        client_ledgers, client_budget, client_policy, colluders: the clients' own ledgers
+            (:class:`~secagg.privacy.client_ledger.ClientAccounts`; in one process only):
+            the ledger directory (None: in the result only), each client's
+            :class:`~secagg.privacy.client_ledger.ClientBudget` and NodePolicy, and the
+            colluders each client assumes under DistributedDP.
     """
 
     def __init__(
@@ -617,6 +626,9 @@ class Engine:
         threat: Any | None = None, allow_leaks: bool = False, progress: bool = False,
         on_aggregate: Callable[[int, str, Aggregate], None] | None = None,
         decryptor: int | None = None, attest: bool = True,
+        sampling: Literal["fixed", "poisson"] = "fixed", client_ledgers: Any | None = None,
+        client_budget: Any | None = None, client_policy: Any | None = None,
+        colluders: int = 0,
     ) -> None:
         self.algorithm, self.layer, self.transport = algorithm, layer, transport
         self.attest = attest
@@ -629,8 +641,24 @@ class Engine:
         self.progress, self.on_aggregate = progress, on_aggregate
         self.dp: DPWrapper | None = None
         self.server: LayerServer | None = None
+        if sampling not in ("fixed", "poisson"):
+            raise ConfigurationError(f"sampling must be 'fixed' or 'poisson', got "
+                                     f"{sampling!r}")
+        self.sampling = sampling
+        self.client_ledgers, self.client_budget = client_ledgers, client_budget
+        self.client_policy, self.colluders = client_policy, colluders
+        self.accounts: Any | None = None
         if transport.link is not None:  # the layer's server side runs over the link
+            if sampling != "fixed" or client_budget is not None or client_ledgers is not None:
+                raise ConfigurationError(
+                    "Poisson sampling and the engine's client ledgers and budgets run in "
+                    "one process; on Flower each node keeps its own ledger")
             self.dp, self.server = layer_server(layer, decryptor=decryptor)
+        elif sampling == "poisson" and getattr(layer, "tree", False):
+            raise ConfigurationError(
+                "Poisson sampling with CentralDP(tree=True): the tree's noise is shared "
+                "across rounds, so no per-round amplification by sampling is claimed; use "
+                "sampling='fixed'")
 
     @property
     def _max_records(self) -> int:
@@ -694,13 +722,17 @@ class Engine:
             run.transcript.records[-1]["leaks"] = leaks
         rng = np.random.default_rng(derive_seed(self.seed, "cohort"))
         cohorts: list[list[int]] = []
+        self.accounts = self._accounts(clients, run)
 
         def cohort_of(r: int) -> list[int]:
             """Round r's cohort: the draws in round order, each once (a round's cohort is
             drawn early when the previous round's last phase advertises to it)."""
             while len(cohorts) <= r:
-                cohorts.append([clients[i] for i in
-                                sample_cohort(rng, len(clients), self.fraction)])
+                if self.accounts is None:
+                    cohorts.append([clients[i] for i in
+                                    sample_cohort(rng, len(clients), self.fraction)])
+                else:
+                    cohorts.append(self._draw(rng, len(clients)))
             return cohorts[r]
 
         if self.server is not None:
@@ -717,6 +749,8 @@ class Engine:
             tr.round_begins(r)
             cohort = cohort_of(r)
             phases = list(alg.phases(r, self.rounds))
+            if self.accounts is not None:
+                self._begin_accounts(r, phases, checked, len(clients))
             for i, phase in enumerate(phases):
                 tr.phase_begins(i, run)
                 spec = phase.spec()
@@ -748,6 +782,8 @@ class Engine:
                                    run.aborted, run.participation):
                     stopped = True
                     break
+            if self.accounts is not None:
+                self.accounts.end_round(r)
             run.history.append(tr.evaluate(r, run))
             tr.round_ends(r)
             if bar is not None:
@@ -770,6 +806,7 @@ class Engine:
             participation=run.participation, measurements=run.measurements,
             n_clients=len(clients), wall_s=time.perf_counter() - t_start,
             identities=None if run.attest is None else dict(run.attest.header()["keys"]),
+            client_accounts=self._reported_accounts(run),
         )
 
     def _attestor(self, clients: list[int]) -> Any | None:
@@ -792,14 +829,18 @@ class Engine:
         """One phase: broadcast, collect + layer + release, solve. Returns how many
         clients' uploads the aggregate holds."""
         # 1. broadcast
-        bcast = self.transport.broadcast(phase.broadcast(), cohort, ctx)
+        payload = phase.broadcast()
+        bcast = self.transport.broadcast(payload, cohort, ctx)
+        booked = 0 if run.privacy is None else len(run.privacy.events)
         # 2-4. collect, layer, release
         if self.transport.link is None:
             agg = self._in_process(run, phase, spec, cohort, ctx, bcast)
         else:
             agg = self._remote(run, phase, spec, cohort, ctx, bcast, upcoming)
-        # 5. solve
-        solve(phase, agg, ctx, run.measurements, len(cohort))
+        # 5. solve (over the fixed denominator: the cohort, or the expected one)
+        solve(phase, agg, ctx, run.measurements, self._denominator(cohort))
+        if self.accounts is not None:
+            self._record_accounts(run, phase, cohort, agg, payload, booked)
         if self.on_aggregate is not None:
             self.on_aggregate(ctx.round, phase.name, agg)
         return len(agg.contributors)
@@ -811,7 +852,10 @@ class Engine:
         included) in this process."""
         states = self.transport.states
         uploads: dict[int, Upload] = {}
+        refusing = {} if self.accounts is None else self.accounts.refusing
         for c in cohort:
+            if c in refusing:  # refused before touching its data: no step, no upload
+                continue
             st = states[c]
             t0 = time.process_time()
             values = phase.client_step(st, bcast)
@@ -846,6 +890,97 @@ class Engine:
             self.transport.aborted(exc)
             raise
         return rel.end(agg, ctx)
+
+    # -- the clients' own ledgers (in one process)
+
+    def _accounts(self, clients: list[int], run: RunState) -> Any | None:
+        """The clients' ledgers for this run (in one process), or None over a link."""
+        if self.transport.link is not None:
+            return None
+        from secagg.privacy.client_ledger import ClientAccounts
+
+        delta = getattr(run.privacy, "delta", None) or getattr(self.layer, "delta", None)
+        return ClientAccounts(
+            clients, layer=self.layer, delta=float(delta or 1e-5),
+            directory=self.client_ledgers, budget=self.client_budget,
+            policy=self.client_policy, sampling=self.sampling, colluders=self.colluders)
+
+    def _draw(self, rng: np.random.Generator, n: int) -> list[int]:
+        """One round's cohort from the eligible population (the same draws as
+        :func:`sample_cohort` while every client is eligible)."""
+        assert self.accounts is not None
+        pop = self.accounts.active
+        if self.sampling == "poisson":
+            return [pop[i] for i in np.flatnonzero(rng.random(len(pop)) < self.fraction)]
+        k = min(cohort_size(n, self.fraction), len(pop))
+        if k == len(pop):
+            return list(pop)
+        return sorted(pop[int(i)] for i in rng.choice(len(pop), size=k, replace=False))
+
+    def _rate_and_cohort(self, n: int) -> tuple[float, int]:
+        """(the chance each eligible client is drawn, the planned cohort size)."""
+        assert self.accounts is not None
+        pop = max(1, len(self.accounts.active))
+        if self.sampling == "poisson":
+            return self.fraction, max(1, int(round(self.fraction * pop)))
+        k = min(cohort_size(n, self.fraction), pop)
+        return k / pop, k
+
+    def _denominator(self, cohort: Sequence[int]) -> int:
+        """The mean's fixed denominator: the sampled cohort's size, or under Poisson
+        sampling the expected one (never the number of replies)."""
+        if self.accounts is None or self.sampling != "poisson":
+            return len(cohort)
+        return self._rate_and_cohort(len(self.accounts.clients))[1]
+
+    def _begin_accounts(self, r: int, phases: Sequence[_Phase], checked: set[str],
+                        n: int) -> None:
+        """Declare the round's terms to the clients and run their admission."""
+        assert self.accounts is not None
+        infos = []
+        for ph in phases:
+            if not ph.spec().fields:
+                continue
+            spec = run_spec(ph, self.layer, self._max_records, checked)
+            infos.append((ph.name, spec, tuple(getattr(ph, "dp_covered_fields",
+                                                       lambda: ())())))
+        rate, k = self._rate_and_cohort(n)
+        self.accounts.begin_round(r, infos, rate, k)
+
+    def _record_accounts(self, run: RunState, phase: _Phase, cohort: list[int],
+                         agg: Aggregate, payload: Mapping[str, np.ndarray],
+                         booked: int) -> None:
+        """Book the phase in every eligible client's ledger: the events the run's ledger
+        charged for it, and why an observer has no guarantee."""
+        assert self.accounts is not None
+        from secagg.privacy.events import SampledGaussianEvent
+
+        events = [] if run.privacy is None else list(run.privacy.events[booked:])
+        why: dict[str, str] = {}
+        bare = [f for (ph, f) in run.unnoised if ph == phase.name]
+        if bare:
+            reason = run.unnoised[(phase.name, bare[0])]
+            text = f"field {bare[0]!r} released without DP noise ({reason})"
+            why = {"release": text, "server": text}
+        notes = agg.notes.get("dp", {}) if isinstance(agg.notes, Mapping) else {}
+        clip = payload.get("clip")
+        local = next(((e.steps, e.sampling_rate) for e in events
+                      if isinstance(e, SampledGaussianEvent)), None)
+        self.accounts.record_phase(
+            int(agg.round), phase.name, cohort, agg.contributors, events, why,
+            clip=None if clip is None else float(np.asarray(clip).ravel()[0]),
+            survivors=notes.get("survivors"), min_survivors=notes.get("min_survivors"),
+            local=local)
+
+    def _reported_accounts(self, run: RunState) -> Any | None:
+        """The clients' ledgers the result reports: for a DP run, or when ledgers, a
+        budget or a policy were asked for."""
+        acc = self.accounts
+        if acc is None:
+            return None
+        asked = (self.client_ledgers is not None or self.client_budget is not None
+                 or self.client_policy is not None)
+        return acc if (run.privacy is not None or asked) else None
 
     def _local(self, phase: _Phase, cohort: list[int], ctx: RoundContext) -> int:
         """A phase with no upload fields (in one process): broadcast, then each selected

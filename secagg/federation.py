@@ -41,6 +41,21 @@ __all__ = ["AlgorithmLike", "ClientState", "Evaluation", "Federation", "Result",
            "sample_cohort", "solve"]
 
 
+def _budget(value: Any) -> Any:
+    """A :class:`~secagg.privacy.client_ledger.ClientBudget` from what a user gave."""
+    if value is None:
+        return None
+    from secagg.privacy.client_ledger import ClientBudget
+
+    if isinstance(value, ClientBudget):
+        return value
+    if isinstance(value, Mapping):
+        return ClientBudget(**value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return ClientBudget(release=float(value), server=float(value))
+    return ClientBudget.parse(value)
+
+
 def _progress_wanted() -> bool:
     return sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("true", "1")
 
@@ -80,6 +95,25 @@ class Federation:
         attest: each client (and the HE decryptor) signs, with its own Ed25519 key, a
             statement about every message it sends; the transcript carries them and
             :attr:`Result.identities` the public keys (:mod:`secagg.attest`).
+        sampling: ``"fixed"`` (default: a cohort of ``round(fraction * n)`` drawn without
+            replacement) or ``"poisson"`` (each eligible client drawn independently with
+            probability ``fraction``; the mean divides by the expected cohort). Only under
+            Poisson sampling does a client's epsilon against observers of the releases use
+            amplification by sampling.
+        client_ledgers: a directory holding each client's own privacy ledger
+            (``client-<id>.jsonl``, :mod:`secagg.privacy.client_ledger`); it is read
+            before the run and extended after every round, so a client's spend carries
+            over runs. None (default): the ledgers live in the result only
+            (``privacy.clients``, ``client_ledgers.jsonl`` beside ``result.json``).
+        client_budget: each client's epsilon budget: a number (against every observer),
+            ``"server=EPS"`` / ``"release=EPS"`` (or a list of them), or a
+            :class:`~secagg.privacy.client_ledger.ClientBudget`. Before a round touches
+            its data a client projects its epsilon under the round's declared terms and
+            refuses when over budget (it then leaves the eligible population).
+        client_policy: a :class:`~secagg.privacy.policy.NodePolicy` every client holds:
+            terms below its floor are refused the same way.
+        colluders: how many clients each client assumes reveal their noise shares to the
+            server (DistributedDP: its figure against the server uses the rest).
     """
 
     def __init__(
@@ -100,6 +134,11 @@ class Federation:
         threat: Any | None = None,
         allow_leaks: bool = False,
         attest: bool = True,
+        sampling: Literal["fixed", "poisson"] = "fixed",
+        client_ledgers: str | os.PathLike[str] | None = None,
+        client_budget: Any | None = None,
+        client_policy: Any | None = None,
+        colluders: int = 0,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -142,6 +181,17 @@ class Federation:
         self.threat = threat
         self.allow_leaks = allow_leaks
         self.attest = bool(attest)
+        if sampling not in ("fixed", "poisson"):
+            raise ConfigurationError(f"sampling must be 'fixed' or 'poisson', got "
+                                     f"{sampling!r}")
+        if isinstance(colluders, bool) or not isinstance(colluders, int) or colluders < 0:
+            raise ConfigurationError(f"colluders must be a non-negative integer, got "
+                                     f"{colluders!r}")
+        self.sampling = sampling
+        self.client_ledgers = client_ledgers
+        self.client_budget = _budget(client_budget)
+        self.client_policy = client_policy
+        self.colluders = colluders
 
     def plan(self) -> list[Any]:
         """The privacy plan before round 0, without contacting or training any client
@@ -174,7 +224,9 @@ class Federation:
             on_violation=self.on_violation, on_abort=self.on_abort,
             include_values=self.include_values, max_records=self.max_records,
             privacy=self._privacy_arg, threat=self.threat, allow_leaks=self.allow_leaks,
-            progress=self.progress, attest=self.attest)
+            progress=self.progress, attest=self.attest, sampling=self.sampling,
+            client_ledgers=self.client_ledgers, client_budget=self.client_budget,
+            client_policy=self.client_policy, colluders=self.colluders)
         try:
             return engine.run()
         finally:

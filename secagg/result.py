@@ -42,6 +42,9 @@ class Result:
         measurements: per phase run, what the phase reported after its server step
             (:meth:`algorithms.base.Phase.measurements`, e.g. the clip bound and how many
             clients' updates were clipped), as ``{"round", "phase", **measurements}``.
+        client_accounts: the clients' own ledgers (embedded runs:
+            :class:`~secagg.privacy.client_ledger.ClientAccounts`), reported as
+            ``privacy.clients`` (:meth:`client_privacy`).
     """
 
     algorithm: dict[str, Any]
@@ -62,6 +65,20 @@ class Result:
     wall_s: float = 0.0
     #: the signers' public keys (party -> Ed25519 public key, hex) when the run was attested
     identities: dict[str, str] | None = None
+    client_accounts: Any | None = None
+    _clients_cache: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    def client_privacy(self) -> dict[str, Any] | None:
+        """Client id (a string) -> ``{"epsilon": {"release": float | None, "server": float
+        | None}, "participations", "eligible_rounds", "refusals", "status"}`` at the
+        run's delta (``reasons`` names why a figure is None), over each client's whole
+        ledger (every run it kept); None when the run kept no client ledgers. Computed
+        once."""
+        if self.client_accounts is None:
+            return None
+        if self._clients_cache is None:
+            self._clients_cache = self.client_accounts.summaries()
+        return self._clients_cache
 
     @property
     def best_accuracy(self) -> float:
@@ -132,6 +149,11 @@ class Result:
         }
         if self.privacy is not None and hasattr(self.privacy, "to_dict"):
             d["privacy"] = self.privacy.to_dict()
+        clients = self.client_privacy()
+        if clients is not None:
+            priv = d.setdefault("privacy", {"delta": self.client_accounts.delta})
+            priv["clients"] = clients
+            priv["clients_delta"] = self.client_accounts.delta
         return d
 
     def save(self, out_dir: str | Path,
@@ -152,6 +174,11 @@ class Result:
         self.costs.to_csv(paths["costs"], profile)
         self.transcript.close(self.rounds, self.failure())
         self.transcript.write(paths["transcript"])
+        if self.client_accounts is not None:
+            paths["client_ledgers"] = out / "client_ledgers.jsonl"
+            with open(paths["client_ledgers"], "w", encoding="utf-8") as fh:
+                for led in self.client_accounts.ledgers.values():
+                    fh.write("".join(e.to_json() + "\n" for e in led.events))
         if self.identities:
             from secagg.attest import write_identities
 
@@ -203,6 +230,7 @@ class Result:
         ]
         if self.privacy is not None and hasattr(self.privacy, "summary_rows"):
             rows.extend(self.privacy.summary_rows())
+        rows.extend(client_rows(self.client_privacy()))
         if self.clips:
             rows.append(("clipped uploads", json.dumps(self.clips)))
         got = sum(p[2] for p in self.participation)
@@ -215,3 +243,43 @@ class Result:
         w = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
+
+
+def client_spread(clients: dict[str, Any], observer: str) -> dict[str, Any] | None:
+    """The distribution of the clients' epsilons against ``observer`` (from
+    ``privacy.clients``): min, median, max, how many clients have no guarantee (None) and
+    the worst clients (up to five, largest first); None without any client."""
+    if not clients:
+        return None
+    vals = [(cid, c["epsilon"].get(observer)) for cid, c in clients.items()]
+    known = sorted((float(v), cid) for cid, v in vals if v is not None)
+    none = [cid for cid, v in vals if v is None]
+    out: dict[str, Any] = {"clients": len(vals), "no_guarantee": len(none)}
+    if known:
+        eps = np.array([v for v, _ in known])
+        out.update(min=float(eps.min()), median=float(np.median(eps)), max=float(eps.max()),
+                   worst=[cid for _, cid in reversed(known[-5:])])
+    return out
+
+
+def client_rows(clients: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Rows for the closing table: per observer, the clients' epsilon min / median / max
+    and the worst clients."""
+    if not clients:
+        return []
+    rows = []
+    for obs in ("release", "server"):
+        sp = client_spread(clients, obs)
+        if sp is None:
+            continue
+        if "max" not in sp:
+            rows.append((f"client epsilon vs {obs}", f"none for all {sp['clients']} clients"))
+            continue
+        extra = f", {sp['no_guarantee']} with none" if sp["no_guarantee"] else ""
+        rows.append((f"client epsilon vs {obs} (min / median / max)",
+                     f"{sp['min']:.4g} / {sp['median']:.4g} / {sp['max']:.4g}{extra}; "
+                     f"worst: {', '.join(sp['worst'])}"))
+    refusals = sum(int(c.get("refusals", 0)) for c in clients.values())
+    if refusals:
+        rows.append(("client refusals (budget or policy)", str(refusals)))
+    return rows

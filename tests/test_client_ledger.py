@@ -36,8 +36,9 @@ CHEAP = (event_to_dict(GaussianEvent(noise_multiplier=4.0)),)
 
 def ev(r: int, action: str, *, client: str = "a", q: float = 0.01, sampling: str = "poisson",
        events: tuple = GAUSS, run: str = "r0", **kw) -> ClientEvent:
+    kw.setdefault("amplifiable", True)
     return ClientEvent(client=client, run=run, round=r, phase="fedavg", action=action,
-                       layer="local-dp", sampling=sampling, sampling_rate=q,
+                       layer="central-dp", sampling=sampling, sampling_rate=q,
                        eligible=1000, cohort=10, noise_multiplier=1.0, clip=1.0,
                        events=events, **kw)
 
@@ -115,6 +116,15 @@ def test_centraldp_gives_no_guarantee_against_the_server() -> None:
     assert eps["release"].epsilon is not None
     s = client_summary(events, DELTA)
     assert s["epsilon"]["server"] is None and "server" in s["reasons"]
+
+
+def test_client_added_noise_is_not_amplified() -> None:
+    """LocalDP / DistributedDP noise is added by the drawn clients: no amplification."""
+    events = [ev(r, "uploaded" if r < 3 else "not_sampled", events=CHEAP, amplifiable=False)
+              for r in range(50)]
+    rel = release_epsilon(events, DELTA)
+    assert not rel.amplified and rel.charged_rounds == 3
+    assert rel.epsilon == pytest.approx(server_epsilon(events, DELTA).epsilon, rel=1e-12)
 
 
 def test_fixed_size_cohort_is_not_amplified() -> None:
@@ -222,3 +232,241 @@ def test_ledger_file_persists_and_rejects_foreign_events(tmp_path) -> None:
     (tmp_path / "client-9.jsonl").write_text(ev(0, "uploaded", client="7").to_json() + "\n")
     with pytest.raises(PrivacyError, match="ledger of client"):
         open_ledgers(tmp_path, [9])
+
+
+# ---------------------------------------------------------------- the embedded engine
+
+import numpy as np  # noqa: E402
+
+from secagg import Federation, Plaintext  # noqa: E402
+from secagg.data import iid_split, load_dataset  # noqa: E402
+from secagg.messages import Bound, Field, UploadSpec  # noqa: E402
+from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP  # noqa: E402
+from secagg.secure_sum.layer import SecureSum  # noqa: E402
+
+DIM, CLIP = 64, 1.0
+
+
+class _MeanPhase:
+    """Each client uploads a fixed vector of norm CLIP (client-level bound); the server
+    keeps the mean over the fixed denominator. ``trained`` spies on the client step."""
+
+    name = "mean"
+
+    def __init__(self, algo: _MeanAlgo) -> None:
+        self.algo = algo
+
+    def spec(self) -> UploadSpec:
+        return UploadSpec((Field("update", (DIM,), "float64", additive=True,
+                                 bound=Bound(l2=CLIP, adjacency="client")),))
+
+    def broadcast(self) -> dict:
+        return {"clip": np.array([CLIP])}
+
+    def client_step(self, client, broadcast) -> dict:
+        self.algo.trained.append(client.id)
+        return {"update": self.algo.value(client.id)}
+
+    def server_step(self, aggregate) -> None:
+        self.algo.means.append((np.asarray(aggregate["update"]) / aggregate.cohort,
+                                tuple(aggregate.contributors), aggregate.cohort))
+
+    def client_flops(self, client) -> float:
+        return 0.0
+
+
+class _MeanAlgo:
+    name, personalized = "mean", False
+
+    def __init__(self, zero: bool = False) -> None:
+        self.zero = zero
+        self.trained: list[int] = []
+        self.means: list[tuple[np.ndarray, tuple[int, ...], int]] = []
+
+    def value(self, c: int) -> np.ndarray:
+        if self.zero:
+            return np.zeros(DIM)
+        v = np.zeros(DIM)
+        v[c % DIM] = CLIP
+        return v
+
+    def setup(self, dataset, clients, seed) -> None:
+        pass
+
+    def phases(self, round: int, rounds: int) -> list:
+        return [_MeanPhase(self)]
+
+    def evaluate(self, dataset, clients) -> float:
+        return 0.0
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+@pytest.fixture(scope="module")
+def clients():
+    return iid_split(load_dataset("digits"), 10, seed=0)
+
+
+def _fed(parts, layer, **kw):
+    kw.setdefault("rounds", 3)
+    kw.setdefault("seed", 0)
+    algo = kw.pop("algo", None) or _MeanAlgo()
+    return algo, Federation(algo, layer, parts, progress=False, attest=False, **kw)
+
+
+def test_budget_refuses_the_k_plus_first_participation_and_after_restart(clients, tmp_path):
+    """A budget that allows exactly K uploads: each client's step (the spy) runs K times;
+    the K+1-th round is refused before it runs, recorded, and still refused in a new run
+    that reads the same ledgers."""
+    k, z = 3, 4.0
+    per_upload = [ev(r, "uploaded", events=(event_to_dict(GaussianEvent(noise_multiplier=z)),))
+                  for r in range(k)]
+    budget = {"server": server_epsilon(per_upload, 1e-5).epsilon * (1 + 1e-9)}
+    layer = LocalDP(Plaintext(), noise_multiplier=z, delta=1e-5, adjacency="client")
+    algo, fed = _fed(clients, layer, rounds=k + 2, client_budget=budget,
+                     client_ledgers=tmp_path / "ledgers")
+    res = fed.run()
+    assert sorted(algo.trained) == sorted(list(range(10)) * k)
+    out = res.to_dict()["privacy"]["clients"]
+    assert set(out) == {str(c) for c in range(10)}
+    for c in out.values():
+        assert c["participations"] == k and c["refusals"] == 1 and c["status"] == "exhausted"
+        assert c["eligible_rounds"] == k + 1  # then it left the population
+        assert c["epsilon"]["server"] <= budget["server"]
+    led = ClientLedger.open(0, tmp_path / "ledgers" / "client-0.jsonl")
+    assert [e.action for e in led] == ["uploaded"] * k + ["refused"]
+    assert "above its budget" in led.events[-1].reason
+    # a restart: a new run over the same ledger directory refuses from its first round
+    algo2, fed2 = _fed(clients, LocalDP(Plaintext(), noise_multiplier=z, delta=1e-5,
+                                        adjacency="client"),
+                       rounds=2, client_budget=budget, client_ledgers=tmp_path / "ledgers")
+    res2 = fed2.run()
+    assert algo2.trained == []
+    again = res2.to_dict()["privacy"]["clients"]
+    assert all(c["refusals"] == 2 and c["participations"] == k for c in again.values())
+
+
+def test_privacy_clients_schema_and_global_bounds_every_client(clients):
+    """result.json's privacy.clients, beside the global figure: global >= max over
+    clients for each observer the global figure holds against; CentralDP has none
+    against the server."""
+    for layer, server_none in (
+            (LocalDP(Plaintext(), noise_multiplier=3.0, delta=1e-5, adjacency="client"),
+             False),
+            (CentralDP(Plaintext(), noise_multiplier=3.0, delta=1e-5, adjacency="client"),
+             True)):
+        _, fed = _fed(clients, layer, rounds=4, fraction=0.3, sampling="poisson")
+        d = fed.run().to_dict()
+        glob, cl = d["privacy"]["epsilon"], d["privacy"]["clients"]
+        assert set(cl) == {str(c) for c in range(10)}
+        for c in cl.values():
+            assert set(c) >= {"epsilon", "participations", "eligible_rounds", "refusals",
+                              "status"}
+            assert set(c["epsilon"]) == {"release", "server"}
+            assert c["eligible_rounds"] == 4 and c["refusals"] == 0
+        rel = [c["epsilon"]["release"] for c in cl.values()]
+        assert all(isinstance(e, float) for e in rel) and glob >= max(rel)
+        srv = [c["epsilon"]["server"] for c in cl.values()]
+        if server_none:  # none for every client that uploaded; 0 for one never drawn
+            up = [c for c in cl.values() if c["participations"]]
+            assert up and all(c["epsilon"]["server"] is None for c in up)
+            assert all("un-noised sum" in c["reasons"]["server"] for c in up)
+            assert all(c["epsilon"]["server"] == 0.0 for c in cl.values()
+                       if not c["participations"])
+        else:
+            assert glob >= max(srv)
+            # a client that uploaded fewer times has a smaller figure against the server
+            by_n = {c["participations"]: c["epsilon"]["server"] for c in cl.values()}
+            ns = sorted(by_n)
+            assert all(by_n[a] < by_n[b] for a, b in zip(ns, ns[1:]))
+        if server_none:  # CentralDP's server-added noise: amplified by Poisson sampling
+            assert max(rel) < glob
+        else:  # noise the clients add comes and goes with the cohort: not amplified
+            assert all(c["epsilon"]["release"] == c["epsilon"]["server"] for c in cl.values())
+
+
+def test_fixed_denominator_keeps_the_noise_scale_with_30_percent_dropped(clients):
+    """CentralDP over a cohort of 10 with 30% of the replies dropped: the released mean's
+    noise std is the planned sigma / 10 (dividing by the 7 replies would give sigma / 7)."""
+    z = 2.0
+    layer = CentralDP(Plaintext(), noise_multiplier=z, delta=1e-5, adjacency="client")
+    algo, fed = _fed(clients, layer, rounds=40, dropout=0.3, algo=_MeanAlgo(zero=True))
+    fed.run()
+    noise = np.concatenate([m for m, _, _ in algo.means])
+    replies = [len(c) for _, c, _ in algo.means]
+    assert all(n == 10 for _, _, n in algo.means)
+    assert 0.55 < np.mean(replies) / 10 < 0.85  # about 30% dropped
+    planned = z * CLIP / 10
+    assert np.std(noise) == pytest.approx(planned, rel=0.05)
+    assert abs(np.std(noise) - z * CLIP / np.mean(replies)) > 0.2 * planned
+
+
+def test_distributed_dp_charges_the_realised_survivors(clients):
+    """Under DistributedDP with dropouts, each uploading client is charged the noise the
+    survivors actually added (their number of shares), and its figure against the server
+    is the composition of those realised events."""
+    layer = DistributedDP(SecureSum(threshold=0.6), noise_multiplier=2.0, delta=1e-5,
+                          adjacency="client")
+    _, fed = _fed(clients, layer, rounds=3, dropout=0.1, seed=3, on_abort="skip")
+    res = fed.run()
+    acc = res.client_accounts
+    seen = 0
+    for led in acc.ledgers.values():
+        for e in led:
+            if e.action != "uploaded":
+                continue
+            (dg,) = e.privacy_events()
+            assert dg.n_shares == e.survivors and e.survivors >= e.min_survivors
+            seen += 1
+    assert seen > 0
+    # someone dropped in a completed sum: fewer shares than planned
+    assert any(0 < p[2] < p[3] for p in res.participation)
+
+
+def test_exhausted_clients_leave_and_the_rate_changes(clients):
+    """A fixed-size cohort of 5: when clients exhaust their budget the others face a
+    higher sampling rate, recorded with the eligible population every round."""
+    z = 4.0
+    one = server_epsilon([ev(0, "uploaded", events=(event_to_dict(
+        GaussianEvent(noise_multiplier=z)),))], 1e-5).epsilon
+    layer = LocalDP(Plaintext(), noise_multiplier=z, delta=1e-5, adjacency="client")
+    _, fed = _fed(clients, layer, rounds=4, fraction=0.5, client_budget=f"server={one * 1.0001}")
+    res = fed.run()
+    events = [e for led in res.client_accounts.ledgers.values() for e in led]
+    by_round: dict[int, set] = {}
+    for e in events:
+        by_round.setdefault(e.round, set()).add((e.eligible, e.sampling_rate, e.cohort))
+    assert by_round[0] == by_round[1] == {(10, 0.5, 5)}
+    # the five of round 0 refused (or would have) in round 1 and left
+    left = {e.client for e in events if e.round == 1 and e.action in ("refused", "declined")}
+    assert len(left) == 5
+    assert by_round[2] == {(5, 1.0, 5)}  # the others now face a rate of 1
+    assert all(len(v) == 1 for v in by_round.values())
+    assert sum(1 for e in events if e.action == "uploaded") == 10
+
+
+def test_cli_client_budget_ledger_and_audit(tmp_path, capsys):
+    """``secagg run --client-budget --client-ledger`` reports privacy.clients, writes the
+    ledgers, and ``secagg audit`` prints the per-client distribution."""
+    from secagg.cli import main
+
+    argv = ["run", "--clients", "4", "--local-epochs", "1", "--rounds", "1", "--quiet",
+            "--layer", "local-dp", "--epsilon", "1", "--sampling", "poisson",
+            "--fraction", "0.5", "--client-budget", "server=100",
+            "--client-ledger", str(tmp_path / "led"), "--out", str(tmp_path / "r")]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    cl = res["privacy"]["clients"]
+    assert set(cl) == {"0", "1", "2", "3"}
+    assert sorted(p.name for p in (tmp_path / "led").iterdir()) == [
+        f"client-{i}.jsonl" for i in range(4)]
+    assert (tmp_path / "r" / "client_ledgers.jsonl").exists()
+    capsys.readouterr()
+    assert main(["audit", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "per-client epsilon (4 clients" in out and "vs release" in out
+    assert "vs server" in out and "worst:" in out
+    assert main(["run", "--client-budget", "client=3", "--out", str(tmp_path / "x")]) == 1
+    assert "client budget observer" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -34,11 +34,16 @@ The observers (the issue's point 2):
 ``release``
     whoever sees the released aggregates and the models built from them, and not the
     cohort. Where the cohort was drawn by Poisson sampling and the round's release is a
-    Gaussian mechanism, every round the client was *eligible* for (sampled or not) is
-    charged the Poisson-subsampled Gaussian at its sampling rate; composing only the rounds
-    it took part in would understate it. Rounds whose cohort was drawn with a fixed size,
-    or whose mechanism has no subsampling bound here (the integer mechanisms, record-level
-    DP-SGD), are charged unamplified, and only when the client uploaded.
+    Gaussian mechanism whose noise the server adds whoever is in the cohort (CentralDP:
+    ``amplifiable``), every round the client was *eligible* for (sampled or not) is charged
+    the Poisson-subsampled Gaussian at its sampling rate; composing only the rounds it
+    took part in would understate it. There, a client that is not drawn and one whose
+    contribution is zero give the same release, so the add/remove analysis of the sampled
+    Gaussian applies exactly. Noise the clients add themselves (LocalDP, DistributedDP)
+    comes and goes with the cohort, so no amplification is claimed for it; rounds drawn
+    with a fixed cohort size, or whose mechanism has no subsampling bound here (the
+    integer mechanisms, record-level DP-SGD), are charged unamplified too, and only when
+    the client uploaded.
 ``server``
     the aggregator, who learns the cohort: the unamplified mechanism over the rounds the
     client uploaded (a dropped client is charged as if it uploaded). Under CentralDP the
@@ -190,6 +195,9 @@ class ClientEvent:
         server_amplification: the declared terms claim amplification by sampling against
             the server (a node's policy refuses that: the server learns the cohort).
         reason: why the client refused or declined (empty otherwise).
+        amplifiable: the release's noise is added by the server whoever is in the cohort
+            (CentralDP), so a Poisson-drawn round is charged the subsampled mechanism
+            against observers of the releases (False: never amplified).
     """
 
     client: str
@@ -214,6 +222,7 @@ class ClientEvent:
     unprotected: dict[str, str] = field(default_factory=dict)
     server_amplification: bool = False
     reason: str = ""
+    amplifiable: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "client", str(self.client))
@@ -387,7 +396,7 @@ def charged_events(events: Sequence[ClientEvent], observer: str, *,
             if ev.action not in _WILLING:
                 continue
             z = _combined_gaussian(ev.privacy_events())
-            poisson = ev.sampling == "poisson" and z is not None
+            poisson = _poisson(ev) and z is not None
             if not poisson and ev.action not in CHARGED_IF_SAMPLED:
                 continue  # not drawn: a fixed-size or unamplified round costs nothing
             if ev.unprotected.get("release"):
@@ -429,11 +438,16 @@ def _observer_epsilon(events: Sequence[ClientEvent], observer: str, delta: float
     return ObserverEpsilon(observer, _compose(evs, d), d, "", rounds, amplified)
 
 
+def _poisson(ev: ClientEvent) -> bool:
+    """Whether the round is charged the Poisson-subsampled mechanism (release observer)."""
+    return ev.sampling == "poisson" and ev.amplifiable
+
+
 def _is_charged(ev: ClientEvent, observer: str) -> bool:
     if ev.action in CHARGED_IF_SAMPLED:
         return True
     return (observer == "release" and ev.action == "not_sampled"
-            and ev.sampling == "poisson" and _combined_gaussian(ev.privacy_events()) is not None)
+            and _poisson(ev) and _combined_gaussian(ev.privacy_events()) is not None)
 
 
 def release_epsilon(events: Sequence[ClientEvent], delta: float) -> ObserverEpsilon:
@@ -513,7 +527,7 @@ def group_epsilon(ledgers: Mapping[str, Sequence[ClientEvent]], delta: float,
             if not willing:
                 continue
             z = _combined_gaussian(willing[0].privacy_events())
-            poisson = all(m.sampling == "poisson" for m in willing) and z is not None
+            poisson = all(_poisson(m) for m in willing) and z is not None
             if not poisson and not used:
                 continue
             why = next((m.unprotected["release"] for m in willing
@@ -629,15 +643,21 @@ class Admission:
     reason: str = ""
 
 
-def project(history: Sequence[ClientEvent], terms: ClientEvent,
+def _terms_list(terms: ClientEvent | Sequence[ClientEvent]) -> list[ClientEvent]:
+    return [terms] if isinstance(terms, ClientEvent) else list(terms)
+
+
+def project(history: Sequence[ClientEvent], terms: ClientEvent | Sequence[ClientEvent],
             delta: float) -> dict[str, ObserverEpsilon]:
     """Each observer's epsilon if the client took part in the round ``terms`` declares
-    (``terms`` is charged as an upload, whatever its ``action``)."""
-    return client_epsilons([*history, replace(terms, action="uploaded")], delta)
+    (one event, or one per phase of the round; each charged as an upload, whatever its
+    ``action``)."""
+    return client_epsilons(
+        [*history, *(replace(t, action="uploaded") for t in _terms_list(terms))], delta)
 
 
-def admit(history: Sequence[ClientEvent], terms: ClientEvent, budget: ClientBudget | None,
-          delta: float, policy: Any | None = None) -> Admission:
+def admit(history: Sequence[ClientEvent], terms: ClientEvent | Sequence[ClientEvent],
+          budget: ClientBudget | None, delta: float, policy: Any | None = None) -> Admission:
     """The check a client runs before it touches its data in a round: refuse terms against
     its ``policy`` (a :class:`~secagg.privacy.policy.NodePolicy`), then refuse when the
     projected epsilon against an observer it holds a budget for is above that budget, or
@@ -646,14 +666,16 @@ def admit(history: Sequence[ClientEvent], terms: ClientEvent, budget: ClientBudg
 
     Args:
         history: the client's events so far (every run).
-        terms: the round as the server declared it (noise, sampling, cohort...).
+        terms: the round as the server declared it (noise, sampling, cohort...): one
+            event, or one per phase of the round.
         budget: the client's budget (None: no budget, only the policy is checked).
         delta: the delta its budget is stated at.
         policy: the client's NodePolicy, or None.
     """
     if policy is not None:
         try:
-            policy.check_terms(terms)
+            for t in _terms_list(terms):
+                policy.check_terms(t)
         except PrivacyError as exc:
             return Admission(False, {}, f"policy: {exc}")
     if budget is None or not budget.observers:
@@ -742,8 +764,21 @@ class ClientLedger:
         """:func:`client_epsilons` of this ledger."""
         return client_epsilons(self._events, delta)
 
-    def admit(self, terms: ClientEvent, budget: ClientBudget | None, delta: float,
-              policy: Any | None = None) -> Admission:
+    def extend(self, events: Sequence[ClientEvent]) -> None:
+        """Record several events with one write (and one sync) of the file."""
+        if any(e.client != self.client for e in events):
+            raise PrivacyError(f"an event of another client for the ledger of "
+                               f"{self.client!r}")
+        if self.path is not None and events:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write("".join(e.to_json() + "\n" for e in events))
+                fh.flush()
+                os.fsync(fh.fileno())
+        self._events.extend(events)
+
+    def admit(self, terms: ClientEvent | Sequence[ClientEvent], budget: ClientBudget | None,
+              delta: float, policy: Any | None = None) -> Admission:
         """:func:`admit` against this ledger's history."""
         return admit(self._events, terms, budget, delta, policy)
 
@@ -766,3 +801,199 @@ def open_ledgers(directory: str | os.PathLike[str] | None,
             out[cid] = ClientLedger.open(cid, Path(directory) / f"client-{cid}"
                                          f"{ClientLedger.SUFFIX}")
     return out
+
+
+# ------------------------------------------------------------------ the embedded engine's side
+
+#: Why CentralDP gives no guarantee against the server.
+CENTRAL_DP_SERVER = ("CentralDP: the server adds the noise after seeing the un-noised sum, "
+                     "so nothing holds against it")
+
+
+def declared_release(layer: Any, spec: Any, n: int,
+                     covered: Sequence[str] = ()) -> tuple[list[PrivacyEvent], dict[str, str]]:
+    """What a release of ``spec`` through ``layer`` over a cohort of ``n`` declares before
+    it happens: its privacy events at the planned noise (DistributedDP: the shares sized
+    for the fewest survivors the secure sum accepts; CentralDP's tree: the largest charge
+    one round can make, z / sqrt(depth)), and observer -> why that observer has no
+    guarantee (fields released without noise, unless ``covered`` by record-level DP-SGD;
+    CentralDP against the server; a user-fixed noise seed)."""
+    from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
+    from secagg.privacy.tree import tree_depth
+
+    unprotected: dict[str, str] = {}
+    bare = {k: v for k, v in layer.unnoised_fields(spec).items() if k not in set(covered)}
+    if bare:
+        name, why = next(iter(bare.items()))
+        text = f"field {name!r} released without DP noise ({why})"
+        unprotected = {"release": text, "server": text}
+    if not isinstance(layer, (CentralDP, LocalDP, DistributedDP)):
+        return [], unprotected
+    if getattr(layer, "seed", None) is not None:
+        text = f"{layer.name}: noise seed fixed by the user"
+        unprotected = {"release": text, "server": text}
+    noised = [f for f in spec.fields if f.name not in layer.unnoised_fields(spec)]
+    events: list[PrivacyEvent] = []
+    if noised:
+        z = layer.noise_multiplier
+        if isinstance(layer, DistributedDP):
+            events = list(layer.release_plan(spec, max(1, n)).planned)
+        elif isinstance(layer, CentralDP) and layer.tree:
+            events = [GaussianEvent(noise_multiplier=z / math.sqrt(
+                tree_depth(layer.releases or 1)))]
+        else:
+            events = [GaussianEvent(noise_multiplier=z)]
+    if isinstance(layer, CentralDP):
+        unprotected.setdefault("server", CENTRAL_DP_SERVER)
+    return events, unprotected
+
+
+@dataclass
+class _PhaseTerms:
+    name: str
+    template: ClientEvent
+
+
+class ClientAccounts:
+    """The embedded engine's per-client bookkeeping for one run: every client's ledger
+    (read from ``directory`` when given, so a client's spend carries over runs), the
+    eligible population, the admission of each client before a round touches its data,
+    and one :class:`ClientEvent` per client per released phase.
+
+    Args:
+        clients: the clients' ids.
+        layer: the run's privacy layer.
+        delta: the delta budgets and the reported figures are stated at.
+        directory: where each client's ledger file lives (None: in memory only).
+        budget: every client's :class:`ClientBudget` (None: no budget).
+        policy: every client's NodePolicy (None: none).
+        sampling: ``"fixed"`` or ``"poisson"`` (how the engine draws cohorts).
+        colluders: clients each client assumes collude with the server (DistributedDP).
+        run_id: this run's id in the ledgers (default: a random one).
+    """
+
+    def __init__(self, clients: Sequence[int], *, layer: Any, delta: float,
+                 directory: str | os.PathLike[str] | None = None,
+                 budget: ClientBudget | None = None, policy: Any | None = None,
+                 sampling: str = "fixed", colluders: int = 0,
+                 run_id: str | None = None) -> None:
+        import uuid
+
+        if sampling not in ("fixed", "poisson"):
+            raise PrivacyError(f"sampling must be 'fixed' or 'poisson', got {sampling!r}")
+        if isinstance(colluders, bool) or not isinstance(colluders, int) or colluders < 0:
+            raise PrivacyError(f"colluders must be a non-negative integer, got {colluders!r}")
+        self.layer, self.delta = layer, _check_delta(delta)
+        self.budget, self.policy = budget, policy
+        self.sampling, self.colluders = sampling, colluders
+        from secagg.privacy.layers import CentralDP
+
+        self.amplifiable = isinstance(layer, CentralDP) and not layer.tree
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.clients = list(clients)
+        self.ledgers = open_ledgers(directory, self.clients)
+        self.active: list[int] = list(self.clients)
+        self.refusing: dict[int, str] = {}
+        self._terms: dict[str, _PhaseTerms] = {}
+        self._round: dict[str, list[ClientEvent]] = {}
+        self._eligible = len(self.clients)
+        self._rate = 1.0
+        self._cohort = 0
+
+    @property
+    def guarded(self) -> bool:
+        """Whether clients check admission at all (a budget or a policy is set)."""
+        return self.budget is not None or self.policy is not None
+
+    def begin_round(self, r: int, phases: Sequence[tuple[str, Any, Sequence[str]]],
+                    rate: float, cohort: int) -> None:
+        """Declare round ``r``'s terms (each released phase: name, spec, DP-SGD-covered
+        fields), drawn at ``rate`` from the current population for a cohort of
+        ``cohort``, and run every eligible client's admission (data-independent)."""
+        self._eligible, self._rate, self._cohort = len(self.active), float(rate), int(cohort)
+        self._terms = {}
+        for name, spec, covered in phases:
+            events, unprotected = declared_release(self.layer, spec, cohort, covered)
+            self._terms[name] = _PhaseTerms(name, self._event(
+                "", r, name, "uploaded", events, unprotected))
+        self.refusing = {}
+        self._round = {}
+        if not self.guarded or not self._terms:
+            return
+        for c in self.active:
+            terms = [replace(t.template, client=str(c)) for t in self._terms.values()]
+            a = self.ledgers[str(c)].admit(terms, self.budget, self.delta, self.policy)
+            if not a.admitted:
+                self.refusing[c] = a.reason
+
+    def _event(self, client: str, r: int, phase: str, action: str,
+               events: Sequence[PrivacyEvent], unprotected: Mapping[str, str],
+               **extra: Any) -> ClientEvent:
+        layer = self.layer
+        z = getattr(layer, "noise_multiplier", None) if hasattr(layer, "inner") else None
+        return ClientEvent(
+            client=client, run=self.run_id, round=r, phase=phase, action=action,
+            layer=getattr(layer, "name", type(layer).__name__),
+            adjacency=getattr(layer, "adjacency", "client"), sampling=self.sampling,
+            sampling_rate=min(1.0, max(self._rate, 1e-12)), eligible=self._eligible,
+            cohort=self._cohort, noise_multiplier=z, colluders=self.colluders,
+            amplifiable=self.amplifiable,
+            events=tuple(event_to_dict(replace(e, label="", round=None, phase=None,
+                                               fields=(), not_private_reason=""))
+                         for e in events),
+            unprotected=dict(unprotected), **extra)
+
+    def record_phase(self, r: int, phase: str, cohort: Sequence[int],
+                     contributors: Sequence[int], events: Sequence[PrivacyEvent],
+                     unprotected: Mapping[str, str], *, clip: float | None = None,
+                     survivors: int | None = None, min_survivors: int | None = None,
+                     local: tuple[int, float] | None = None) -> None:
+        """Book a released phase for every eligible client: ``events`` are the release's
+        (and DP-SGD's) events as the run's ledger charged them; ``unprotected`` adds to
+        the declared reasons."""
+        declared = self._terms.get(phase)
+        why = dict(declared.template.unprotected) if declared else {}
+        for k, v in unprotected.items():
+            why.setdefault(k, v)
+        kept: list[PrivacyEvent] = []
+        for e in events:
+            try:
+                event_to_dict(e)
+            except PrivacyError:
+                text = f"a release without a DP bound ({e.mechanism})"
+                why.setdefault("release", text)
+                why.setdefault("server", text)
+                continue
+            if e.not_private_reason:
+                why.setdefault("release", e.not_private_reason)
+                why.setdefault("server", e.not_private_reason)
+            kept.append(e)
+        in_cohort, got = set(cohort), set(contributors)
+        extra: dict[str, Any] = {"clip": clip, "survivors": survivors,
+                                 "min_survivors": min_survivors}
+        if local is not None:
+            extra.update(local_steps=int(local[0]), local_rate=float(local[1]))
+        for c in self.active:
+            if c in self.refusing:
+                action = "refused" if c in in_cohort else "declined"
+                ev = self._event(str(c), r, phase, action, kept, why,
+                                 reason=self.refusing[c], **extra)
+            else:
+                action = ("uploaded" if c in got else "dropped" if c in in_cohort
+                          else "not_sampled")
+                ev = self._event(str(c), r, phase, action, kept, why, **extra)
+            self._round.setdefault(str(c), []).append(ev)
+
+    def end_round(self, r: int) -> None:
+        """Write the round's events (one write per client) and let the clients that
+        refused leave the population."""
+        for cid, evs in self._round.items():
+            self.ledgers[cid].extend(evs)
+        self._round = {}
+        if self.refusing:
+            self.active = [c for c in self.active if c not in self.refusing]
+
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """Client id -> :func:`client_summary` over its whole ledger (every run)."""
+        return {str(c): client_summary(self.ledgers[str(c)].events, self.delta)
+                for c in self.clients}
