@@ -214,6 +214,17 @@ def test_a_replayed_message_is_charged_once_and_answered_once(tmp_path):
         node.handle(msg, ctx)
     state = read_ledger(ledger)
     assert len(state.charged()) == len(state.committed()) == 1
+    # a node with a budget sends nothing un-noised: no local test accuracy, alone or riding
+    budgeted = _context(tmp_path / "b.jsonl", **{"client-budget": "server=50",
+                                                 "client-budget-delta": DELTA})
+    ask = Message(content(run="r1", step="evaluate", seed=0, state=b""), dst_node_id=100,
+                  message_type=MESSAGE_TYPE)
+    with pytest.raises(ProtocolError, match="does not answer evaluation"):
+        node.handle(ask, budgeted)
+    riding = _step_message(node, None)
+    read(riding).update({"evaluate": True, "eval_state": b""})
+    rep = read(node.handle(riding, budgeted))
+    assert isinstance(rep["msg"], bytes) and "acc" not in rep and "has_test" not in rep
     # a budget without a ledger file is refused (it would reset with the process)
     bare = Context(run_id=1, node_id=100, run_config={}, state=RecordDict(),
                    node_config={"partition-id": 0, "client-budget": "server=3"})

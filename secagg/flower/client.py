@@ -215,10 +215,13 @@ class _Node:
             _check_policy(_policy(context), rec, unpack_arrays(raw) if raw else {})
             with _charged(context, rec, lambda: self._cid(context, store)) as charge:
                 out = self._client_step(rec, *self._load(context), store,
-                                        None if charge is None else charge.admit)
+                                        None if charge is None else charge.admit,
+                                        score=not _budgeted(context))
                 if charge is not None:
                     out.update(charge.commit())
         elif step == "evaluate":
+            if _budgeted(context):
+                raise ProtocolError(_NO_EVALUATION)
             out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
                                  *self._load(context), store)
         elif step == "advertise-next":
@@ -246,15 +249,16 @@ class _Node:
 
     def _client_step(
         self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord,
-        admit: Callable[[UploadSpec], None] | None = None,
+        admit: Callable[[UploadSpec], None] | None = None, score: bool = True,
     ) -> dict[str, Any]:
         """Run the phase's client step and hand the upload to the layer's node side;
         ``admit`` (the node's budget step) is called with the phase's spec after the phase
-        is known and before its step touches the data."""
+        is known and before its step touches the data. ``score``: answer an evaluation
+        request riding on the message (False: leave it unanswered)."""
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
         scored: dict[str, Any] = {}
-        if rec.get("evaluate") is True:  # the previous round's evaluation, before this step
+        if rec.get("evaluate") is True and score:  # the previous round's, before this step
             scored = self._evaluate(field(rec, "eval_state", bytes), seed, dataset, data, store)
             scored = {"acc": scored["acc"], "has_test": scored["has_test"]}
         algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
@@ -424,6 +428,17 @@ def _ledger_path(context: Context) -> Path | None:
     if not isinstance(path, str):
         raise ProtocolError(f"node config {LEDGER_PATH} must be a file path, got {path!r}")
     return Path(path).expanduser()
+
+
+_NO_EVALUATION = ("this node holds a privacy budget (client-budget): its local test "
+                  "accuracy would leave it un-noised, outside the budget, so it does not "
+                  "answer evaluation requests")
+
+
+def _budgeted(context: Context) -> bool:
+    """Whether the node holds a privacy budget (then nothing un-noised leaves it: no
+    evaluation answers)."""
+    return context.node_config.get(CLIENT_BUDGET) not in (None, "")
 
 
 def _ledger_head(context: Context) -> str | None:

@@ -240,6 +240,7 @@ class FlowerFederation(TransportHooks):
         self._last_drops: Dropped = {}
         #: the nodes' ledger heads this run (transcript records, written at close)
         self._node_ledgers: list[dict[str, Any]] = []
+        self._events: dict[Any, Any] = {}  # the last release's node event (cached)
         self._round_drops: set[int] = set()  # clients dropped in the current round
         self._eval: _PendingEvaluation | None = None
         self._run: RunState | None = None  # the running run's (evaluation records)
@@ -316,14 +317,19 @@ class FlowerFederation(TransportHooks):
         from secagg.privacy.node_budget import node_event
 
         rnd, name = ins.get("round", ctx.round), ins.get("phase", ctx.phase)
-        spec = None
-        if "layer" in ins and "n" in ins:  # DistributedDP: the plan needs the phase's spec
-            phase = next(p for p in self.algorithm.phases(rnd, self.rounds) if p.name == name)
-            spec = phase.spec()
-            if spec.max_records is None:
-                spec = replace(spec, max_records=int(ins["max_records"]))
-        return node_event(client, self._run_tag, rnd, name, ins.get("dp"), spec=spec,
-                          cohort=ins.get("n"), layer=ins.get("layer"), **kw).to_dict()
+        key = (self._run_tag, rnd, name, ins.get("dp"), ins.get("layer"), ins.get("n"))
+        if key not in self._events:  # one event per release (its plan), not per node
+            spec = None
+            if "layer" in ins and "n" in ins and "dp" in ins:  # DistributedDP's plan needs it
+                phase = next(p for p in self.algorithm.phases(rnd, self.rounds)
+                             if p.name == name)
+                spec = phase.spec()
+                if spec.max_records is None:
+                    spec = replace(spec, max_records=int(ins["max_records"]))
+            self._events = {key: node_event(client, self._run_tag, rnd, name, ins.get("dp"),
+                                            spec=spec, cohort=ins.get("n"),
+                                            layer=ins.get("layer"))}
+        return replace(self._events[key], client=str(client), **kw).to_dict()
 
     def _statements(self, client: int, rec: Any) -> None:
         """Keep the signed statements a node's reply carries (``att``), for the transcript
