@@ -39,7 +39,8 @@ Steps (record field ``step``):
   budget (an error reply: no array leaves), else writes and syncs the release's intent in
   its ledger file (:mod:`secagg.privacy.node_ledger`); after the step it commits it and
   replies with the file's new head (``ledger_head``, also in the hello), which the server
-  keeps in the transcript for ``secagg audit --node-ledger``.
+  keeps in the transcript for ``secagg audit --node-ledger``. A node that holds a budget
+  answers no ``evaluate`` request (its accuracy would leave it un-noised).
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next
