@@ -213,9 +213,10 @@ class _Node:
             # the node's own checks, before its data is touched: its policy floor, then its
             # budget (the release is charged, durably, before the step runs)
             raw = rec.get("broadcast", b"")
-            _check_policy(_policy(context), rec, unpack_arrays(raw) if raw else {})
+            bcast = unpack_arrays(raw) if raw else {}
+            _check_policy(_policy(context), rec, bcast)
             with _charged(context, rec, lambda: self._cid(context, store)) as charge:
-                out = self._client_step(rec, *self._load(context), store,
+                out = self._client_step(rec, *self._load(context), store, bcast,
                                         None if charge is None else charge.admit,
                                         score=not _budgeted(context))
                 if charge is not None:
@@ -250,9 +251,11 @@ class _Node:
 
     def _client_step(
         self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord,
-        admit: Callable[[UploadSpec], None] | None = None, score: bool = True,
+        bcast: dict[str, np.ndarray], admit: Callable[[UploadSpec], None] | None = None,
+        score: bool = True,
     ) -> dict[str, Any]:
-        """Run the phase's client step and hand the upload to the layer's node side;
+        """Run the phase's client step on the broadcast ``bcast`` and hand the upload to
+        the layer's node side;
         ``admit`` (the node's budget step) is called with the phase's spec after the phase
         is known and before its step touches the data. ``score``: answer an evaluation
         request riding on the message (False: leave it unanswered)."""
@@ -272,8 +275,6 @@ class _Node:
         if not phases:
             raise ProtocolError(f"round {rnd} has no phase {name!r} on this client")
         phase = phases[0]
-        raw = rec.get("broadcast", b"")
-        bcast = unpack_arrays(raw) if raw else {}
         if admit is not None:  # charged (or refused) before the step touches the data
             declared = phase.spec()
             if declared.max_records is None:
