@@ -22,9 +22,11 @@ Invariants a writer keeps (:class:`NodeLedger`):
   then does the step run. After the upload is handed to the transport it appends a
   ``commit`` entry. An intent without a commit (the node crashed in between) counts as
   spent: the upload may have left.
-* **Charged once per message.** Entries carry the message id; a second intent for an id
-  already in the file (a replayed message) is not written and not charged, and the node
-  does not answer it again (a fresh answer would be a second release).
+* **Charged once per release.** Entries carry an id (a Flower node uses the release's
+  run, round and phase, :func:`release_id`); a second intent for an id already in the file
+  (a replayed message, or a second message asking for the same release) is not written
+  and not charged, and the node does not answer it again (a fresh answer would be a
+  second release).
 * **Refusals are kept, not charged.** A release the node refused before touching its data
   (over budget) is a ``refusal`` entry: part of the history, charged nothing.
 * **One writer.** A writer holds an exclusive lock on ``PATH.lock``
