@@ -142,3 +142,27 @@ def test_one_writer_at_a_time(tmp_path):
         again.intend("m0", _event(0))
     with pytest.raises(PrivacyError, match="closed"):
         again.intend("m1", _event(1))
+
+
+def test_a_failed_append_closes_the_writer(tmp_path, monkeypatch):
+    """A write that fails (disk full, a signal) may leave a torn line: the writer stops
+    rather than chain a next entry on top of it, and the next writer finds the tear."""
+    import os
+
+    path = tmp_path / "ledger.jsonl"
+    led = NodeLedger(path)
+    led.intend("m0", _event(0))
+
+    def full(fd):
+        with path.open("ab") as fh:  # what a cut write leaves: half a line
+            fh.write(b'{"id":"m1"')
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        led.intend("m1", _event(1))
+    monkeypatch.undo()
+    with pytest.raises(PrivacyError, match="closed"):
+        led.commit("m0")
+    with pytest.raises(LedgerTorn):
+        NodeLedger(path)  # the lock was released; the tear is found

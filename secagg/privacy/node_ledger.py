@@ -388,10 +388,6 @@ class NodeLedger:
         """The digest of the last line written (:data:`GENESIS` when none)."""
         return self.state.head
 
-    def refusals(self) -> list[dict[str, Any]]:
-        """The events of the releases refused (charged nothing)."""
-        return [dict(e.payload) for e in self.entries if e.kind == "refusal"]
-
     def charged(self) -> list[dict[str, Any]]:
         """The events charged so far (see :meth:`LedgerState.charged`)."""
         return self.state.charged()
@@ -410,10 +406,14 @@ class NodeLedger:
         except (TypeError, ValueError) as exc:
             raise LedgerError(self.path, 0, f"payload is not JSON: {exc}") from None
         new = not self.path.exists()
-        with self.path.open("ab") as fh:
-            fh.write(line + b"\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with self.path.open("ab") as fh:
+                fh.write(line + b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:  # the line may be torn: nothing more is written on top of it
+            self.close()
+            raise
         if new:  # the file's own directory entry must survive a crash too
             _sync_dir(self.path.parent)
         digest = _digest(line)
