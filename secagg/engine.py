@@ -490,6 +490,11 @@ class InProcess(TransportHooks):
 # ---------------------------------------------------------------- layers over a link
 
 
+def _zeros(spec: UploadSpec) -> dict[str, np.ndarray]:
+    """An upload of zeros for every field of ``spec`` (what a filtered client sends)."""
+    return {f.name: np.zeros(f.shape, dtype=f.dtype) for f in spec.fields}
+
+
 def check_phase(phase: _Phase) -> None:
     """Refuse, on a remote runtime, a phase whose spec has no fields (a "local-only"
     phase: clients compute and upload nothing, the layer is not called). A remote runtime
@@ -615,6 +620,11 @@ class Engine:
             the ledger directory (None: in the result only), each client's
             :class:`~secagg.privacy.client_ledger.ClientBudget` and NodePolicy, and the
             colluders each client assumes under DistributedDP.
+        individual_filter: an :class:`~secagg.privacy.client_ledger.IndividualFilter`
+            each client runs on its actual clipped update (in one process; CentralDP
+            without a tree or LocalDP): once the next round would cross its budget the
+            client sends zeros (masked under a secure sum), never a visible refusal. Its
+            figures stay in the client's state (and its ledger directory).
     """
 
     def __init__(
@@ -628,7 +638,7 @@ class Engine:
         decryptor: int | None = None, attest: bool = True,
         sampling: Literal["fixed", "poisson"] = "fixed", client_ledgers: Any | None = None,
         client_budget: Any | None = None, client_policy: Any | None = None,
-        colluders: int = 0,
+        colluders: int = 0, individual_filter: Any | None = None,
     ) -> None:
         self.algorithm, self.layer, self.transport = algorithm, layer, transport
         self.attest = attest
@@ -648,6 +658,16 @@ class Engine:
         self.client_ledgers, self.client_budget = client_ledgers, client_budget
         self.client_policy, self.colluders = client_policy, colluders
         self.accounts: Any | None = None
+        self.individual_filter = individual_filter
+        if individual_filter is not None:
+            from secagg.privacy.layers import CentralDP, LocalDP
+
+            if transport.link is not None or not (
+                    isinstance(layer, LocalDP)
+                    or (isinstance(layer, CentralDP) and not layer.tree)):
+                raise ConfigurationError(
+                    "an individual filter charges a Gaussian release per round: it needs "
+                    "CentralDP (without a tree) or LocalDP, in one process")
         if transport.link is not None:  # the layer's server side runs over the link
             if sampling != "fixed" or client_budget is not None or client_ledgers is not None:
                 raise ConfigurationError(
@@ -784,6 +804,10 @@ class Engine:
                     break
             if self.accounts is not None:
                 self.accounts.end_round(r)
+                if self.individual_filter is not None:
+                    for st in tr.states:
+                        if "individual_filter" in st.state:
+                            self.accounts.save_filter_state(st.id, st.state["individual_filter"])
             run.history.append(tr.evaluate(r, run))
             tr.round_ends(r)
             if bar is not None:
@@ -853,14 +877,23 @@ class Engine:
         states = self.transport.states
         uploads: dict[int, Upload] = {}
         refusing = {} if self.accounts is None else self.accounts.refusing
+        filt = self.individual_filter
         for c in cohort:
             if c in refusing:  # refused before touching its data: no step, no upload
                 continue
             st = states[c]
+            halted = filt is not None and self._filter_state(st).get("halted", False)
             t0 = time.process_time()
-            values = phase.client_step(st, bcast)
+            values = _zeros(spec) if halted else phase.client_step(st, bcast)
             dt = time.process_time() - t0
             up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
+            if filt is not None and not halted:
+                from secagg.privacy.client_ledger import individual_mu
+
+                # charged from what it would send; over budget: zeros instead, silently
+                if not filt.step(self._filter_state(st), individual_mu(self.layer, spec, up)):
+                    up = Upload.validate(spec, _zeros(spec), c, st.n_records,
+                                         self.on_violation)
             up.cpu_s, up.flops = dt, float(phase.client_flops(st))
             run.clips.add(up)
             uploads[c] = up
@@ -892,6 +925,15 @@ class Engine:
         return rel.end(agg, ctx)
 
     # -- the clients' own ledgers (in one process)
+
+    def _filter_state(self, st: ClientState) -> dict[str, Any]:
+        """The client's own individual-filter state (loaded from its ledger directory the
+        first time; never reported to the server)."""
+        key = "individual_filter"
+        if key not in st.state:
+            st.state[key] = (self.accounts.filter_state(st.id)
+                             if self.accounts is not None else {})
+        return st.state[key]
 
     def _accounts(self, clients: list[int], run: RunState) -> Any | None:
         """The clients' ledgers for this run (in one process), or None over a link."""

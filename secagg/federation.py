@@ -114,6 +114,9 @@ class Federation:
             terms below its floor are refused the same way.
         colluders: how many clients each client assumes reveal their noise shares to the
             server (DistributedDP: its figure against the server uses the rest).
+        individual_filter: an :class:`~secagg.privacy.client_ledger.IndividualFilter`
+            ("rdp" or "gdp"; "pld" is refused): each client is charged from its actual
+            clipped update and sends zeros once the next round would cross its budget.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class Federation:
         client_budget: Any | None = None,
         client_policy: Any | None = None,
         colluders: int = 0,
+        individual_filter: Any | None = None,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -192,6 +196,7 @@ class Federation:
         self.client_budget = _budget(client_budget)
         self.client_policy = client_policy
         self.colluders = colluders
+        self.individual_filter = individual_filter
 
     def plan(self) -> list[Any]:
         """The privacy plan before round 0, without contacting or training any client
@@ -226,7 +231,8 @@ class Federation:
             privacy=self._privacy_arg, threat=self.threat, allow_leaks=self.allow_leaks,
             progress=self.progress, attest=self.attest, sampling=self.sampling,
             client_ledgers=self.client_ledgers, client_budget=self.client_budget,
-            client_policy=self.client_policy, colluders=self.colluders)
+            client_policy=self.client_policy, colluders=self.colluders,
+            individual_filter=self.individual_filter)
         try:
             return engine.run()
         finally:

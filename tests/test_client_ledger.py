@@ -4,6 +4,7 @@ budgets and admission, persistence; and the embedded engine's use of them."""
 from __future__ import annotations
 
 import json
+import math
 
 import dp_accounting
 import pytest
@@ -470,3 +471,96 @@ def test_cli_client_budget_ledger_and_audit(tmp_path, capsys):
     assert main(["run", "--client-budget", "client=3", "--out", str(tmp_path / "x")]) == 1
     assert "client budget observer" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------- data-dependent filters
+
+from secagg.privacy.client_ledger import (  # noqa: E402
+    IndividualFilter,
+    UnsoundFilter,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu,
+)
+
+
+def test_a_pld_filter_is_refused() -> None:
+    with pytest.raises(UnsoundFilter, match="PLD"):
+        IndividualFilter("pld", 2.0, 1e-5)
+    with pytest.raises(PrivacyError):
+        IndividualFilter("moments", 2.0, 1e-5)
+    with pytest.raises(PrivacyError, match="order"):
+        IndividualFilter("rdp", 0.5, 1e-5, order=2)  # log(1/delta) alone is above 0.5
+
+
+def test_gdp_conversion_matches_dp_accounting() -> None:
+    """mu-GDP is the Gaussian mechanism of multiplier 1/mu: the closed form agrees with
+    dp-accounting's PLD of it."""
+    for mu in (0.3, 1.0):
+        ref = pld_epsilon(dp_accounting.GaussianDpEvent(1 / mu), 1, 1e-5)
+        assert gdp_epsilon(mu, 1e-5) == pytest.approx(ref, rel=2e-3)
+    assert gdp_delta(gdp_mu(2.0, 1e-5), 2.0) == pytest.approx(1e-5, rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gdp", "rdp"])
+def test_filter_stops_exactly_before_the_budget(kind) -> None:
+    f = IndividualFilter(kind, 3.0, 1e-5, order=16)
+    state: dict = {}
+    mus = [0.2, 0.5, 0.1, 0.4, 0.3, 0.05, 0.6, 0.01]
+    passed = [f.step(state, m) for m in mus]
+    k = passed.index(False)
+    assert all(passed[:k]) and not any(passed[k:])  # halted for good
+    assert sum(f.cost(m) for m in mus[:k]) <= f.capacity < sum(f.cost(m) for m in mus[:k + 1])
+    assert f.spent_epsilon(state["spent"]) <= 3.0 + 1e-9
+
+
+class _Neighbour(_MeanAlgo):
+    """Client 0 uploads a vector of norm ``norm0``, the others of norm 0.01."""
+
+    def __init__(self, norm0: float) -> None:
+        super().__init__()
+        self.norm0 = norm0
+
+    def value(self, c: int) -> np.ndarray:
+        v = np.zeros(DIM)
+        v[0] = self.norm0 if c == 0 else 0.01
+        return v
+
+
+def test_filtered_client_is_invisible_to_the_server(clients) -> None:
+    """Two neighbouring inputs of client 0 (update norms a > b) stop its GDP filter at
+    different rounds; the server-visible transcripts (every record the server saw:
+    round, stage, sender, field, form, shape, bytes -- the values are masked) and the
+    cost ledger's messages are identical, and result.json is too; the filter's figures
+    appear nowhere in it."""
+    z = 1.0
+    filt = IndividualFilter("gdp", 4.0, 1e-5)
+    cap = filt.capacity
+    runs = []
+    for share in (4.5, 6.5):  # client 0 passes 4 rounds, then 6
+        norm0 = z * math.sqrt(cap / share)
+
+        algo = _Neighbour(norm0)
+        _, fed = _fed(clients, LocalDP(SecureSum(threshold=0.7), noise_multiplier=z,
+                                       delta=1e-5, adjacency="client"),
+                      rounds=8, algo=algo, individual_filter=filt)
+        res = fed.run()
+        seen = [{k: v for k, v in r.items() if k not in ("digest", "values")}
+                for r in res.transcript.records if r.get("type") == "observation"
+                and r.get("party") == "server"]
+        msgs = [(r.round, r.stage, r.sender, r.receiver, r.wire_bytes)
+                for r in res.costs.rows]
+        d = res.to_dict()
+        d.pop("wall_s")
+        d.pop("device")
+        runs.append((algo.trained.count(0), seen, msgs, d))
+    (t_a, seen_a, msgs_a, d_a), (t_b, seen_b, msgs_b, d_b) = runs
+    assert (t_a, t_b) == (5, 7)  # the step that would cross the budget ran, then none
+    assert seen_a and seen_a == seen_b and msgs_a == msgs_b
+    for key in ("participation", "aborted", "client_rounds"):
+        assert d_a[key] == d_b[key]
+    for way in ("up", "down", "internal"):  # byte and message totals (CPU times vary)
+        assert d_a["costs"][way]["wire_bytes"] == d_b["costs"][way]["wire_bytes"]
+        assert d_a["costs"][way]["messages"] == d_b["costs"][way]["messages"]
+    assert d_a["privacy"]["clients"] == d_b["privacy"]["clients"]
+    assert "individual" not in json.dumps(d_a) and "spent" not in json.dumps(d_a)
