@@ -276,3 +276,22 @@ def test_under_distributed_dp_the_node_charges_the_plans_worst_case(tmp_path, tr
     rec = reconcile(ledger, second.transcript.records, 0)
     assert rec["ok"], rec["problems"]
     assert rec["committed"] == 1 and rec["refusals"] == 1
+
+
+def test_a_noise_seed_sent_by_the_server_voids_the_nodes_figure(tmp_path):
+    """A server that fixes the nodes' noise seed knows their noise: the node claims no
+    guarantee for such a release, and a node holding any budget refuses it."""
+    local = {"layer": "local-dp", "noise_multiplier": Z}
+    seeded = node_event(0, "r", 0, "train", {**local, "seed": 7})
+    assert server_epsilon([seeded], DELTA).epsilon is None
+    assert "seed" in server_epsilon([seeded], DELTA).reason
+    assert server_epsilon([node_event(0, "r", 0, "train", local)], DELTA).epsilon > 0
+    node = _Node(_fedavg, node_partition_loader(_partition))
+    msg = _step_message(node, None)
+    params = json.loads(read(msg)["dp"])
+    read(msg)["dp"] = json.dumps({**params, "seed": 7})
+    ctx = _context(tmp_path / "l.jsonl", **{"client-budget": "server=1000",
+                                            "client-budget-delta": DELTA})
+    with pytest.raises(ProtocolError, match="noise seed is fixed"):
+        node.handle(msg, ctx)
+    assert read_ledger(tmp_path / "l.jsonl").charged() == []

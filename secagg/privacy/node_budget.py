@@ -34,6 +34,9 @@ What a node can account for itself:
   survivors the secure sum accepts (with fewer, nothing is released). No colluders are
   assumed, as in the run's own figure.
 
+A noise seed fixed by the server (the ``seed`` of the terms, for reproducible runs) makes
+the noise known to it: no figure is claimed, and a node holding a budget refuses.
+
 No amplification by sampling is claimed: a Flower cohort is a fixed-size draw the server
 makes and knows, and a node does not see the rounds it was not drawn for.
 """
@@ -116,6 +119,10 @@ def node_event(client: int | str, run: str, round: int, phase: str,
     if isinstance(z, bool) or not isinstance(z, (int, float)) or not z > 0:
         raise PrivacyError(f"DP parameters: noise multiplier {z!r} is not positive")
     base.update(layer=kind, noise_multiplier=float(z), adjacency=adjacency)
+    if params.get("seed") is not None:  # the noise is a function of a seed the server sent
+        why = (f"the noise seed is fixed ({params['seed']!r}) and known to the server: "
+               "whoever knows it can subtract the noise")
+        return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
     if kind == "local-dp":
         return ClientEvent(**base, events=({"mechanism": "gaussian",
                                             "noise_multiplier": float(z), "count": 1},))
