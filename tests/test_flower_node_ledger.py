@@ -278,20 +278,30 @@ def test_under_distributed_dp_the_node_charges_the_plans_worst_case(tmp_path, tr
     assert rec["committed"] == 1 and rec["refusals"] == 1
 
 
-def test_a_noise_seed_sent_by_the_server_voids_the_nodes_figure(tmp_path):
-    """A server that fixes the nodes' noise seed knows their noise: the node claims no
-    guarantee for such a release, and a node holding any budget refuses it."""
-    local = {"layer": "local-dp", "noise_multiplier": Z}
-    seeded = node_event(0, "r", 0, "train", {**local, "seed": 7})
-    assert server_epsilon([seeded], DELTA).epsilon is None
-    assert "seed" in server_epsilon([seeded], DELTA).reason
-    assert server_epsilon([node_event(0, "r", 0, "train", local)], DELTA).epsilon > 0
+@pytest.mark.parametrize("abuse,why", [({"seed": 7}, "noise seed is fixed"),
+                                       ({"public": ["update"]}, "without noise: ['update']")])
+def test_terms_that_leave_the_noise_to_the_server_void_the_nodes_figure(tmp_path, abuse, why):
+    """A server that fixes the nodes' noise seed knows their noise, and one that declares
+    the upload public gets it un-noised: the node claims no guarantee for such a release,
+    and a node holding any budget refuses it before training."""
+    from secagg.privacy.client_ledger import release_epsilon
+
+    algo = _fedavg()
+    algo.setup(load_dataset("digits"), [], 0)
+    spec = algo.phases(0, 1)[0].spec()
+    local = {"layer": "local-dp", "noise_multiplier": Z, "delta": DELTA,
+             "adjacency": "client", "public": [], "seed": None}
+    fine = node_event(0, "r", 0, "train", local, spec=spec)
+    assert server_epsilon([fine], DELTA).epsilon > 0
+    bad = node_event(0, "r", 0, "train", {**local, **abuse}, spec=spec)
+    for observer in (server_epsilon, release_epsilon):
+        assert observer([bad], DELTA).epsilon is None
+        assert why in observer([bad], DELTA).reason
     node = _Node(_fedavg, node_partition_loader(_partition))
     msg = _step_message(node, None)
-    params = json.loads(read(msg)["dp"])
-    read(msg)["dp"] = json.dumps({**params, "seed": 7})
+    read(msg)["dp"] = json.dumps({**json.loads(read(msg)["dp"]), **abuse})
     ctx = _context(tmp_path / "l.jsonl", **{"client-budget": "server=1000",
                                             "client-budget-delta": DELTA})
-    with pytest.raises(ProtocolError, match="noise seed is fixed"):
+    with pytest.raises(ProtocolError, match=why.replace("[", r"\[").replace("]", r"\]")):
         node.handle(msg, ctx)
     assert read_ledger(tmp_path / "l.jsonl").charged() == []

@@ -320,7 +320,7 @@ class FlowerFederation(TransportHooks):
         key = (self._run_tag, rnd, name, ins.get("dp"), ins.get("layer"), ins.get("n"))
         if key not in self._events:  # one event per release (its plan), not per node
             spec = None
-            if "layer" in ins and "n" in ins and "dp" in ins:  # DistributedDP's plan needs it
+            if "dp" in ins:  # the release's spec: its un-noised fields, DistributedDP's plan
                 phase = next(p for p in self.algorithm.phases(rnd, self.rounds)
                              if p.name == name)
                 spec = phase.spec()

@@ -34,7 +34,9 @@ What a node can account for itself:
   survivors the secure sum accepts (with fewer, nothing is released). No colluders are
   assumed, as in the run's own figure.
 
-A noise seed fixed by the server (the ``seed`` of the terms, for reproducible runs) makes
+A release that leaves some of the upload's fields un-noised (the terms declare them
+``public``) gives those fields no guarantee: no figure is claimed. A noise seed fixed by
+the server (the ``seed`` of the terms, for reproducible runs) makes
 the noise known to it: no figure is claimed, and a node holding a budget refuses.
 
 No amplification by sampling is claimed: a Flower cohort is a fixed-size draw the server
@@ -123,6 +125,10 @@ def node_event(client: int | str, run: str, round: int, phase: str,
         why = (f"the noise seed is fixed ({params['seed']!r}) and known to the server: "
                "whoever knows it can subtract the noise")
         return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
+    bare = _unnoised(params, layer, spec)
+    if bare:  # fields the node is told to release without noise
+        why = f"fields released without noise: {bare}"
+        return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
     if kind == "local-dp":
         return ClientEvent(**base, events=({"mechanism": "gaussian",
                                             "noise_multiplier": float(z), "count": 1},))
@@ -134,6 +140,23 @@ def node_event(client: int | str, run: str, round: int, phase: str,
     why = _NOT_DERIVED if kind == "distributed-dp" else (
         f"layer {kind!r}: the node does not add this noise itself")
     return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
+
+
+def _unnoised(params: Mapping[str, Any], layer: str | None,
+              spec: UploadSpec | None) -> list[str]:
+    """The fields of ``spec`` the terms leave un-noised (declared public; the layer's own
+    :meth:`~secagg.privacy.layers._DPLayer.unnoised_fields`); without a spec, every name
+    the terms declare public (a conservative reading)."""
+    if spec is None:
+        return sorted(str(p) for p in params.get("public", []) or [])
+    if params.get("layer") not in ("local-dp", "distributed-dp"):
+        return []
+    from secagg.privacy.release import node_noiser
+
+    rec = {"dp": json.dumps(dict(params))}
+    if layer is not None:
+        rec["layer"] = layer
+    return sorted(node_noiser(rec).unnoised_fields(spec))
 
 
 def _distributed_plan(params: Mapping[str, Any], layer: str, spec: UploadSpec,
