@@ -305,3 +305,17 @@ def test_terms_that_leave_the_noise_to_the_server_void_the_nodes_figure(tmp_path
     with pytest.raises(ProtocolError, match=why.replace("[", r"\[").replace("]", r"\]")):
         node.handle(msg, ctx)
     assert read_ledger(tmp_path / "l.jsonl").charged() == []
+
+
+def test_a_budget_is_client_level_so_record_level_terms_are_refused():
+    """A record-level figure bounds one record, not the node's whole contribution: a
+    budgeted node refuses such terms however loose its budget."""
+    from secagg.privacy.client_ledger import ClientBudget
+    from secagg.privacy.node_budget import node_admit
+
+    local = {"layer": "local-dp", "noise_multiplier": Z}
+    budget = ClientBudget.parse("server=1000")
+    assert node_admit([], node_event(0, "r", 0, "train", local), budget, DELTA).admitted
+    record = node_event(0, "r", 0, "train", {**local, "adjacency": "record"})
+    no = node_admit([], record, budget, DELTA)
+    assert not no.admitted and "record-level" in no.reason

@@ -39,6 +39,9 @@ A release that leaves some of the upload's fields un-noised (the terms declare t
 the server (the ``seed`` of the terms, for reproducible runs) makes
 the noise known to it: no figure is claimed, and a node holding a budget refuses.
 
+A node's budget is for its whole contribution (client-level adjacency): terms accounted
+at record level are refused by a node that holds one.
+
 No amplification by sampling is claimed: a Flower cohort is a fixed-size draw the server
 makes and knows, and a node does not see the rounds it was not drawn for.
 """
@@ -173,11 +176,19 @@ def node_admit(charged: Sequence[Mapping[str, Any]], event: ClientEvent,
                budget: ClientBudget, delta: float) -> Admission:
     """Whether the node may take part in ``event`` given the events its ledger charges
     (``charged``: :meth:`ClientEvent.to_dict` payloads, every run, crashes included):
-    :func:`secagg.privacy.client_ledger.admit` on them.
+    :func:`secagg.privacy.client_ledger.admit` on them. A node's budget is for its whole
+    contribution, so a release accounted at record-level adjacency (declared now, or
+    charged before) is refused: its figure does not bound the node's loss.
 
     Raises:
         PrivacyError: a charged payload that is not a client event (the ledger holds
             something this node cannot account for: it refuses rather than guess).
     """
     history = [ClientEvent.from_dict(p) for p in charged]
+    loose = [e for e in (*history, event) if e.adjacency != "client"
+             and e.action in ("uploaded", "dropped")]
+    if loose:  # a record-level figure bounds one record, not the node's contribution
+        return Admission(False, {}, f"round {loose[0].round} ({loose[0].phase}) is accounted "
+                         f"at {loose[0].adjacency}-level adjacency: it bounds one record, not "
+                         "this node's whole contribution, which its budget is for")
     return admit(history, event, budget, delta)
