@@ -45,7 +45,8 @@ EXIT_CODES = """exit status:
   3    run: finished without a usable model (every phase aborted, or the privacy budget
        guard stopped it early); its outputs are still written, the reason is on stderr
   4    audit: the transcript is incomplete (truncated or altered), or, with --identities,
-       a client's signed statement is missing, forged or contradicted by a record
+       a client's signed statement is missing, forged or contradicted by a record, or,
+       with --node-ledger, a node's ledger file does not reconcile with the transcript
   5    audit --threat: the named coalition can read some field beyond what the layer promises
   130  interrupted"""
 
@@ -320,6 +321,11 @@ def _make_parser() -> argparse.ArgumentParser:
         "on a missing, forged or contradicted one); without it the transcript is "
         "unattested: only accidental damage is detected",
     )
+    a.add_argument(
+        "--node-ledger", action="append", default=[], metavar="CLIENT=PATH",
+        help="a Flower node's own ledger file (node config ledger-path; repeatable): verify "
+        "its chain, that its head is the one the server recorded, and that its committed "
+        "releases of this run are the server's (exit 4 when not)")
     a.add_argument(
         "--threat",
         default=None,
@@ -656,7 +662,19 @@ def _audit(args: argparse.Namespace) -> int:
         dist = client_distribution(json.loads(result_json.read_text()))
         if dist is not None:
             report["clients"] = dist
+    ledgers = _node_ledgers(args.node_ledger, transcript)
+    if ledgers:
+        report["node_ledgers"] = ledgers
     print(json.dumps(report, indent=2, default=str) if args.json else format_audit(report))
+    if ledgers and not args.json:
+        from secagg.privacy.node_ledger import format_reconcile
+
+        print("\n" + format_reconcile(ledgers))
+    bad = [r for r in ledgers if not r["ok"]]
+    if bad:
+        print(f"secagg audit: {len(bad)} node ledger(s) do not reconcile; first: "
+              f"{bad[0]['problems'][0]}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     if not report["complete"]:
         print(f"secagg audit: transcript incomplete: {report['incomplete_reason']}",
               file=sys.stderr)
@@ -674,6 +692,21 @@ def _audit(args: argparse.Namespace) -> int:
         print("\n" + text)
         return EXIT_LEAK if leaks else EXIT_OK
     return EXIT_OK
+
+
+def _node_ledgers(specs: list[str], transcript: Any) -> list[dict[str, Any]]:
+    """``audit --node-ledger CLIENT=PATH``: each node's file reconciled with the server's
+    copy in the transcript (:func:`secagg.privacy.node_ledger.reconcile`)."""
+    from secagg.privacy.node_ledger import reconcile
+
+    out = []
+    for spec in specs:
+        client, sep, path = spec.partition("=")
+        if not sep or not client.strip().lstrip("-").isdigit() or not path:
+            raise ConfigurationError(f"--node-ledger wants CLIENT=PATH (a client id and its "
+                                     f"ledger file), got {spec!r}")
+        out.append(reconcile(Path(path), transcript.records, int(client)))
+    return out
 
 
 def _interrupt_on_sigterm() -> None:

@@ -32,6 +32,15 @@ Steps (record field ``step``):
   carries the client step (``with_step``): the node runs and encodes it, fixes its
   party's vector length and ring from the encoding, and shares its keys. A session thus
   costs four exchanges instead of five.
+* The node's own ledger and budget (node config ``ledger-path``, ``client-budget``,
+  ``client-budget-delta``; :mod:`secagg.privacy.node_budget`): before a message that runs
+  the client step touches the node's data, the node checks its policy floor, refuses a
+  release it already charged (a replay) or one that would take its epsilon past its
+  budget (an error reply: no array leaves), else writes and syncs the release's intent in
+  its ledger file (:mod:`secagg.privacy.node_ledger`); after the step it commits it and
+  replies with the file's new head (``ledger_head``, also in the hello), which the server
+  keeps in the transcript for ``secagg audit --node-ledger``. A node that holds a budget
+  answers no ``evaluate`` request (its accuracy would leave it un-noised).
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next
@@ -45,8 +54,10 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +71,7 @@ from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
 from secagg.flower.records import RECORD, content, field, read
 from secagg.layers.plaintext import upload_on_node
 from secagg.messages import Upload, UploadSpec
+from secagg.privacy.node_ledger import LedgerError, NodeLedger, read_ledger, release_id
 from secagg.privacy.policy import NodePolicy
 from secagg.wire import unpack_arrays
 
@@ -191,13 +203,27 @@ class _Node:
             from secagg.attest import public_hex
 
             out["identity"] = public_hex(key)  # the public half of the node's identity
+            head = _ledger_head(context)
+            if head is not None:  # where the node's ledger stands as the run begins
+                out["ledger_head"] = head
             if "next_session" in rec:
                 out.update(self._advertise_next(rec, context, store))
             return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
         if step in _UPLOADS and (step != "share" or rec.get("with_step") is True):
-            out = self._client_step(rec, *self._load(context), store,
-                                    policy=_policy(context))
+            # the node's own checks, before its data is touched: its policy floor, then its
+            # budget (the release is charged, durably, before the step runs)
+            raw = rec.get("broadcast", b"")
+            bcast = unpack_arrays(raw) if raw else {}
+            _check_policy(_policy(context), rec, bcast)
+            with _charged(context, rec, lambda: self._cid(context, store)) as charge:
+                out = self._client_step(rec, *self._load(context), store, bcast,
+                                        None if charge is None else charge.admit,
+                                        score=not _budgeted(context))
+                if charge is not None:
+                    out.update(charge.commit())
         elif step == "evaluate":
+            if _budgeted(context):
+                raise ProtocolError(_NO_EVALUATION)
             out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
                                  *self._load(context), store)
         elif step == "advertise-next":
@@ -210,6 +236,10 @@ class _Node:
             store["cid"] = int(self._load(context)[1].id)
         return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
 
+    def _cid(self, context: Context, store: ConfigRecord) -> int:
+        """This node's client id (from its hello, else its partition)."""
+        return int(store["cid"]) if "cid" in store else int(self._load(context)[1].id)
+
     def _advertise_next(self, rec: ConfigRecord, context: Context,
                         store: ConfigRecord) -> dict[str, Any]:
         """ADVERTISE ahead for the next secure-sum session
@@ -221,12 +251,18 @@ class _Node:
 
     def _client_step(
         self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord,
-        policy: NodePolicy | None = None,
+        bcast: dict[str, np.ndarray], admit: Callable[[UploadSpec], None] | None = None,
+        score: bool = True,
     ) -> dict[str, Any]:
+        """Run the phase's client step on the broadcast ``bcast`` and hand the upload to
+        the layer's node side;
+        ``admit`` (the node's budget step) is called with the phase's spec after the phase
+        is known and before its step touches the data. ``score``: answer an evaluation
+        request riding on the message (False: leave it unanswered)."""
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
         scored: dict[str, Any] = {}
-        if rec.get("evaluate") is True:  # the previous round's evaluation, before this step
+        if rec.get("evaluate") is True and score:  # the previous round's, before this step
             scored = self._evaluate(field(rec, "eval_state", bytes), seed, dataset, data, store)
             scored = {"acc": scored["acc"], "has_test": scored["has_test"]}
         algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
@@ -239,10 +275,11 @@ class _Node:
         if not phases:
             raise ProtocolError(f"round {rnd} has no phase {name!r} on this client")
         phase = phases[0]
-        raw = rec.get("broadcast", b"")
-        bcast = unpack_arrays(raw) if raw else {}
-        if policy is not None:  # the node's floor, checked before its data is touched
-            _check_policy(policy, rec, bcast)
+        if admit is not None:  # charged (or refused) before the step touches the data
+            declared = phase.spec()
+            if declared.max_records is None:
+                declared = replace(declared, max_records=field(rec, "max_records", int))
+            admit(declared)
         t0 = time.process_time()
         values = phase.client_step(st, bcast)
         cpu = time.process_time() - t0
@@ -251,6 +288,10 @@ class _Node:
         spec: UploadSpec = phase.spec()
         if spec.max_records is None:
             spec = replace(spec, max_records=field(rec, "max_records", int))
+        if admit is not None and spec != declared:  # the charge must describe the release
+            raise ProtocolError("the phase's spec changed during its step, so the release "
+                                "charged on this node's ledger does not describe it: "
+                                "nothing is sent (the charge stands)")
         up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
         store["client_state"] = safestore.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
@@ -376,6 +417,139 @@ def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.nda
     except (PrivacyError, ValueError, TypeError) as exc:
         raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
             from None
+
+
+#: node config keys of the node's own ledger and budget
+LEDGER_PATH, CLIENT_BUDGET, BUDGET_DELTA = "ledger-path", "client-budget", "client-budget-delta"
+
+
+def _ledger_path(context: Context) -> Path | None:
+    path = context.node_config.get(LEDGER_PATH)
+    if path is None or path == "":
+        return None
+    if not isinstance(path, str):
+        raise ProtocolError(f"node config {LEDGER_PATH} must be a file path, got {path!r}")
+    return Path(path).expanduser()
+
+
+_NO_EVALUATION = ("this node holds a privacy budget (client-budget): its local test "
+                  "accuracy would leave it un-noised, outside the budget, so it does not "
+                  "answer evaluation requests")
+
+
+def _budgeted(context: Context) -> bool:
+    """Whether the node holds a privacy budget (then nothing un-noised leaves it: no
+    evaluation answers)."""
+    return context.node_config.get(CLIENT_BUDGET) not in (None, "")
+
+
+def _ledger_head(context: Context) -> str | None:
+    """The head of the node's ledger file (None without one); a ledger that does not
+    verify is an error reply (the node does not join a run it cannot account for)."""
+    path = _ledger_path(context)
+    if path is None:
+        return None
+    try:
+        return read_ledger(path).head
+    except LedgerError as exc:
+        raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+
+
+class _Charge:
+    """The node's budget step around one client step (:mod:`secagg.privacy.node_ledger`,
+    :mod:`secagg.privacy.node_budget`), opened by :func:`_charged`.
+
+    :meth:`admit` runs after the phase is known and before its step touches the data: it
+    refuses a release that would take the node's epsilon, projected under the terms the
+    instruction declares over every release its ledger charges, past its budget (a
+    ``refusal`` entry is written; nothing is charged), else writes and syncs the release's
+    intent. :meth:`commit` runs after the step and returns the reply's ``ledger_head``.
+    A step that fails after :meth:`admit` leaves the intent uncommitted: spent. Every
+    refusal is a ProtocolError: an error reply, no array sent."""
+
+    def __init__(self, context: Context, rec: ConfigRecord, client: int) -> None:
+        self.rec, self.client, self.ledger = rec, client, None
+        self.path = _ledger_path(context)
+        from secagg.privacy.node_budget import budget_from_node_config
+
+        try:
+            self.budget = budget_from_node_config(context.node_config)
+        except PrivacyError as exc:
+            raise ProtocolError(f"node config: {exc}") from None
+        if self.path is None:
+            raise ProtocolError(f"node config {CLIENT_BUDGET} needs {LEDGER_PATH} (a budget "
+                                "kept in memory would reset with the process)")
+        self.run = field(rec, "run", str)
+        self.round, self.phase = field(rec, "round", int), field(rec, "phase", str)
+        self.rid = release_id(self.run, self.round, self.phase)
+        try:
+            self.ledger = NodeLedger(self.path)
+        except LedgerError as exc:
+            raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+        try:
+            self._check()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self) -> None:
+        """Refuse a replay, and a file that holds another client's releases."""
+        assert self.ledger is not None
+        client = self.client
+        if self.rid in self.ledger.state.intents():
+            raise ProtocolError(
+                f"release {self.rid} is already charged on this node's ledger (a replayed "
+                "message): refused, neither charged nor answered again")
+        others = {str(p.get("client")) for p in self.ledger.charged()} - {str(client)}
+        if others:  # one file per node: another client's history is not this one's
+            raise ProtocolError(f"this node's privacy ledger {self.path} holds releases of "
+                                f"client(s) {sorted(others)}, this node is client "
+                                f"{client}: give each node its own ledger-path")
+
+    def admit(self, spec: UploadSpec) -> None:
+        """Charge the release, or refuse it (see the class docstring); ``spec``: the
+        phase's spec, with the run's public bounds (public: shapes and bounds only)."""
+        from secagg.privacy.node_budget import node_admit, node_event
+
+        assert self.ledger is not None
+        rec = self.rec
+        try:
+            event = node_event(self.client, self.run, self.round, self.phase, rec.get("dp"),
+                               spec=spec, cohort=rec.get("n"), layer=rec.get("layer"))
+            ok = None if self.budget is None else node_admit(
+                self.ledger.charged(), event, *self.budget)
+        except PrivacyError as exc:
+            raise ProtocolError(f"this node's privacy ledger: {exc}") from None
+        if ok is not None and not ok.admitted:
+            self.ledger.refuse(self.rid, replace(event, action="refused",
+                                                 reason=ok.reason).to_dict())
+            raise ProtocolError(f"refused by this node's privacy budget: {ok.reason}")
+        self.ledger.intend(self.rid, event.to_dict())  # synced: from here, spent
+
+    def commit(self) -> dict[str, Any]:
+        """After the step: commit the release; the reply's ``ledger_head``."""
+        assert self.ledger is not None
+        return {"ledger_head": self.ledger.commit(self.rid, {"status": "uploaded"})}
+
+    def close(self) -> None:
+        """Release the ledger's lock."""
+        if self.ledger is not None:
+            self.ledger.close()
+
+
+@contextmanager
+def _charged(context: Context, rec: ConfigRecord, client: Callable[[], int]
+             ) -> Iterator[_Charge | None]:
+    """The node's :class:`_Charge` for one client step, or None when its config names
+    neither a ledger nor a budget (then nothing is charged)."""
+    if _ledger_path(context) is None and context.node_config.get(CLIENT_BUDGET) in (None, ""):
+        yield None
+        return
+    charge = _Charge(context, rec, client())
+    try:
+        yield charge
+    finally:
+        charge.close()
 
 
 def client_app(

@@ -27,7 +27,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,6 +238,9 @@ class FlowerFederation(TransportHooks):
         self._held = False
         self._run_tag = ""
         self._last_drops: Dropped = {}
+        #: the nodes' ledger heads this run (transcript records, written at close)
+        self._node_ledgers: list[dict[str, Any]] = []
+        self._events: dict[Any, Any] = {}  # the last release's node event (cached)
         self._round_drops: set[int] = set()  # clients dropped in the current round
         self._eval: _PendingEvaluation | None = None
         self._run: RunState | None = None  # the running run's (evaluation records)
@@ -307,6 +310,27 @@ class FlowerFederation(TransportHooks):
             time.perf_counter() - t0)
         return got, failed
 
+    def _node_event(self, client: int, ins: Mapping[str, Any], ctx: RoundContext,
+                    **kw: Any) -> dict[str, Any]:
+        """The release ``ins`` asks node ``client`` for, as the node's ledger charges it
+        (:func:`secagg.privacy.node_budget.node_event`, from the same fields)."""
+        from secagg.privacy.node_budget import node_event
+
+        rnd, name = ins.get("round", ctx.round), ins.get("phase", ctx.phase)
+        key = (self._run_tag, rnd, name, ins.get("dp"), ins.get("layer"), ins.get("n"))
+        if key not in self._events:  # one event per release (its plan), not per node
+            spec = None
+            if "dp" in ins:  # the release's spec: its un-noised fields, DistributedDP's plan
+                phase = next(p for p in self.algorithm.phases(rnd, self.rounds)
+                             if p.name == name)
+                spec = phase.spec()
+                if spec.max_records is None:
+                    spec = replace(spec, max_records=int(ins["max_records"]))
+            self._events = {key: node_event(client, self._run_tag, rnd, name, ins.get("dp"),
+                                            spec=spec, cohort=ins.get("n"),
+                                            layer=ins.get("layer"))}
+        return replace(self._events[key], client=str(client), **kw).to_dict()
+
     def _statements(self, client: int, rec: Any) -> None:
         """Keep the signed statements a node's reply carries (``att``), for the transcript
         (:class:`secagg.attest.Collector`)."""
@@ -339,6 +363,17 @@ class FlowerFederation(TransportHooks):
                                      timeout=self.step_timeout if step else None, needs=needs)
         if step:
             self._collect_evaluation(got)
+            for c, rec in got.items():  # the release each node charged on its own ledger
+                if isinstance(rec.get("ledger_head"), str):
+                    self._node_ledgers.append({
+                        "type": "node-ledger", "client": int(c), "head": rec["ledger_head"],
+                        "event": self._node_event(c, instructions[c], ctx)})
+            for c, why in failed.items():  # a node's budget refusal (an error reply)
+                if "refused by this node's privacy budget" in why:
+                    self._node_ledgers.append({
+                        "type": "node-ledger", "client": int(c), "head": None,
+                        "refused": self._node_event(c, instructions[c], ctx,
+                                                    action="refused", reason=why)})
         return got, failed
 
     def count(self, stage: str, nbytes: int) -> None:
@@ -392,6 +427,9 @@ class FlowerFederation(TransportHooks):
             self.nodes[cid] = int(rep.metadata.src_node_id)
             if isinstance(rec.get("identity"), str):  # the node's public identity key
                 self.collector.keys[str(cid)] = rec["identity"]
+            if isinstance(rec.get("ledger_head"), str):  # its own ledger, as the run begins
+                self._node_ledgers.append({"type": "node-ledger", "client": cid,
+                                           "head": rec["ledger_head"], "event": None})
             self._statements(cid, rec)
             greeted(cid, rec)
         if len(self.nodes) < self.min_nodes:
@@ -449,11 +487,15 @@ class FlowerFederation(TransportHooks):
             exc.add_note(f"nodes lost (stage -> client -> why): {self._last_drops}")
 
     def close(self, run: RunState) -> None:
-        """The last round's evaluation: a message of its own."""
+        """The last round's evaluation: a message of its own. Then the heads the nodes
+        reported of their own ledger files go to the transcript (``node-ledger`` records:
+        client, head, and the release it charged, None for the hello's), for ``secagg
+        audit --node-ledger`` to reconcile (:func:`secagg.privacy.node_ledger.reconcile`)."""
         t_eval = time.perf_counter()
         self._finish_evaluation()
         if self.round_wall_s:
             self.round_wall_s[-1] += time.perf_counter() - t_eval
+        run.transcript.extend(self._node_ledgers)
 
     # ---------------------------------------------------------------- the run
 
@@ -469,6 +511,7 @@ class FlowerFederation(TransportHooks):
         """
         self._grid = grid
         self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
+        self._node_ledgers = []
         self.collector = Collector(run=self._run_tag)  # the nodes' signed statements
         engine = Engine(
             algorithm=self.algorithm, layer=self.layer, transport=self, rounds=self.rounds,
