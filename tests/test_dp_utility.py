@@ -184,6 +184,33 @@ def test_fedlog_dp_defaults_are_one_record_level_release():
     assert FedLog().client_l2 is not None  # the Python default is unchanged
 
 
+def test_spherefed_under_record_level_dp_runs_on_the_public_body_instead_of_refusing(
+        tmp_path, capsys):
+    """SphereFed's trained body has no record-level bound, so record-level DP (the DP
+    layers' default) used to refuse the run; its DP defaults now pick the public body,
+    whose single FFC release is bounded per record, and the run completes."""
+    from algorithms.spherefed import SphereFed
+    from secagg.cli import main
+
+    assert SphereFed.dp_defaults("record", {}) == {"body": "public", "lam": "auto",
+                                                   "feature_dim": 16}
+    for given in ({"body": "trained"}, {"dpsgd": object()}):
+        assert SphereFed.dp_defaults("record", given) == {}
+    assert SphereFed.dp_defaults("client", {}) == {}
+    # choosing the public body still gets the DP ridge and width (explicit ones win)
+    assert algorithm_arguments(SphereFed, {"body": "public"}, "record") == {
+        "body": "public", "lam": "auto", "feature_dim": 16}
+    assert algorithm_arguments(SphereFed, {"feature_dim": 32}, "record")["feature_dim"] == 32
+    rc = main(["run", "--algorithm", "spherefed", "--layer", "central-dp", "--epsilon", "8",
+               "--rounds", "1", "--clients", "4", "--quiet", "--out", str(tmp_path / "r")])
+    capsys.readouterr()
+    assert rc == 0
+    import json
+
+    res = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert res["algorithm"]["body"] == "public" and res["algorithm"]["feature_dim"] == 16
+
+
 def _sweep(**over):
     from secagg.sweep.config import load_config
 
