@@ -366,8 +366,8 @@ class SphereFed(FedAvg):
     def dp_defaults(cls, adjacency: str, given: Mapping[str, Any]) -> dict[str, Any]:
         """Under a record-level DP layer, the public body unless the user chose the trained
         body or DP-SGD (``body="trained"``, ``dpsgd`` given): a trained body's upload has
-        no record-level bound (the run would refuse), while the seeded, untrained body's FFC statistics do,
-        so the whole budget buys the one calibration release. With it: ``lam="auto"`` (the
+        no record-level bound (the run would refuse), while the seeded, untrained body's
+        FFC statistics do, so the whole budget buys the one calibration release. With it: ``lam="auto"`` (the
         ridge floor set from the noise on V) and ``feature_dim=16`` unless given: the noise
         on the d x d Gram matrix grows with d while the signal per record stays bounded, so
         a narrow body keeps the release useful at record-level epsilons (digits, 10
