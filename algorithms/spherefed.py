@@ -367,10 +367,10 @@ class SphereFed(FedAvg):
         """Under a record-level DP layer, the public body unless the user chose the trained
         body or DP-SGD (``body="trained"``, ``dpsgd`` given): a trained body's upload has
         no record-level bound (the run would refuse), while the seeded, untrained body's
-        FFC statistics do, so the whole budget buys the one calibration release. With it: ``lam="auto"`` (the
-        ridge floor set from the noise on V) and ``feature_dim=16`` unless given: the noise
-        on the d x d Gram matrix grows with d while the signal per record stays bounded, so
-        a narrow body keeps the release useful at record-level epsilons (digits, 10
+        FFC statistics do, so the whole budget buys the one calibration release.
+        With it: ``lam="auto"`` (the ridge floor set from the noise on V) and
+        ``feature_dim=16`` unless given: the noise on the d x d Gram matrix grows with d
+        while the signal per record stays bounded, so a narrow body keeps the release useful at record-level epsilons (digits, 10
         clients, 3 seeds, epsilon 64: d=16 within 0.7 points of plaintext for every DP
         layer; d=64 scores higher without DP, 0.94, but local DP stays 4.5 points
         below). With many records per class a wider body pays: on Fashion-MNIST (60,000
