@@ -364,18 +364,18 @@ class SphereFed(FedAvg):
 
     @classmethod
     def dp_defaults(cls, adjacency: str, given: Mapping[str, Any]) -> dict[str, Any]:
-        """Under a record-level DP layer, the public body unless the user chose the trained
-        body or DP-SGD (``body="trained"``, ``dpsgd`` given): a trained body's upload has
-        no record-level bound (the run would refuse), while the seeded, untrained body's
-        FFC statistics do, so the whole budget buys the one calibration release.
-        With it: ``lam="auto"`` (the ridge floor set from the noise on V) and
-        ``feature_dim=16`` unless given: the noise on the d x d Gram matrix grows with d
-        while the signal per record stays bounded, so a narrow body keeps the release useful at record-level epsilons (digits, 10
-        clients, 3 seeds, epsilon 64: d=16 within 0.7 points of plaintext for every DP
-        layer; d=64 scores higher without DP, 0.94, but local DP stays 4.5 points
-        below). With many records per class a wider body pays: on Fashion-MNIST (60,000
-        records) d=64-96 came within 1 point of plaintext at epsilon 1
-        (benchmarks/results/spherefed_public_fmnist.txt); pass ``feature_dim`` there.
+        """Under a record-level DP layer, the public body unless the user chose the trained body or
+        DP-SGD (``body="trained"``, ``dpsgd`` given): a trained body's upload has no
+        record-level bound (the run would refuse), while the seeded, untrained body's FFC
+        statistics do, so the whole budget buys the one calibration release. With it:
+        ``lam="auto"`` (the ridge floor set from the noise on V) and ``feature_dim=16``
+        unless given: the noise on the d x d Gram matrix grows with d while the signal per
+        record stays bounded, so a narrow body keeps the release useful at record-level
+        epsilons (digits, 10 clients, 3 seeds, epsilon 64: d=16 within 0.7 points of
+        plaintext for every DP layer; d=64 scores higher without DP, 0.94, but local DP
+        stays 4.5 points below). With many records per class a wider body pays: on
+        Fashion-MNIST (60,000 records) d=64-96 came within 1 point of plaintext at epsilon
+        1 (benchmarks/results/spherefed_public_fmnist.txt); pass ``feature_dim`` there.
         Under client-level DP nothing changes."""
         if adjacency != "record" or "dpsgd" in given or given.get("body",
                                                                   "public") != "public":
