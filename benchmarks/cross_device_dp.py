@@ -25,8 +25,9 @@ average at start and end (the benchmark ran on 2 cores shared with other jobs: w
 are indicative only; the CPU time is the cost of the run itself).
 
 ``table`` groups the lines by tag (mean and, with several seeds, the min..max band over the
-seeds) and prints each DP row's gap in points to the ``--ref`` tag of its group (the
-``ref`` field given by ``--ref TAG`` at run time).
+seeds; the final accuracy and the mean of the last three rounds, which is less exposed to
+one round's swing) and prints each row's gap in points to the tag named by ``--ref TAG``
+at run time, paired by seed (negative: below the reference).
 """
 
 from __future__ import annotations
@@ -199,22 +200,25 @@ def table(path: str) -> str:
     for r in rows:
         by_tag[r["tag"]].append(r)
     out = ["| tag | layer | eps target | eps ledger | z (update) | fraction | rounds | seeds "
-           "| accuracy % (final; band over seeds) | best % | gap to ref (points) | s/round "
-           "| CPU s/round | load |",
+           "| accuracy % (final; band over seeds) | last-3 mean % | gap to ref (points; final, "
+           "last-3) | s/round | CPU s/round | load |",
            "|---" * 14 + "|"]
     for tag, rs in by_tag.items():
         acc = [r["accuracy"] for r in rs]
-        best = [r["best_accuracy"] for r in rs]
+        last3 = [float(np.mean(r["history"][-3:])) for r in rs]
         r0 = rs[0]
         gap = "-"
         ref = r0.get("ref")
         if ref and ref in by_tag:
-            mine = {r["seed"]: r["accuracy"] for r in rs}
-            theirs = {r["seed"]: r["accuracy"] for r in by_tag[ref]}
+            mine = {r["seed"]: r for r in rs}
+            theirs = {r["seed"]: r for r in by_tag[ref]}
             common = sorted(mine.keys() & theirs.keys())
             if common:
-                d = [100 * (mine[s] - theirs[s]) for s in common]
-                gap = f"{np.mean(d):+.2f} vs {ref} (n={len(common)})"
+                d = [100 * (mine[s]["accuracy"] - theirs[s]["accuracy"]) for s in common]
+                d3 = [100 * (np.mean(mine[s]["history"][-3:])
+                             - np.mean(theirs[s]["history"][-3:])) for s in common]
+                gap = (f"{np.mean(d):+.2f}, {np.mean(d3):+.2f} vs {ref} "
+                       f"(n={len(common)})")
         eps = [r["epsilon"] for r in rs if r["epsilon"] is not None]
         z = r0["z_round1"].get("update")
         layer = r0["layer"] + (" + DP-FTRL" if r0.get("dp_ftrl") else "")
@@ -224,7 +228,7 @@ def table(path: str) -> str:
             f"| {tag} | {layer} | - | - | ")
         out[-1] += (f"{z:.3g} | " if z is not None and math.isfinite(z) else "- | ")
         out[-1] += (f"{r0['fraction']} | {r0['rounds']} | {len(rs)} | {_band(acc)} | "
-                    f"{_band(best)} | {gap} | {np.mean([r['s_per_round'] for r in rs]):.1f} "
+                    f"{_band(last3)} | {gap} | {np.mean([r['s_per_round'] for r in rs]):.1f} "
                     f"| {_cpu_per_round(rs)} | {np.mean([r['load_start'] for r in rs]):.1f} |")
     return "\n".join(out)
 
