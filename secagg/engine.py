@@ -576,6 +576,18 @@ def check_remote(layer: Layer) -> None:
         )
 
 
+def node_release_event(client: int, run: str, round: int, phase: str,
+                       dp: Any, **terms: Any) -> Any:
+    """The release an instruction asks a Flower node for, as the node's own ledger charges
+    it (:func:`secagg.privacy.node_budget.node_event`, from the same instruction fields):
+    the server keeps its copy beside the node's reported ledger head. Named here, where
+    the engine keeps its privacy plumbing, so that the transport imports no privacy
+    code."""
+    from secagg.privacy.node_budget import node_event
+
+    return node_event(client, run, round, phase, dp, **terms)
+
+
 def is_dp(layer: Layer) -> bool:
     """Whether ``layer`` is a DP wrapper (CentralDP, LocalDP or DistributedDP)."""
     return type(layer) in _wrappers()

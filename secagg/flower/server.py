@@ -49,6 +49,7 @@ from secagg.engine import (
     check_remote,
     clients_evaluated,
     is_dp,
+    node_release_event,
 )
 from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
@@ -313,9 +314,7 @@ class FlowerFederation(TransportHooks):
     def _node_event(self, client: int, ins: Mapping[str, Any], ctx: RoundContext,
                     **kw: Any) -> dict[str, Any]:
         """The release ``ins`` asks node ``client`` for, as the node's ledger charges it
-        (:func:`secagg.privacy.node_budget.node_event`, from the same fields)."""
-        from secagg.privacy.node_budget import node_event
-
+        (:func:`secagg.engine.node_release_event`, from the same fields)."""
         rnd, name = ins.get("round", ctx.round), ins.get("phase", ctx.phase)
         key = (self._run_tag, rnd, name, ins.get("dp"), ins.get("layer"), ins.get("n"))
         if key not in self._events:  # one event per release (its plan), not per node
@@ -326,9 +325,9 @@ class FlowerFederation(TransportHooks):
                 spec = phase.spec()
                 if spec.max_records is None:
                     spec = replace(spec, max_records=int(ins["max_records"]))
-            self._events = {key: node_event(client, self._run_tag, rnd, name, ins.get("dp"),
-                                            spec=spec, cohort=ins.get("n"),
-                                            layer=ins.get("layer"))}
+            self._events = {key: node_release_event(
+                client, self._run_tag, rnd, name, ins.get("dp"), spec=spec,
+                cohort=ins.get("n"), layer=ins.get("layer"))}
         return replace(self._events[key], client=str(client), **kw).to_dict()
 
     def _statements(self, client: int, rec: Any) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from secagg.algorithm_registry import load_algorithm
-from secagg.errors import ConfigurationError
+from secagg.errors import ConfigurationError, SecaggError
 from secagg.layers.base import Layer
 from secagg.layers.registry import LayerOptions, get_layer, make_layer
 from secagg.safestore import StoreError
@@ -169,3 +169,16 @@ def _unprotected_observers(dp: Layer | None, private: bool | None) -> tuple[str,
     if private is False:
         return CLIENT_OBSERVERS
     return ("server",) if isinstance(dp, CentralDP) else ()
+
+
+def cell_task(cfg: SweepConfig, cell: Cell, mode: str, tape: str | None) -> dict[str, Any]:
+    """One cell as a worker (a process or a Ray task) runs it: torch on one thread, a
+    secagg error returned as an error row (never lost)."""
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        return run_cell(cfg, cell, mode, tape)
+    except SecaggError as exc:
+        return {"id": cfg.cell_id(cell), **dataclasses.asdict(cell), "status": "error",
+                "error": f"{type(exc).__name__}: {exc}", "cache": mode}

@@ -92,13 +92,13 @@ def run_cell_task(cfg: SweepConfig, cell: Cell, mode: str, tape: dict[str, bytes
     temporary folder. Returns the row and, for a recording, the tape's files (None when
     the recording stored no tape)."""
     from secagg import safestore
-    from secagg.sweep.schedule import _task
+    from secagg.sweep.cells import cell_task
 
     with tempfile.TemporaryDirectory(prefix="secagg-sweep-") as tmp:
         path = None if tape_name is None else Path(tmp) / tape_name
         if mode == "replay" and path is not None and tape is not None:
             _write_tape(path, tape)
-        row = _task(cfg, cell, mode, None if path is None else str(path))
+        row = cell_task(cfg, cell, mode, None if path is None else str(path))
         out = None
         if mode == "record" and path is not None and safestore.exists(path):
             out = _read_tape(path)

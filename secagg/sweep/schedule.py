@@ -3,7 +3,6 @@ cache, and the worker pool that runs them (:func:`sweep`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -14,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from secagg import safestore
-from secagg.errors import SecaggError
-from secagg.sweep.cells import run_cell
+from secagg.sweep.cells import cell_task
 from secagg.sweep.config import DP_LAYERS, Cell, SweepConfig, load_config
 from secagg.sweep.report import SweepResult, _append, _csv_line, _read_jsonl
 
@@ -30,19 +28,6 @@ def _stop(pool: ProcessPoolExecutor) -> None:
             p.terminate()
     for p in procs:
         p.join(timeout=5)
-
-
-def _task(cfg: SweepConfig, cell: Cell, mode: str, tape: str | None) -> dict[str, Any]:
-    """Worker entry point: one cell, errors returned as an error row (never lost)."""
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-        return run_cell(cfg, cell, mode, tape)
-    except SecaggError as exc:
-        return {"id": cfg.cell_id(cell), **dataclasses.asdict(cell), "status": "error",
-                "error": f"{type(exc).__name__}: {exc}", "cache": mode}
-
 
 
 def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
@@ -136,7 +121,7 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
             queue = list(first)
             while queue:
                 c, how, tape = queue.pop(0)
-                queue.extend(finish(_task(cfg, c, how, tape), tape if how == "record"
+                queue.extend(finish(cell_task(cfg, c, how, tape), tape if how == "record"
                                     else None))
         else:
             import multiprocessing
@@ -145,14 +130,14 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
             pool = ProcessPoolExecutor(n_workers, mp_context=ctx)
             try:
                 running: dict[Future[dict[str, Any]], str | None] = {
-                    pool.submit(_task, cfg, c, how, tape): (tape if how == "record" else None)
+                    pool.submit(cell_task, cfg, c, how, tape): (tape if how == "record" else None)
                     for c, how, tape in first}
                 while running:
                     finished, _ = wait(running, return_when=FIRST_COMPLETED)
                     for fut in finished:
                         tape = running.pop(fut)
                         for c, how, t in finish(fut.result(), tape):
-                            running[pool.submit(_task, cfg, c, how, t)] = None
+                            running[pool.submit(cell_task, cfg, c, how, t)] = None
             except BaseException:
                 _stop(pool)  # interrupted: the finished cells are on disk, the rest is dropped
                 raise
