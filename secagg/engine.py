@@ -48,6 +48,7 @@ from secagg.errors import (
     BudgetExceeded,
     ConfigurationError,
     InadmissibleField,
+    PrivacyError,
     SecureSumAborted,
 )
 from secagg.layers.base import Aggregate, Layer, RoundContext
@@ -202,6 +203,14 @@ def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
     phases = getattr(layer, "plan_phases", None)
     if callable(phases):  # e.g. DP-FTRL's one tree refuses releases of several phases
         phases(released)
+    from secagg.privacy.clipping import AdaptiveClip
+
+    if getattr(layer, "tree", False) and isinstance(
+            getattr(algorithm, "clip_policy", None), AdaptiveClip):
+        raise PrivacyError(  # refused here, not after round 0's training
+            f"{layer.name}: DP-FTRL's tree needs the same bound in every round, but the "
+            "algorithm's clip is adaptive (its bound moves each round); use a fixed clip "
+            "(e.g. --clip 1.0) with the tree, or adaptive clipping without --dp-ftrl")
     from secagg.privacy.sensitivity import check_training_adjacency, dp_adjacency
 
     seen: set[tuple[Any, ...]] = set()

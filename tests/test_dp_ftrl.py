@@ -129,3 +129,28 @@ def test_dp_ftrl_fedavg_run_is_private_and_planned_from_participation():
     assert res.failure() is None, res.failure()
     assert res.privacy.private and res.privacy.epsilon(1e-5) <= 4.0 + 1e-6
     assert math.isfinite(res.accuracy)
+
+
+def test_dp_ftrl_with_adaptive_clipping_is_refused_before_any_client_trains(monkeypatch):
+    """The tree needs one bound for every round; an adaptive clip moves it. The refusal
+    used to come only in round 1's release, after round 0's training (the plan, and so
+    ``secagg run --dry-run``, passed); now the plan refuses and no client ever trains."""
+    import algorithms.fedavg as fedavg_module
+
+    calls = []
+    real = fedavg_module.train_local
+    monkeypatch.setattr(fedavg_module, "train_local",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    part = iid_split(load_dataset("digits"), 6, seed=0)
+    layer = CentralDP(Plaintext(), epsilon=8.0, delta=1e-5, adjacency="client", tree=True,
+                      tree_participations=2)
+    fed = Federation(FedAvg(local_epochs=1, feature_dim=16, clip="adaptive"), layer, part,
+                     rounds=2, seed=0)
+    with pytest.raises(PrivacyError, match="clip is adaptive"):
+        fed.plan()
+    with pytest.raises(PrivacyError, match="clip is adaptive"):
+        fed.run()
+    assert calls == []
+    # a fixed clip plans
+    Federation(FedAvg(local_epochs=1, feature_dim=16, clip=1.0), layer, part, rounds=2,
+               seed=0).plan()
