@@ -42,6 +42,7 @@ __all__ = [
     "DATA_DIR_ENV",
     "DEFAULT_DATA_DIRS",
     "IDX_FILES",
+    "SPLITS",
     "ClientData",
     "Dataset",
     "Partition",
@@ -50,6 +51,7 @@ __all__ = [
     "label_shards_split",
     "label_skew",
     "load_dataset",
+    "make_split",
     "read_idx",
     "shard_split",
 ]
@@ -744,6 +746,28 @@ def label_shards_split(ds: Dataset, n_clients: int, shards_per_client: int = 2, 
     client_of_shard[rng.permutation(total)] = np.repeat(np.arange(k), spc)
     return _build(ds, client_of_shard[shard_of], k, s, f, "shards",
                   {"shards_per_client": spc})
+
+
+#: The split schemes :func:`make_split` knows (the CLI's ``--split``, a sweep's ``data.split``).
+SPLITS: tuple[str, ...] = ("dirichlet", "iid", "shards")
+
+
+def make_split(ds: Dataset, split: str, n_clients: int, *, alpha: float = 0.5,
+               shards_per_client: int = 2, seed: int = 0,
+               local_test_fraction: float = 0.0) -> Partition:
+    """The partition a scheme name selects: ``"dirichlet"`` (:func:`dirichlet_split` with
+    ``alpha``; alpha 0 means IID, as the CLI's ``--alpha 0`` always did), ``"iid"``
+    (:func:`iid_split`) or ``"shards"`` (:func:`label_shards_split` with
+    ``shards_per_client``). An unknown name raises :class:`~secagg.errors.DataError`."""
+    if split == "iid" or (split == "dirichlet" and alpha == 0):
+        return iid_split(ds, n_clients, seed=seed, local_test_fraction=local_test_fraction)
+    if split == "dirichlet":
+        return dirichlet_split(ds, n_clients, alpha, seed=seed,
+                               local_test_fraction=local_test_fraction)
+    if split == "shards":
+        return label_shards_split(ds, n_clients, shards_per_client, seed=seed,
+                                  local_test_fraction=local_test_fraction)
+    raise DataError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
 
 
 def label_skew(partition: Partition) -> float:

@@ -108,3 +108,30 @@ def test_label_shards_uneven_and_refusals() -> None:
         label_shards_split(ds, 1, shards_per_client=2)
     with pytest.raises(DataError, match="one sample each"):
         label_shards_split(ds, 6, shards_per_client=2)
+
+
+def test_make_split_selects_the_scheme(fmnist_labels: Dataset) -> None:
+    from secagg.data import make_split
+
+    shards = make_split(fmnist_labels, "shards", 50, shards_per_client=3, seed=1)
+    assert shards.scheme == "shards" and max(np.unique(c.y).size for c in shards) <= 3
+    assert make_split(fmnist_labels, "dirichlet", 50, alpha=0.0).scheme == "iid"
+    assert make_split(fmnist_labels, "iid", 50, alpha=0.5).scheme == "iid"
+    assert make_split(fmnist_labels, "dirichlet", 50, alpha=0.5).scheme == "dirichlet"
+    with pytest.raises(DataError, match="unknown split"):
+        make_split(fmnist_labels, "pathological", 50)
+
+
+def test_split_options_of_the_cli_and_the_sweep(tmp_path) -> None:
+    from secagg.cli import _make_parser
+    from secagg.errors import ConfigurationError
+    from secagg.sweep import load_config
+
+    args = _make_parser().parse_args(["run", "--split", "shards", "--shards-per-client", "3"])
+    assert (args.split, args.shards_per_client) == ("shards", 3)
+    cfg = {"data": {"dataset": "digits", "clients": 4, "split": "shards",
+                    "shards_per_client": 2},
+           "grid": {"algorithms": ["fedavg"], "layers": ["plaintext"]}}
+    assert load_config(cfg, tmp_path).data["split"] == "shards"
+    with pytest.raises(ConfigurationError, match="data.split"):
+        load_config({**cfg, "data": {**cfg["data"], "split": "bogus"}}, tmp_path)
