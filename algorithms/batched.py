@@ -39,7 +39,6 @@ the fallback, and :func:`batching_unsupported` names the reason:
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,48 +74,6 @@ def batching_unsupported(model: nn.Module, *, dpsgd: object | None = None,
     if buffers:
         return f"the model has buffers ({', '.join(buffers[:3])}); the per-client loop trains it"
     return None
-
-
-class _MatmulConv2d(nn.Module):
-    """``nn.Conv2d`` (groups 1, zero padding) computed as im2col and a matrix product.
-
-    The same function with the same parameter names; under ``vmap`` over stacked weights it
-    becomes one batched matrix product, where a vmapped ``conv2d`` becomes a grouped
-    convolution whose weight gradient is several times slower on CPU."""
-
-    def __init__(self, conv: nn.Conv2d) -> None:
-        super().__init__()
-        self.weight = conv.weight
-        self.bias = conv.bias
-        self.kernel_size = conv.kernel_size
-        self.stride = conv.stride
-        self.padding = conv.padding
-        self.dilation = conv.dilation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = x.shape
-        kh, kw = self.kernel_size
-        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
-        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        cols = nn.functional.unfold(x, self.kernel_size, self.dilation, self.padding,
-                                    self.stride)
-        out = self.weight.reshape(self.weight.shape[0], -1) @ cols
-        if self.bias is not None:
-            out = out + self.bias.reshape(1, -1, 1)
-        return out.reshape(n, -1, ho, wo)
-
-
-def _functional_twin(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` with each plain ``Conv2d`` computed by :class:`_MatmulConv2d`
-    (same parameter names, same function)."""
-    twin = copy.deepcopy(model)
-    for mod in list(twin.modules()):
-        for child_name, child in list(mod.named_children()):
-            if (type(child) is nn.Conv2d and child.groups == 1
-                    and child.padding_mode == "zeros" and isinstance(child.padding, tuple)):
-                setattr(mod, child_name, _MatmulConv2d(child))
-    return twin
 
 
 @dataclass
@@ -207,15 +164,15 @@ def train_batched(
 
     def loss(p: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
              wb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = functional_call(twin, p, (xb,))
+        out = functional_call(model, p, (xb,))
         per = nn.functional.cross_entropy(out, yb, reduction="none")
         mean = (per * wb).sum() / wb.sum()
         return mean, mean.detach()
 
-    twin = _functional_twin(model)
     step_grad = vmap(grad(loss, has_aux=True), in_dims=(0, 0, 0, 0))
     b1, b2, eps = 0.9, 0.999, 1e-8
-    twin.train()
+    was_training = model.training
+    model.train()  # as train_local (no module here acts differently in eval mode)
     for j in range(int(steps[0])):
         a = int(np.count_nonzero(steps > j))
         idx = torch.zeros((a, batch_size), dtype=torch.int64)
@@ -265,6 +222,7 @@ def train_batched(
                 totals[i] = seen[i] = 0.0
             totals[i] += lv[r] * nb
             seen[i] += nb
+    model.train(was_training)
     for i in range(c):
         losses[i] = totals[i] / max(1.0, seen[i])
     order = np.empty(c, dtype=np.int64)
