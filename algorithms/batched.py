@@ -23,7 +23,19 @@ the loop client by client:
   ``fresh_optimizer_each_epoch`` zeroes a client's state at the start of each of its epochs.
 
 The results agree with the loop up to float32 rounding (vectorised kernels sum in another
-order); ``tests/test_batched.py`` checks 1e-5 on every parameter.
+order); ``tests/test_batched.py`` checks 1e-5 on every parameter. Adam amplifies rounding
+in coordinates whose gradient is a near-cancelling sum (it divides by the gradient's own
+scale): on a CNN at lr 0.01 to 0.05 single clients drifted 1e-4 to 1e-2 from the loop,
+exactly as far as the loop itself drifts when its convolution is computed another way
+(im2col), so the tests hold Adam on the CNN to lr 1e-3.
+
+Where it pays (measured on a shared 2-core CPU, process CPU time): FedAvg's MLP on the
+digits, 20 clients, 2 rounds of 2 local epochs, 3.3 s batched against 12.4 s in the loop;
+the Fashion-MNIST CNN, 256 clients, one epoch, 4.7 s (chunks of 16) or 6.8 s (chunks of
+64) against 2.9 s in the loop: a vmapped convolution over stacked weights runs as a
+grouped convolution, whose backward pass is slow on CPU, and the stacked activations leave
+the cache. :class:`algorithms.fedavg.FedAvg` therefore batches by default only models
+without convolutions.
 
 Where batching does not apply, the per-client loop (``train_local``) stays the reference and
 the fallback, and :func:`batching_unsupported` names the reason:
