@@ -147,17 +147,19 @@ def test_fedavg_batched_true_refuses_where_it_does_not_apply():
         FedAvg(chunk=0)
 
 
-def test_fedavg_auto_mode_batches_the_mlp_and_leaves_the_cnn_to_the_loop():
+def test_fedavg_auto_mode_batches_plain_models():
     mlp = Dataset("flat", np.zeros((4, 12), np.float32), np.arange(4) % 2,
                   np.zeros((2, 12), np.float32), np.arange(2), n_classes=2, input_shape=(12,))
     img = Dataset("img", np.zeros((4, 1, 28, 28), np.float32), np.arange(4) % 2,
                   np.zeros((2, 1, 28, 28), np.float32), np.arange(2), n_classes=2,
                   input_shape=(1, 28, 28))
-    for ds, auto in ((mlp, None), (img, "convolutional")):
+    for ds in (mlp, img):
         algo = FedAvg(feature_dim=4)
         algo.setup(ds, [], 0)
-        why = algo.batching_reason()
-        assert why is None if auto is None else auto in why
+        assert algo.batching_reason() is None
+        prox = FedProx(feature_dim=4)
+        prox.setup(ds, [], 0)
+        assert "FedProx overrides loss_fn" in prox.batching_reason()
         forced = FedAvg(feature_dim=4, batched=True)
         forced.setup(ds, [], 0)
         assert forced.batching_reason() is None
