@@ -33,11 +33,13 @@ Where it pays (measured on a shared 2-core CPU, process CPU time): FedAvg's MLP 
 digits, 20 clients, 2 rounds of 2 local epochs, 3.3 s batched against 12.4 s in the loop;
 the Fashion-MNIST CNN through the CLI (``secagg run --algorithm fedavg --dataset
 fashion-mnist --clients 1000 --rounds 2 --local-epochs 1``, torch's default threads),
-client CPU 129.9 s batched in chunks of 16 against 310.3 s in the loop (wall 196 s against
-460 s, peak RSS 1.5 GB against 2.2 GB, same accuracy). In one process with one torch
+back to back on a quiet machine (load about 2.7): client CPU 51.9 s batched in chunks of
+16 against 56.3 s in the loop, wall 44.6 s against 52.2 s, peak RSS 1.5 GB against 2.3 GB,
+same accuracy; on a loaded one (load 7 to 15) 129.9 s against 310.3 s of client CPU (wall
+196 s against 460 s). In one process with one torch
 thread the same CNN training was slower batched (256 clients: 4.7 s against 2.9 s): a
 vmapped convolution over stacked weights runs as a grouped convolution, whose backward
-pass is slow on CPU; the gain above comes from fewer, larger calls where threads contend.
+pass is slow on CPU; the gain above is modest, and larger where threads contend.
 
 Where batching does not apply, the per-client loop (``train_local``) stays the reference and
 the fallback, and :func:`batching_unsupported` names the reason:
