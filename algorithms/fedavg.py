@@ -29,13 +29,26 @@ update norms through a noised count of clients under the clip, uploaded beside t
 embedded engine, how many clients' updates it clipped (a simulation diagnostic: no server
 ever sees that count; under adaptive clipping it sees only the noised one).
 
+Batched local training: in the embedded engine, the clients of a cohort train ``chunk`` at
+a time in one vectorised call (:func:`algorithms.batched.train_batched`): the phase's
+:meth:`~_TrainPhase.prepare` hook learns the cohort, and the first client step of a chunk
+trains the whole chunk and caches its models, so the cache holds at most one chunk and
+each client step still returns that client's own upload, clipped and clamped as before.
+The batched models equal the per-client loop's up to float32 rounding (1e-5 in
+``tests/test_batched.py``). The loop stays the reference and the fallback: it runs where
+:meth:`FedAvg.batching_reason` names a reason (DP-SGD, a subclass's own loss or
+parameters, a model with buffers, batch norm or dropout, ``batched=False``) and where no
+cohort was announced (a Flower node trains its one client).
+
 Subclasses (FedProx, FedUV, SphereFed, CCVR) override :meth:`FedAvg.build_model` and
-:meth:`FedAvg.loss_fn`, and inherit both uploads.
+:meth:`FedAvg.loss_fn`, and inherit both uploads (their local training runs in the loop).
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -43,6 +56,7 @@ import numpy as np
 import torch
 
 from algorithms.base import Aggregate, Algorithm, ClientState, Phase
+from algorithms.batched import batching_unsupported, train_batched
 from algorithms.models import SplitModel, build_model, get_flat, n_params, set_flat
 from algorithms.server_opt import OptimizerState, ServerOptimizer
 from algorithms.training import LossFn, accuracy, cross_entropy, train_local
@@ -76,6 +90,12 @@ class FedAvg(Algorithm):
             FedAvg, exactly).
         server_lr: the server learning rate (default 1.0).
         server_momentum: beta1 of ``momentum`` and ``adam`` (default 0.9).
+        batched: train the clients of a cohort ``chunk`` at a time in one vectorised call
+            (the embedded engine; same models as the loop up to float32 rounding). None
+            (default): when :meth:`batching_reason` finds no reason against it; True:
+            refuse (at setup) where it does not apply; False: always the per-client loop.
+        chunk: clients per batched call (memory grows with it: one model, its optimizer
+            state and its gradient per client of the chunk).
     """
 
     name: ClassVar[str] = "fedavg"
@@ -85,7 +105,12 @@ class FedAvg(Algorithm):
                  upload_dtype: str = "float32", dpsgd: Any | None = None,
                  clip: float | str | ClipPolicy | None = None,
                  server_opt: str | ServerOptimizer = "sgd", server_lr: float = 1.0,
-                 server_momentum: float = 0.9) -> None:
+                 server_momentum: float = 0.9, batched: bool | None = None,
+                 chunk: int = 16) -> None:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ConfigurationError(f"chunk must be an integer >= 1, got {chunk!r}")
+        self.batched = batched
+        self.chunk = chunk
         self.clip_policy = parse_clip(clip)
         if self.clip_policy is not None and dpsgd is not None:
             raise ConfigurationError(
@@ -136,6 +161,41 @@ class FedAvg(Algorithm):
         self.params = get_flat(self.shared_parameters(self.model))
         self.clip_value = None if self.clip_policy is None else self.clip_policy.initial()
         self.opt_state = OptimizerState()
+        if self.batched:
+            why = self.batching_reason()
+            if why is not None:
+                raise ConfigurationError(f"batched=True, but batched local training does not "
+                                         f"apply: {why}; use batched=None or False")
+
+    def batching_reason(self) -> str | None:
+        """Why the local training runs client by client rather than batched (None when
+        it can be batched): ``batched=False``, a subclass's own local update, loss or
+        shared parameters (its loss closes over one model), DP-SGD, or a model that
+        :func:`algorithms.batched.batching_unsupported` refuses."""
+        if self.batched is False:
+            return "batched=False"
+        cls = type(self)
+        for hook in ("local_update", "loss_fn", "shared_parameters", "client_model"):
+            if getattr(cls, hook) is not getattr(FedAvg, hook):
+                return (f"{cls.__name__} overrides {hook}, which the batched trainer (plain "
+                        "cross-entropy on all of the model's parameters) does not reproduce")
+        if self.model is None:
+            return "no model yet (setup has not run)"
+        return batching_unsupported(self.model, dpsgd=self.dpsgd)
+
+    def train_chunk(self, clients: Sequence[ClientState], params: np.ndarray,
+                    round: int) -> list[np.ndarray]:
+        """Train every client of ``clients`` from the broadcast ``params`` in one batched
+        call; each result is what :meth:`local_update` returns for that client (up to
+        float32 rounding). Call only where :meth:`batching_reason` is None."""
+        assert self.model is not None
+        template = copy.deepcopy(self.model)
+        set_flat(self.shared_parameters(template), params)
+        res = train_batched(template, [(c.data.x, c.data.y) for c in clients],
+                            [derive_seed(self.seed, round, c.id) for c in clients],
+                            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+                            momentum=self.momentum)
+        return [res.flat(i) for i in range(len(clients))]
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
         """One training phase per round."""
@@ -295,6 +355,7 @@ class _TrainPhase(GlobalModelPhase):
     def __init__(self, algo: FedAvg, round: int = 0) -> None:
         super().__init__(algo, round)
         self.clip = algo.clip_value  # the bound this phase's spec and broadcast carry
+        self._chunks: _ChunkCache | None = None
 
     def spec(self) -> UploadSpec:
         return self.algo.spec()
@@ -303,8 +364,27 @@ class _TrainPhase(GlobalModelPhase):
         """The global parameters and, with DP-FedAvg, the clip bound."""
         return {**super().broadcast(), **self.algo.clip_broadcast()}
 
+    def prepare(self, clients: Sequence[ClientState],
+                broadcast: Mapping[str, np.ndarray]) -> None:
+        """The engine announces the cohort before its client steps: when the training can
+        be batched, the steps then train it a chunk at a time (see the module docstring)."""
+        self._chunks = None
+        if self.algo.batching_reason() is None and clients:
+            self._chunks = _ChunkCache(self.algo, list(clients), broadcast["params"],
+                                       self.round)
+
+    def client_cpu_s(self, client: ClientState, measured: float) -> float:
+        """The client's CPU seconds for the cost ledger: what its step measured, with a
+        batched chunk's time moved from the step that ran it to each client of the chunk
+        in proportion to its local steps."""
+        if self._chunks is None:
+            return measured
+        return self._chunks.cpu_s(client, measured)
+
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # noqa: E501
-        w = self.algo.local_update(client, broadcast["params"], self.round)
+        w = None if self._chunks is None else self._chunks.take(client, broadcast["params"])
+        if w is None:
+            w = self.algo.local_update(client, broadcast["params"], self.round)
         if self.algo.clip_policy is not None:
             return self.algo.clipped_update(w, broadcast["params"],
                                             float(np.asarray(broadcast["clip"])[0]))
@@ -355,3 +435,47 @@ class _TrainPhase(GlobalModelPhase):
         # forward + backward ~ 6 FLOPs per parameter per sample per epoch
         assert self.algo.model is not None
         return 6.0 * n_params(self.algo.model) * client.n_records * self.algo.local_epochs
+
+
+class _ChunkCache:
+    """A cohort's batched local training, a chunk at a time: the first step of a client
+    of chunk k trains all of chunk k; each client's model is handed out once."""
+
+    def __init__(self, algo: FedAvg, clients: list[ClientState], params: np.ndarray,
+                 round: int) -> None:
+        self.algo = algo
+        self.clients = clients
+        self.params = np.array(params, copy=True)
+        self.round = round
+        self.pos = {c.id: i for i, c in enumerate(clients)}
+        self.trained: set[int] = set()
+        self.models: dict[int, np.ndarray] = {}
+        self.share: dict[int, float] = {}  # CPU seconds attributed to each client
+        self.spent: dict[int, float] = {}  # CPU seconds of a chunk run inside a client step
+
+    def take(self, client: ClientState, params: np.ndarray) -> np.ndarray | None:
+        """The client's trained parameters (None: not in the announced cohort or another
+        broadcast, so the caller trains it in the loop)."""
+        i = self.pos.get(client.id)
+        if i is None or not np.array_equal(params, self.params):
+            return None
+        k = i // self.algo.chunk
+        if k not in self.trained:
+            self.trained.add(k)
+            members = self.clients[k * self.algo.chunk:(k + 1) * self.algo.chunk]
+            t0 = time.process_time()
+            flats = self.algo.train_chunk(members, self.params, self.round)
+            spent = time.process_time() - t0
+            bs, ep = self.algo.batch_size, self.algo.local_epochs
+            work = [ep * math.ceil(c.n_records / bs) for c in members]
+            total = sum(work)
+            for c, f, wk in zip(members, flats, work, strict=True):
+                self.models[c.id] = f
+                self.share[c.id] = spent * (wk / total if total else 1 / len(members))
+            self.spent[client.id] = spent
+        return self.models.pop(client.id, None)
+
+    def cpu_s(self, client: ClientState, measured: float) -> float:
+        """``measured`` less any chunk training it ran, plus the client's share of it."""
+        return max(0.0, measured - self.spent.pop(client.id, 0.0)) + self.share.pop(
+            client.id, 0.0)

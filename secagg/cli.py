@@ -135,6 +135,19 @@ def _make_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="Dirichlet label-skew concentration; 0 means IID (%(default)s)",
     )
+    r.add_argument(
+        "--split",
+        default="dirichlet",
+        choices=("dirichlet", "iid", "shards"),
+        help="how the training set is split over the clients: Dirichlet(--alpha) label "
+        "skew, IID, or McMahan et al.'s label shards, --shards-per-client each (%(default)s)",
+    )
+    r.add_argument(
+        "--shards-per-client",
+        type=int,
+        default=2,
+        help="label shards per client with --split shards (%(default)s)",
+    )
     r.add_argument("--rounds", type=int, default=10, help="rounds (%(default)s)")
     r.add_argument(
         "--fraction",
@@ -415,6 +428,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigurationError("--clients must be >= 1")
     if args.alpha < 0:
         raise ConfigurationError("--alpha must be >= 0 (0 means IID)")
+    if args.shards_per_client < 1:
+        raise ConfigurationError("--shards-per-client must be >= 1")
     if args.rounds < 1:
         raise ConfigurationError("--rounds must be >= 1")
     if args.colluders < 0:
@@ -575,7 +590,7 @@ def _run(args: argparse.Namespace) -> int:
         for name, ep in sorted(available_algorithms().items()):
             print(f"{name:<12} {_describe(ep)}")
         return EXIT_OK
-    from secagg.data import dirichlet_split, iid_split, load_dataset
+    from secagg.data import load_dataset, make_split
     from secagg.federation import Federation
 
     # Every argument is checked (and the algorithm and layer built) before the output
@@ -594,12 +609,9 @@ def _run(args: argparse.Namespace) -> int:
               f"{json.dumps(kwargs[key])} by default (--arg {key}=... to choose)",
               file=sys.stderr)
     ds = load_dataset(args.dataset, args.data_dir)
-    if args.alpha == 0:
-        part = iid_split(ds, args.clients, seed=args.seed, local_test_fraction=0.2)
-    else:
-        part = dirichlet_split(
-            ds, args.clients, args.alpha, seed=args.seed, local_test_fraction=0.2
-        )
+    part = make_split(ds, args.split, args.clients, alpha=args.alpha,
+                      shards_per_client=args.shards_per_client, seed=args.seed,
+                      local_test_fraction=0.2)
     _quiet_library_warnings()
     fed = Federation(
         algorithm,

@@ -10,8 +10,9 @@ Three data sets are known to :func:`load_dataset`:
   defaults to ``/usr/share/datasets/fashion-mnist/``, where Debian's ``dataset-fashion-mnist``
   package installs it. ``SECAGG_DATA_DIR`` overrides the default; ``data_dir=`` overrides both.
 
-A :class:`Partition` hands each simulated client its own :class:`ClientData`. The three
-partitioners (:func:`iid_split`, :func:`dirichlet_split`, :func:`shard_split`) are
+A :class:`Partition` hands each simulated client its own :class:`ClientData`. The
+partitioners (:func:`iid_split`, :func:`dirichlet_split`, :func:`shard_split`,
+:func:`label_shards_split`) are
 deterministic by seed, assign every training sample to exactly one client, give every client
 at least one sample (or raise :class:`~secagg.errors.DataError`), and can carve a local test
 set out of each client's own samples, stratified by label so that it follows that client's
@@ -21,6 +22,7 @@ label distribution.
 from __future__ import annotations
 
 import gzip
+import heapq
 import importlib.util
 import math
 import os
@@ -40,13 +42,16 @@ __all__ = [
     "DATA_DIR_ENV",
     "DEFAULT_DATA_DIRS",
     "IDX_FILES",
+    "SPLITS",
     "ClientData",
     "Dataset",
     "Partition",
     "dirichlet_split",
     "iid_split",
+    "label_shards_split",
     "label_skew",
     "load_dataset",
+    "make_split",
     "read_idx",
     "shard_split",
 ]
@@ -564,14 +569,27 @@ def iid_split(ds: Dataset, n_clients: int, seed: int = 0,
 
 def dirichlet_split(ds: Dataset, n_clients: int, alpha: float, seed: int = 0,
                     local_test_fraction: float = 0.0, min_size: int = 1,
-                    max_attempts: int = 100) -> Partition:
+                    max_attempts: int = 100, rebalance: bool = True) -> Partition:
     """Label-skewed split: for each class, the share of each client is drawn from a symmetric
     Dirichlet(alpha) over clients, and the class's shuffled samples are cut accordingly.
 
     Small ``alpha`` (e.g. 0.1) gives clients few dominant classes; large ``alpha`` approaches
     an iid split. Draws are repeated (same seed stream) until every client holds at least
-    ``min_size`` samples; after ``max_attempts`` failures a :class:`~secagg.errors.DataError`
-    suggests a larger alpha, fewer clients or a smaller min_size.
+    ``min_size`` samples. With many clients no draw may succeed (10,000 clients on
+    Fashion-MNIST's 60,000 records at alpha 0.5: a client's expected share is 6 records, and
+    hundreds of clients draw none). Then, with ``rebalance`` (the default), the draw with
+    the smallest total shortfall is repaired: one record at a time goes from the client that
+    holds the most records at that moment (ties: lower id) to the clients below
+    ``min_size``, until each has ``min_size``; each donor gives records drawn at random from
+    its own, and the pooled records are dealt at random to the clients short of records, in
+    id order. Donors never fall below ``min_size`` (the most-loaded client gives first), so
+    this succeeds whenever ``n_clients * min_size <= n_train``; it moves the fewest records
+    that can lift every client to ``min_size``, and leaves every client that neither gives
+    nor receives as drawn.
+    The partition's ``params`` record ``attempts`` and ``moved`` (records moved; 0 when a
+    draw succeeded). Without ``rebalance``, ``max_attempts`` failures raise a
+    :class:`~secagg.errors.DataError` suggesting a larger alpha, fewer clients or a smaller
+    min_size. Everything is deterministic by ``seed``.
     """
     k, s, f = _check_common(ds, n_clients, seed, local_test_fraction)
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) \
@@ -586,6 +604,7 @@ def dirichlet_split(ds: Dataset, n_clients: int, alpha: float, seed: int = 0,
     classes = [idx for idx in classes if idx.size]
     owner = np.empty(ds.n_train, dtype=np.int64)
     smallest = 0
+    best, best_short = owner, -1
     for attempt in range(1, tries + 1):
         for idx in classes:
             p = rng.dirichlet(np.full(k, float(alpha)))
@@ -594,13 +613,50 @@ def dirichlet_split(ds: Dataset, n_clients: int, alpha: float, seed: int = 0,
             cuts = np.rint(np.cumsum(p)[:-1] * idx.size).astype(np.int64)
             counts = np.diff(np.concatenate(([0], np.clip(cuts, 0, idx.size), [idx.size])))
             owner[rng.permutation(idx)] = np.repeat(np.arange(k), counts)
-        smallest = int(np.bincount(owner, minlength=k).min())
+        sizes = np.bincount(owner, minlength=k)
+        smallest = int(sizes.min())
         if smallest >= m:
             return _build(ds, owner, k, s, f, "dirichlet",
-                          {"alpha": float(alpha), "min_size": m, "attempts": attempt})
+                          {"alpha": float(alpha), "min_size": m, "attempts": attempt,
+                           "moved": 0})
+        short = int(np.maximum(m - sizes, 0).sum())
+        if rebalance and (best_short < 0 or short < best_short):
+            best, best_short = owner.copy(), short
+    if rebalance:
+        moved = _rebalance(best, k, m, rng)
+        return _build(ds, best, k, s, f, "dirichlet",
+                      {"alpha": float(alpha), "min_size": m, "attempts": tries,
+                       "moved": moved})
     raise DataError(f"dirichlet_split(alpha={alpha}, n_clients={k}) could not give every client "
                     f"at least {m} sample(s) in {tries} attempts (smallest client in the last "
-                    f"draw: {smallest}); use a larger alpha, fewer clients or a smaller min_size")
+                    f"draw: {smallest}); use a larger alpha, fewer clients or a smaller "
+                    f"min_size, or rebalance=True")
+
+
+def _rebalance(owner: np.ndarray, k: int, m: int, rng: np.random.Generator) -> int:
+    """Lift every client of ``owner`` to at least ``m`` records (in place), moving records
+    one at a time from the client holding the most; returns the number moved."""
+    sizes = np.bincount(owner, minlength=k)
+    need = np.maximum(m - sizes, 0)
+    total = int(need.sum())
+    if total == 0:
+        return 0
+    # the donors' counts: repeatedly take one from the currently largest (lower id on ties)
+    heap = [(-int(n), int(c)) for c, n in enumerate(sizes) if n > m]
+    heapq.heapify(heap)
+    give = np.zeros(k, dtype=np.int64)
+    for _ in range(total):
+        n, c = heapq.heappop(heap)
+        give[c] += 1
+        if -n - 1 > m:
+            heapq.heappush(heap, (n + 1, c))
+    order = np.argsort(owner, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    pool = np.concatenate([rng.choice(order[starts[c]:starts[c] + sizes[c]], int(give[c]),
+                                      replace=False) for c in np.flatnonzero(give)])
+    pool = rng.permutation(pool)
+    owner[pool] = np.repeat(np.arange(k), need)
+    return total
 
 
 def shard_split(ds: Dataset, n_clients: int, classes_per_client: int, seed: int = 0,
@@ -642,6 +698,76 @@ def shard_split(ds: Dataset, n_clients: int, classes_per_client: int, seed: int 
         sizes = [len(a) for a in np.array_split(np.arange(idx.size), len(h))]
         owner[rng.permutation(idx)] = np.repeat(np.asarray(h, dtype=np.int64), sizes)
     return _build(ds, owner, k, s, f, "shard", {"classes_per_client": cpc})
+
+
+def label_shards_split(ds: Dataset, n_clients: int, shards_per_client: int = 2, seed: int = 0,
+                       local_test_fraction: float = 0.0) -> Partition:
+    """McMahan et al. (AISTATS 2017)'s pathological non-iid split: the training set sorted by
+    label is cut into ``n_clients * shards_per_client`` shards, and each client gets
+    ``shards_per_client`` of them at random (their MNIST setting: 200 shards of 300 for 100
+    clients, 2 each).
+
+    Here the shards are cut within each class, so a shard never straddles two labels and a
+    client holds at most ``shards_per_client`` labels: the shards go to the classes in
+    proportion to their sizes (largest remainders, ties to the lower label; every class with
+    samples gets at least one), and each class's shuffled samples are cut into its shards,
+    whose sizes differ by at most one. On a balanced set whose class size is a multiple of
+    its shard count (Fashion-MNIST: 6,000 per class, e.g. 10,000 clients x 2 shards = 3
+    records a shard), every shard and so every client has the same size. Every sample goes
+    to exactly one client; deterministic by ``seed``. Needs at least one shard per class
+    with samples and at least one sample per shard.
+    """
+    k, s, f = _check_common(ds, n_clients, seed, local_test_fraction)
+    spc = _check_int("shards_per_client", shards_per_client, 1)
+    counts = np.bincount(ds.y_train, minlength=ds.n_classes)
+    present = np.flatnonzero(counts)
+    total = k * spc
+    if total < present.size or total > ds.n_train:
+        raise DataError(f"label_shards_split: {k} clients x {spc} shards = {total} shards, but "
+                        f"{ds.name!r} needs between {present.size} (one per class) and "
+                        f"{ds.n_train} (one sample each); change n_clients or "
+                        f"shards_per_client")
+    quota = counts[present] * (total / ds.n_train)
+    per_class = np.floor(quota).astype(np.int64)
+    rest = total - int(per_class.sum())
+    per_class[np.argsort(-(quota - per_class), kind="stable")[:rest]] += 1
+    while (per_class == 0).any():  # a tiny class: take a shard from the class with most
+        per_class[int(np.argmax(per_class))] -= 1
+        per_class[int(np.argmin(per_class))] += 1
+    rng = _assign_rng(s)
+    shard_of = np.empty(ds.n_train, dtype=np.int64)
+    first = 0
+    for cls, nshards in zip(present, per_class, strict=True):
+        idx = rng.permutation(np.flatnonzero(ds.y_train == cls))
+        sizes = [len(a) for a in np.array_split(np.arange(idx.size), int(nshards))]
+        shard_of[idx] = first + np.repeat(np.arange(int(nshards)), sizes)
+        first += int(nshards)
+    client_of_shard = np.empty(total, dtype=np.int64)
+    client_of_shard[rng.permutation(total)] = np.repeat(np.arange(k), spc)
+    return _build(ds, client_of_shard[shard_of], k, s, f, "shards",
+                  {"shards_per_client": spc})
+
+
+#: The split schemes :func:`make_split` knows (the CLI's ``--split``, a sweep's ``data.split``).
+SPLITS: tuple[str, ...] = ("dirichlet", "iid", "shards")
+
+
+def make_split(ds: Dataset, split: str, n_clients: int, *, alpha: float = 0.5,
+               shards_per_client: int = 2, seed: int = 0,
+               local_test_fraction: float = 0.0) -> Partition:
+    """The partition a scheme name selects: ``"dirichlet"`` (:func:`dirichlet_split` with
+    ``alpha``; alpha 0 means IID, as the CLI's ``--alpha 0`` always did), ``"iid"``
+    (:func:`iid_split`) or ``"shards"`` (:func:`label_shards_split` with
+    ``shards_per_client``). An unknown name raises :class:`~secagg.errors.DataError`."""
+    if split == "iid" or (split == "dirichlet" and alpha == 0):
+        return iid_split(ds, n_clients, seed=seed, local_test_fraction=local_test_fraction)
+    if split == "dirichlet":
+        return dirichlet_split(ds, n_clients, alpha, seed=seed,
+                               local_test_fraction=local_test_fraction)
+    if split == "shards":
+        return label_shards_split(ds, n_clients, shards_per_client, seed=seed,
+                                  local_test_fraction=local_test_fraction)
+    raise DataError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
 
 
 def label_skew(partition: Partition) -> float:

@@ -901,6 +901,15 @@ class Engine:
         uploads: dict[int, Upload] = {}
         refusing = {} if self.accounts is None else self.accounts.refusing
         filt = self.individual_filter
+        # optional phase hooks: prepare(clients, broadcast) announces the clients that will
+        # step (a phase may then compute a chunk of their steps at once, e.g. batched
+        # training), and client_cpu_s(client, measured) books such shared work to each
+        prepare = getattr(phase, "prepare", None)
+        if prepare is not None:
+            prepare([states[c] for c in cohort if c not in refusing and not (
+                filt is not None and self._filter_state(states[c]).get("halted", False))],
+                bcast)
+        cpu_of = getattr(phase, "client_cpu_s", None)
         for c in cohort:
             if c in refusing:  # refused before touching its data: no step, no upload
                 continue
@@ -909,6 +918,8 @@ class Engine:
             t0 = time.process_time()
             values = _zeros(spec) if halted else phase.client_step(st, bcast)
             dt = time.process_time() - t0
+            if cpu_of is not None and not halted:
+                dt = cpu_of(st, dt)
             up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
             if filt is not None and not halted:
                 from secagg.privacy.client_ledger import individual_mu

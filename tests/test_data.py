@@ -423,7 +423,8 @@ def test_dirichlet_min_size(digits: Dataset) -> None:
     assert p.sizes().min() >= 40
     assert p.params["alpha"] == 0.2 and p.params["min_size"] == 40
     with pytest.raises(DataError) as e:
-        dirichlet_split(digits, 28, alpha=0.01, seed=0, min_size=50, max_attempts=3)
+        dirichlet_split(digits, 28, alpha=0.01, seed=0, min_size=50, max_attempts=3,
+                        rebalance=False)
     assert "larger alpha" in str(e.value) and "3 attempts" in str(e.value)
 
 

@@ -33,7 +33,7 @@ _DATA: dict[str, Any] = {}
 
 def _partition(data: Mapping[str, Any], seed: int) -> Any:
     """The cell's partition (the loaded data set is kept per process)."""
-    from secagg.data import dirichlet_split, iid_split, load_dataset
+    from secagg.data import load_dataset, make_split
 
     name = data.get("dataset", "digits")
     key = json.dumps([name, data.get("data_dir"), data.get("train_limit")])
@@ -46,10 +46,10 @@ def _partition(data: Mapping[str, Any], seed: int) -> Any:
         _DATA[key] = ds
     ds = _DATA[key]
     ltf = data.get("local_test_fraction", 0.2)
-    if data.get("alpha", 0.5) == 0:
-        return iid_split(ds, data["clients"], seed=seed, local_test_fraction=ltf)
-    return dirichlet_split(ds, data["clients"], data["alpha"], seed=seed,
-                           local_test_fraction=ltf)
+    return make_split(ds, data.get("split", "dirichlet"), data["clients"],
+                      alpha=data.get("alpha", 0.5),
+                      shards_per_client=data.get("shards_per_client", 2), seed=seed,
+                      local_test_fraction=ltf)
 
 
 def _layers(cfg: SweepConfig, cell: Cell) -> tuple[Layer | None, Layer]:

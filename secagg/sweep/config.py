@@ -48,6 +48,8 @@ KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "data_dir": ("str", "directory of the IDX .gz files"),
         "clients": ("int", "number of clients"),
         "alpha": ("float", "Dirichlet concentration; 0 means IID"),
+        "split": ("str", "dirichlet (default) | iid | shards (McMahan et al.'s label shards)"),
+        "shards_per_client": ("int", "label shards per client with split = shards (default 2)"),
         "train_limit": ("int", "use only the first N training records"),
         "local_test_fraction": ("float", "local test split per client, in [0, 1) (default "
                                 "0.2); 0 trains on every record (algorithms scored on the "
@@ -303,6 +305,11 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any],
         raise _err("data.clients", f"must be >= 1, got {data['clients']}")
     if data.get("alpha", 0.0) < 0:
         raise _err("data.alpha", f"must be >= 0 (0 means IID), got {data['alpha']}")
+    if data.get("split", "dirichlet") not in ("dirichlet", "iid", "shards"):
+        raise _err("data.split", f"unknown split {data['split']!r}; known: dirichlet, iid, "
+                   "shards")
+    if data.get("shards_per_client", 1) < 1:
+        raise _err("data.shards_per_client", f"must be >= 1, got {data['shards_per_client']}")
     if data.get("train_limit", 1) < 1:
         raise _err("data.train_limit", f"must be >= 1, got {data['train_limit']}")
     if not 0 <= data.get("local_test_fraction", 0.2) < 1:
