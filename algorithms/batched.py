@@ -40,6 +40,8 @@ same accuracy; on a loaded one (load 7 to 15) 129.9 s against 310.3 s of client 
 thread the same CNN training was slower batched (256 clients: 4.7 s against 2.9 s): a
 vmapped convolution over stacked weights runs as a grouped convolution, whose backward
 pass is slow on CPU; the gain above is modest, and larger where threads contend.
+:class:`algorithms.fedavg.FedAvg` therefore batches by default only models without
+convolutions (``batched=True`` forces it for a CNN).
 
 Where batching does not apply, the per-client loop (``train_local``) stays the reference and
 the fallback, and :func:`batching_unsupported` names the reason:

@@ -92,8 +92,10 @@ class FedAvg(Algorithm):
         server_momentum: beta1 of ``momentum`` and ``adam`` (default 0.9).
         batched: train the clients of a cohort ``chunk`` at a time in one vectorised call
             (the embedded engine; same models as the loop up to float32 rounding). None
-            (default): when :meth:`batching_reason` finds no reason against it; True:
-            refuse (at setup) where it does not apply; False: always the per-client loop.
+            (default): when :meth:`batching_reason` finds no reason against it (it leaves
+            convolutional models to the loop, where batching was measured no faster on
+            CPU); True: batch any model it applies to, and refuse (at setup) where it
+            does not; False: always the per-client loop.
         chunk: clients per batched call (memory grows with it: one model, its optimizer
             state and its gradient per client of the chunk).
     """
@@ -106,7 +108,7 @@ class FedAvg(Algorithm):
                  clip: float | str | ClipPolicy | None = None,
                  server_opt: str | ServerOptimizer = "sgd", server_lr: float = 1.0,
                  server_momentum: float = 0.9, batched: bool | None = None,
-                 chunk: int = 16) -> None:
+                 chunk: int = 64) -> None:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ConfigurationError(f"chunk must be an integer >= 1, got {chunk!r}")
         self.batched = batched
@@ -181,7 +183,13 @@ class FedAvg(Algorithm):
                         "cross-entropy on all of the model's parameters) does not reproduce")
         if self.model is None:
             return "no model yet (setup has not run)"
-        return batching_unsupported(self.model, dpsgd=self.dpsgd)
+        why = batching_unsupported(self.model, dpsgd=self.dpsgd)
+        if why is None and self.batched is None and any(
+                isinstance(m, torch.nn.Conv2d) for m in self.model.modules()):
+            return ("batched=None leaves convolutional models to the loop: on CPU their "
+                    "batched (grouped) convolutions were measured no faster than the loop "
+                    "(docs in algorithms/batched.py); batched=True forces it")
+        return why
 
     def train_chunk(self, clients: Sequence[ClientState], params: np.ndarray,
                     round: int) -> list[np.ndarray]:

@@ -147,19 +147,17 @@ def test_fedavg_batched_true_refuses_where_it_does_not_apply():
         FedAvg(chunk=0)
 
 
-def test_fedavg_auto_mode_batches_plain_models():
+def test_fedavg_auto_mode_batches_the_mlp_and_leaves_the_cnn_to_the_loop():
     mlp = Dataset("flat", np.zeros((4, 12), np.float32), np.arange(4) % 2,
                   np.zeros((2, 12), np.float32), np.arange(2), n_classes=2, input_shape=(12,))
     img = Dataset("img", np.zeros((4, 1, 28, 28), np.float32), np.arange(4) % 2,
                   np.zeros((2, 1, 28, 28), np.float32), np.arange(2), n_classes=2,
                   input_shape=(1, 28, 28))
-    for ds in (mlp, img):
+    for ds, auto in ((mlp, None), (img, "convolutional")):
         algo = FedAvg(feature_dim=4)
         algo.setup(ds, [], 0)
-        assert algo.batching_reason() is None
-        prox = FedProx(feature_dim=4)
-        prox.setup(ds, [], 0)
-        assert "FedProx overrides loss_fn" in prox.batching_reason()
+        why = algo.batching_reason()
+        assert why is None if auto is None else auto in why
         forced = FedAvg(feature_dim=4, batched=True)
         forced.setup(ds, [], 0)
         assert forced.batching_reason() is None
