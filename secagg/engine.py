@@ -585,6 +585,11 @@ def check_remote(layer: Layer) -> None:
         )
 
 
+#: what a Flower node's error reply says when it refuses a release by its own privacy
+#: budget (secagg.flower.client); the server takes such a node out of the population
+NODE_BUDGET_REFUSAL = "refused by this node's privacy budget"
+
+
 def node_release_event(client: int, run: str, round: int, phase: str,
                        dp: Any, **terms: Any) -> Any:
     """The release an instruction asks a Flower node for, as the node's own ledger charges
@@ -970,9 +975,9 @@ class Engine:
         return st.state[key]
 
     def _accounts(self, clients: list[int], run: RunState) -> Any | None:
-        """The clients' ledgers for this run (in one process), or None over a link."""
-        if self.transport.link is not None:
-            return None
+        """The clients' ledgers for this run. Over a link: the server's view of them (no
+        budget or policy here: each node admits itself, and a node's budget refusal
+        reaches the server as a failed reply, see :meth:`_record_accounts`)."""
         from secagg.privacy.client_ledger import ClientAccounts
 
         delta = getattr(run.privacy, "delta", None) or getattr(self.layer, "delta", None)
@@ -1039,6 +1044,13 @@ class Engine:
             text = f"field {bare[0]!r} released without DP noise ({reason})"
             why = {"release": text, "server": text}
         notes = agg.notes.get("dp", {}) if isinstance(agg.notes, Mapping) else {}
+        if self.transport.link is not None:
+            # a node that refused by its own budget leaves the population (end_round)
+            dropped = agg.notes.get("dropped", {}) if isinstance(agg.notes, Mapping) else {}
+            for whys in dropped.values():
+                for c, text in (whys.items() if isinstance(whys, Mapping) else ()):
+                    if NODE_BUDGET_REFUSAL in str(text) and c in cohort:
+                        self.accounts.refused(int(c), str(text))
         clip = payload.get("clip")
         local = next(((e.steps, e.sampling_rate) for e in events
                       if isinstance(e, SampledGaussianEvent)), None)

@@ -1,7 +1,8 @@
 """A Flower node's own ledger file and budget, over the in-process Grid of the runtime
 tests (real ClientApp logic, real DP noise): a node whose budget allows exactly K releases
 takes part K times, then refuses before training (a spy counts its training calls), the
-run goes on with the others, the refusal persists after a restart and in a new run, and
+run goes on with the others (the server drops it from the population, and its
+``privacy.clients`` books every node's uploads and refusals), the refusal persists after a restart and in a new run, and
 ``secagg audit --node-ledger`` reconciles the node's file with the server's transcript.
 A crash between intent and commit counts as spent, and a replayed message is charged
 once and not answered again."""
@@ -85,20 +86,28 @@ def _run(grid, rounds):
 def test_a_node_refuses_once_its_budget_is_spent_and_the_run_goes_on(tmp_path, trained):
     ledger = tmp_path / "node0" / "ledger.jsonl"
     budget = _budget_for(K)
-    result, aggs = _run(_grid(ledger, budget), rounds=K + 2)
+    grid = _grid(ledger, budget)
+    result, aggs = _run(grid, rounds=K + 2)
     # node 0 took part in the first K rounds, then refused before training
     assert trained[0] == list(range(K))
     assert all(trained[c] == list(range(K + 2)) for c in range(1, N))
     for r in range(K + 2):
         assert aggs[r].contributors == (tuple(range(N)) if r < K else tuple(range(1, N)))
-        assert aggs[r].cohort == N
+        # the round it refused keeps its drawn cohort (the fixed denominator); after it,
+        # node 0 has left the population and is not drawn again
+        assert aggs[r].cohort == (N if r <= K else N - 1)
     assert [p[2] for p in result.participation] == [N] * K + [N - 1] * 2
+    assert [p[3] for p in result.participation] == [N] * (K + 1) + [N - 1]
+    # node 0 was asked to upload K + 1 times (its K releases and its refusal), no more
+    assert sum(1 for (step, c, _) in grid.sent if c == 0 and step == "upload") == K + 1
+    assert all(sum(1 for (step, c2, _) in grid.sent if c2 == c and step == "upload")
+               == K + 2 for c in range(1, N))
     why = aggs[K].notes["dropped"]["upload"][0]
     assert "refused by this node's privacy budget" in why and "above its budget" in why
-    # its ledger: K releases charged and committed, 2 refusals, and its epsilon is in budget
+    # its ledger: K releases charged and committed, 1 refusal, and its epsilon is in budget
     state = read_ledger(ledger)
     assert len(state.charged()) == len(state.committed()) == K
-    assert [p["round"] for p in state.refusals()] == [K, K + 1]
+    assert [p["round"] for p in state.refusals()] == [K]
     spent = server_epsilon([ClientEvent.from_dict(p) for p in state.charged()], DELTA)
     assert spent.epsilon <= budget
     # the server's copy agrees: the last head it holds is the file's, the same releases
@@ -106,7 +115,25 @@ def test_a_node_refuses_once_its_budget_is_spent_and_the_run_goes_on(tmp_path, t
     assert rec["ok"], rec["problems"]
     last_commit = [e for e in state.entries if e.kind == "commit"][-1]
     assert rec["server_head"] == last_commit.digest and rec["committed"] == K
-    assert rec["refusals"] == 2 and rec["later_entries"] == 2  # the refusals after it
+    assert rec["refusals"] == 1 and rec["later_entries"] == 1  # the refusal after it
+    # result.json's privacy.clients, the server's view of every node's ledger: what each
+    # node uploaded, node 0's refusal, and the population each round was drawn from
+    d = result.to_dict()
+    glob, cl = d["privacy"]["epsilon"], d["privacy"]["clients"]
+    assert set(cl) == {str(c) for c in range(N)}
+    assert cl["0"]["participations"] == K and cl["0"]["refusals"] == 1
+    assert cl["0"]["eligible_rounds"] == K + 1
+    for c in range(1, N):
+        assert cl[str(c)]["participations"] == K + 2 and cl[str(c)]["refusals"] == 0
+        assert cl[str(c)]["eligible_rounds"] == K + 2
+    uploaded = {c: [r for r in range(K + 2) if c in aggs[r].contributors] for c in range(N)}
+    assert all(len(uploaded[c]) == cl[str(c)]["participations"] for c in range(N))
+    # node 0's figure against the server is the one its own ledger holds
+    assert cl["0"]["epsilon"]["server"] == pytest.approx(spent.epsilon)
+    for observer in ("release", "server"):
+        assert glob >= max(c["epsilon"][observer] for c in cl.values())
+    seen = [ev.eligible for ev in result.client_accounts.ledgers["1"].events]
+    assert seen == [N] * (K + 1) + [N - 1]
     # the nodes without a ledger report no head
     assert {r["client"] for r in result.transcript.records
             if r.get("type") == "node-ledger"} == {0}
@@ -268,14 +295,23 @@ def test_under_distributed_dp_the_node_charges_the_plans_worst_case(tmp_path, tr
     grid.contexts[100].node_config.update({"ledger-path": str(ledger),
                                            "client-budget": f"server={budget}",
                                            "client-budget-delta": DELTA})
-    second = run(grid, 2)
-    assert trained[0] == [0] and trained[1] == [0, 1]
+    second = run(grid, 4)
+    assert trained[0] == [0] and trained[1] == [0, 1, 2, 3]
     state = read_ledger(ledger)
-    assert len(state.charged()) == 2 and [p["round"] for p in state.refusals()] == [1]
-    assert second.participation[1][2] == N - 1
+    # the secure sum advertises for round 2 during round 1, so round 2's cohort is drawn
+    # before node 0's refusal arrives: it is asked once more, refuses again, then leaves
+    assert len(state.charged()) == 2 and [p["round"] for p in state.refusals()] == [1, 2]
+    assert [p[2] for p in second.participation] == [N, N - 1, N - 1, N - 1]
+    assert [p[3] for p in second.participation] == [N, N, N, N - 1]
     rec = reconcile(ledger, second.transcript.records, 0)
     assert rec["ok"], rec["problems"]
-    assert rec["committed"] == 1 and rec["refusals"] == 1
+    assert rec["committed"] == 1 and rec["refusals"] == 2
+    # the server's view of node 0 (this run only): one upload, both refusals
+    d = second.to_dict()
+    cl = d["privacy"]["clients"]
+    assert d["privacy"]["epsilon"] >= max(c["epsilon"]["server"] for c in cl.values())
+    assert cl["0"]["participations"] == 1 and cl["0"]["refusals"] == 2
+    assert cl["0"]["eligible_rounds"] == 3 and cl["1"]["eligible_rounds"] == 4
 
 
 @pytest.mark.parametrize("abuse,why", [({"seed": 7}, "noise seed is fixed"),

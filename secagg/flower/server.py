@@ -39,6 +39,7 @@ from secagg.attest import Collector
 from secagg.data import Dataset
 from secagg.dropouts import DropoutModel
 from secagg.engine import (
+    NODE_BUDGET_REFUSAL,
     AlgorithmLike,
     ClientState,
     Engine,
@@ -368,7 +369,7 @@ class FlowerFederation(TransportHooks):
                         "type": "node-ledger", "client": int(c), "head": rec["ledger_head"],
                         "event": self._node_event(c, instructions[c], ctx)})
             for c, why in failed.items():  # a node's budget refusal (an error reply)
-                if "refused by this node's privacy budget" in why:
+                if NODE_BUDGET_REFUSAL in why:
                     self._node_ledgers.append({
                         "type": "node-ledger", "client": int(c), "head": None,
                         "refused": self._node_event(c, instructions[c], ctx,

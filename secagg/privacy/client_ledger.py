@@ -997,7 +997,10 @@ class ClientAccounts:
                                  "min_survivors": min_survivors}
         if local is not None:
             extra.update(local_steps=int(local[0]), local_rate=float(local[1]))
-        for c in self.active:
+        # a client that left the population but was drawn before it left (a cohort drawn
+        # a round early) and refused again is booked too
+        late = [c for c in cohort if c in self.refusing and c not in self.active]
+        for c in [*self.active, *late]:
             if c in self.refusing:
                 action = "refused" if c in in_cohort else "declined"
                 ev = self._event(str(c), r, phase, action, kept, why,
@@ -1007,6 +1010,15 @@ class ClientAccounts:
                           else "not_sampled")
                 ev = self._event(str(c), r, phase, action, kept, why, **extra)
             self._round.setdefault(str(c), []).append(ev)
+
+    def refused(self, client: int, reason: str) -> None:
+        """Note that ``client`` refused this round on its own (a Flower node whose budget
+        is spent; the server does not hold it): booked as a refusal by
+        :meth:`record_phase`, and the client leaves the population at :meth:`end_round`
+        (a client that left already but was in a cohort drawn before it left is booked as
+        refusing again)."""
+        if client in self.clients:
+            self.refusing[client] = reason
 
     def end_round(self, r: int) -> None:
         """Write the round's events (one write per client) and let the clients that
