@@ -299,22 +299,25 @@ def _fit_ticks(fig: Any, plans: Sequence[_AxisTicks]) -> None:
     out (the layout moves as labels change, so this measures again after each change);
     fixed ticks, and any axis still crowded at its sparsest, lose overlapping labels."""
     for _ in range(12):
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        crowded = [p for p in plans if _overlapping(p.axis, renderer)]
+        _, crowded = _crowded(fig, plans)
         if not crowded:
             return
         stepped = [p.sparser() for p in crowded if not p.fixed]  # every one, no short cut
         if not any(stepped):
             break
     for _ in range(3):
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        crowded = [p for p in plans if _overlapping(p.axis, renderer)]
+        renderer, crowded = _crowded(fig, plans)
         if not crowded:
             return
         for p in crowded:
             p.thin(renderer)
+
+
+def _crowded(fig: Any, plans: Sequence[_AxisTicks]) -> tuple[Any, list[_AxisTicks]]:
+    """Lay the figure out; its renderer and the axes whose tick labels overlap."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return renderer, [p for p in plans if _overlapping(p.axis, renderer)]
 
 
 def _figure(width: float, height: float) -> Any:
