@@ -84,6 +84,7 @@ from secagg.privacy.events import (
     SampledGaussianEvent,
     SkellamEvent,
 )
+from secagg.privacy.policy import positive_or_none
 
 __all__ = [
     "ACTIONS",
@@ -594,15 +595,6 @@ def group_epsilon(ledgers: Mapping[str, Sequence[ClientEvent]], delta: float,
 # ------------------------------------------------------------------ budget
 
 
-def _budget_value(name: str, v: Any) -> float | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
-            math.isfinite(v) and v > 0):
-        raise PrivacyError(f"client budget {name} must be a positive number, got {v!r}")
-    return float(v)
-
-
 @dataclass(frozen=True)
 class ClientBudget:
     """A client's epsilon budget per observer (None: no budget against that observer).
@@ -614,8 +606,8 @@ class ClientBudget:
     server: float | None = None
 
     def __post_init__(self) -> None:
-        _budget_value("release", self.release)
-        _budget_value("server", self.server)
+        positive_or_none("client budget release", self.release)
+        positive_or_none("client budget server", self.server)
 
     @property
     def observers(self) -> dict[str, float]:
@@ -1146,7 +1138,7 @@ class IndividualFilter:
                 "2023)")
         if self.kind not in FILTER_KINDS:
             raise PrivacyError(f"filter kind must be one of {FILTER_KINDS}, got {self.kind!r}")
-        _budget_value("epsilon", self.epsilon)
+        positive_or_none("client budget epsilon", self.epsilon)
         _check_delta(self.delta)
         if not (isinstance(self.order, (int, float)) and self.order > 1):
             raise PrivacyError(f"RDP order must be > 1, got {self.order!r}")

@@ -39,12 +39,14 @@ from secagg.errors import PrivacyError
 __all__ = ["NodePolicy"]
 
 
-def _positive(name: str, v: Any) -> float | None:
+def positive_or_none(what: str, v: Any) -> float | None:
+    """``v`` as a float when it is a finite number > 0, None when it is None; anything else
+    raises :class:`PrivacyError` naming ``what`` (e.g. "node policy max_clip")."""
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
             math.isfinite(v) and v > 0):
-        raise PrivacyError(f"node policy {name} must be a positive number, got {v!r}")
+        raise PrivacyError(f"{what} must be a positive number, got {v!r}")
     return float(v)
 
 
@@ -63,8 +65,8 @@ class NodePolicy:
     dp_required: bool = False
 
     def __post_init__(self) -> None:
-        _positive("min_noise_multiplier", self.min_noise_multiplier)
-        _positive("max_clip", self.max_clip)
+        positive_or_none("node policy min_noise_multiplier", self.min_noise_multiplier)
+        positive_or_none("node policy max_clip", self.max_clip)
         if not isinstance(self.dp_required, bool):
             raise PrivacyError(f"node policy dp_required must be True or False, got "
                                f"{self.dp_required!r}")
