@@ -72,7 +72,7 @@ import torch
 from algorithms.base import Aggregate, Algorithm, ClientState, LocalPhase, Phase
 from algorithms.fedlog_solver import ShrunkStatistics, shrink_statistics, solve_map
 from algorithms.models import SplitModel, build_model
-from algorithms.spherefed import dp_sum_sigma
+from algorithms.moments import dp_sum_sigma
 from algorithms.training import accuracy, features, train_local
 from secagg.data import Dataset
 from secagg.errors import ConfigurationError
