@@ -56,6 +56,7 @@ from secagg.link import LayerServer, Link, PhaseCall, Reply
 from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
 from secagg.result import Result
 from secagg.seeds import derive_seed
+from secagg.stream import UploadStream
 from secagg.transcript import Transcript
 from secagg.wire import pack_arrays, unpack_arrays
 
@@ -651,6 +652,8 @@ class Engine:
             without a tree or LocalDP): once the next round would cross its budget the
             client sends zeros (masked under a secure sum), never a visible refusal. Its
             figures stay in the client's state (and its ledger directory).
+        stream: in one process, let a layer that streams read each upload as its client
+            steps (:meth:`_in_process`); False computes every upload first.
     """
 
     def __init__(
@@ -664,9 +667,10 @@ class Engine:
         decryptor: int | None = None, attest: bool = True,
         sampling: Literal["fixed", "poisson"] = "fixed", client_ledgers: Any | None = None,
         client_budget: Any | None = None, client_policy: Any | None = None,
-        colluders: int = 0, individual_filter: Any | None = None,
+        colluders: int = 0, individual_filter: Any | None = None, stream: bool = True,
     ) -> None:
         self.algorithm, self.layer, self.transport = algorithm, layer, transport
+        self.stream = stream
         self.attest = attest
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
         self.dropouts = dropouts
@@ -901,32 +905,40 @@ class Engine:
                     ctx: RoundContext, bcast: Mapping[str, np.ndarray]) -> Aggregate:
         """The clients' steps here (each upload validated against the spec), the local
         training's DP events, then the layer, which runs every party's part (its release
-        included) in this process."""
+        included) in this process.
+
+        When the layer streams (:attr:`~secagg.layers.base.Layer.streams`) and the phase's
+        training spends no DP-SGD events (they must be booked before the release), each
+        client steps when the layer reads its upload (:class:`~secagg.stream.UploadStream`):
+        the cohort is never held whole. Otherwise every client steps first, in cohort order.
+        Either way every client of the cohort steps exactly once and the aggregate is the
+        same bit for bit."""
         states = self.transport.states
-        uploads: dict[int, Upload] = {}
         refusing = {} if self.accounts is None else self.accounts.refusing
         filt = self.individual_filter
+
+        def halted(st: ClientState) -> bool:
+            return filt is not None and bool(self._filter_state(st).get("halted", False))
+
         # optional phase hooks: prepare(clients, broadcast) announces the clients that will
         # step (a phase may then compute a chunk of their steps at once, e.g. batched
         # training), and client_cpu_s(client, measured) books such shared work to each
         prepare = getattr(phase, "prepare", None)
         if prepare is not None:
-            prepare([states[c] for c in cohort if c not in refusing and not (
-                filt is not None and self._filter_state(states[c]).get("halted", False))],
-                bcast)
+            prepare([states[c] for c in cohort if c not in refusing and not halted(states[c])],
+                    bcast)
         cpu_of = getattr(phase, "client_cpu_s", None)
-        for c in cohort:
-            if c in refusing:  # refused before touching its data: no step, no upload
-                continue
+
+        def step(c: int) -> Upload:
             st = states[c]
-            halted = filt is not None and self._filter_state(st).get("halted", False)
+            stopped = halted(st)
             t0 = time.process_time()
-            values = _zeros(spec) if halted else phase.client_step(st, bcast)
+            values = _zeros(spec) if stopped else phase.client_step(st, bcast)
             dt = time.process_time() - t0
-            if cpu_of is not None and not halted:
+            if cpu_of is not None and not stopped:
                 dt = cpu_of(st, dt)
             up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
-            if filt is not None and not halted:
+            if filt is not None and not stopped:
                 from secagg.privacy.client_ledger import individual_mu
 
                 # charged from what it would send; over budget: zeros instead, silently
@@ -935,9 +947,17 @@ class Engine:
                                          self.on_violation)
             up.cpu_s, up.flops = dt, float(phase.client_flops(st))
             run.clips.add(up)
-            uploads[c] = up
+            return up
+
+        # refused before touching its data: no step, no upload
+        stepping = [c for c in cohort if c not in refusing]
+        lazy = self.stream and self.layer.streams and not bool(
+            getattr(phase, "trained_with_dpsgd", lambda: False)())
+        uploads = UploadStream(stepping, step, keep=not lazy)
         account_local_training(phase, spec, self.layer, ctx, run)
-        return self.layer.aggregate(uploads, spec, ctx)
+        agg = self.layer.aggregate(uploads, spec, ctx)
+        uploads.finish()  # the steps of clients that dropped before sending
+        return agg
 
     def _remote(self, run: RunState, phase: _Phase, spec: UploadSpec, cohort: list[int],
                 ctx: RoundContext, wire: bytes,

@@ -81,5 +81,10 @@ class ConfigurationError(SecaggError, ValueError):
     """An invalid combination of algorithm, layer or run parameters."""
 
 
+class StreamConsumed(ConfigurationError):
+    """A layer read a streamed upload twice (:class:`secagg.stream.UploadStream`): a layer
+    that does must leave :attr:`secagg.layers.base.Layer.streams` False."""
+
+
 class TranscriptError(SecaggError, ValueError):
     """A file is not a transcript, or a transcript is truncated or altered."""

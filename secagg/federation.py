@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from secagg.data import Partition
@@ -32,7 +32,7 @@ from secagg.engine import (
     solve,
 )
 from secagg.errors import ConfigurationError
-from secagg.layers.base import Layer
+from secagg.layers.base import Aggregate, Layer
 from secagg.result import Evaluation, Result
 from secagg.seeds import derive_seed
 
@@ -117,6 +117,11 @@ class Federation:
         individual_filter: an :class:`~secagg.privacy.client_ledger.IndividualFilter`
             ("rdp" or "gdp"; "pld" is refused): each client is charged from its actual
             clipped update and sends zeros once the next round would cross its budget.
+        stream: compute each client's upload only when the layer reads it, so a cohort
+            costs the memory of one upload (default; the layers that can,
+            :attr:`~secagg.layers.base.Layer.streams`: plaintext, the secure sum and the DP
+            layers around them). False computes every upload first and holds them. Both
+            give the same result bit for bit.
     """
 
     def __init__(
@@ -143,6 +148,7 @@ class Federation:
         client_policy: Any | None = None,
         colluders: int = 0,
         individual_filter: Any | None = None,
+        stream: bool = True,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -197,6 +203,7 @@ class Federation:
         self.client_policy = client_policy
         self.colluders = colluders
         self.individual_filter = individual_filter
+        self.stream = bool(stream)
 
     def plan(self) -> list[Any]:
         """The privacy plan before round 0, without contacting or training any client
@@ -214,8 +221,11 @@ class Federation:
                         cohort_size(len(self.partition), self.fraction),
                         self.max_records or DEFAULT_MAX_RECORDS)
 
-    def run(self) -> Result:
-        """Run all rounds and return the :class:`Result`.
+    def run(self, on_aggregate: Callable[[int, str, Aggregate], None] | None = None
+            ) -> Result:
+        """Run all rounds and return the :class:`Result`. ``on_aggregate(round, phase,
+        aggregate)`` sees every aggregate the server solves from (as in
+        :meth:`secagg.flower.FlowerFederation.run`).
 
         Raises:
             SecureSumAborted: a secure sum lost too many clients (unless on_abort="skip").
@@ -232,7 +242,8 @@ class Federation:
             progress=self.progress, attest=self.attest, sampling=self.sampling,
             client_ledgers=self.client_ledgers, client_budget=self.client_budget,
             client_policy=self.client_policy, colluders=self.colluders,
-            individual_filter=self.individual_filter)
+            individual_filter=self.individual_filter, stream=self.stream,
+            on_aggregate=on_aggregate)
         try:
             return engine.run()
         finally:

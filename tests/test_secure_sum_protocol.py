@@ -491,3 +491,41 @@ def test_random_corruption_of_any_message_is_a_typed_error_or_the_exact_sum():
         except (ProtocolError, SecureSumAborted):
             outcomes.add("refused")
     assert outcomes == {"sum", "refused"}
+
+
+# --------------------------------------------------------------------------- request size
+
+
+def _request_signers(n, graph, k, identities=None, drops=None):
+    """Run a session and return, per UNMASK_REQUEST, (receiver, the signers it carries)."""
+    seen = {}
+
+    def tap(stage, sender, receiver, msg):
+        if stage == "unmask" and sender == "server":
+            head = wire.HEADER.unpack(msg[:wire.HEADER_BYTES])
+            _, _, sigs = wire.parse_unmask_request(memoryview(msg)[wire.HEADER_BYTES:])
+            seen[head[5]] = set(sigs)
+        return msg
+
+    vecs = _vectors(n, 5, 32)
+    rep = run_secure_sum(vecs, 32, _ctx(drops), threshold=0.6, graph=graph, k=k,
+                         entropy_seed=4, graph_seed=1, tamper=tap, identities=identities)
+    assert rep.total.tolist() == _ring_sum(vecs, rep.contributors, 32).tolist()
+    return seen, rep
+
+
+def test_an_unmask_request_carries_only_the_signatures_its_client_can_check():
+    """Without pinned keys a client can verify only its neighbours' consistency signatures,
+    so the server sends it those (O(k) bytes, not every signer's: Theta(n^2) in all, which
+    filled 9 GB at n = 10,000); with pinned keys it needs t of them, so it gets all."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    seen, rep = _request_signers(40, "harary", 6, drops={"masked-input": [3]})
+    g = rep.graph
+    assert len(seen) == 39
+    for w, signers in seen.items():
+        assert signers <= g.closed(w) and w in signers
+        assert signers == g.closed(w) - {3}  # every live neighbour signed
+    ids = {u: Ed25519PrivateKey.from_private_bytes(bytes([u + 1]) * 32) for u in range(40)}
+    seen, _ = _request_signers(40, "harary", 6, identities=ids)
+    assert all(len(s) == 40 for s in seen.values())

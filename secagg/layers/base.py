@@ -182,6 +182,15 @@ class Layer(ABC):
         """True when the aggregator reads individual uploads in the clear."""
         return False
 
+    @property
+    def streams(self) -> bool:
+        """True when :meth:`aggregate` reads each client's upload at most once and keeps
+        nothing of it but what the server keeps (a running sum, a non-additive value), so
+        that the engine may compute each upload only when the layer reads it
+        (:class:`secagg.stream.UploadStream`) and a cohort costs the memory of one upload.
+        The default, False, has the engine compute and hold every upload first."""
+        return False
+
 
 def server_party() -> str:
     """The name of the aggregator in ledgers and transcripts."""

@@ -74,6 +74,7 @@ from secagg.privacy.samplers import (
 )
 from secagg.privacy.sensitivity import field_l1, field_l2, noise_split
 from secagg.privacy.tree import TreeAccount, TreeNoise, decomposition, tree_depth
+from secagg.stream import Lazy
 
 __all__ = ["CentralDP", "DistributedDP", "DistributedRelease", "LocalDP", "node_layer",
            "noise_source", "noise_tail"]
@@ -244,6 +245,12 @@ class _DPLayer(Layer):
         self.releases = releases
         if not self._z_given:
             self._z = None
+
+    @property
+    def streams(self) -> bool:
+        """As the inner layer: the noise is added to each upload (or to the sum) as it
+        passes, without holding the cohort."""
+        return self.inner.streams
 
     def _n_releases(self) -> int:
         if self.releases is None:
@@ -631,14 +638,15 @@ class LocalDP(_DPLayer):
         if not sigmas:
             return self.inner.aggregate(uploads, spec, ctx)
         self.spend(ledger, sigmas, ctx)
-        private = True
-        noisy_uploads: dict[int, Upload] = {}
-        for c, up in uploads.items():
+        private = [True]
+
+        def noised(c: int, up: Upload) -> Upload:  # each upload noised as it is read
             src = self._source(ctx, c, ledger, tuple(sigmas))
-            private = private and src.private
-            noisy_uploads[c] = self.noise_upload(up, spec, sigmas, wide, src.rng)
-        agg = self.inner.aggregate(noisy_uploads, wide, relabel(ctx, list(sigmas)))
-        agg.notes["dp"] = self.release_notes(spec, sigmas, private, len(agg.contributors))
+            private[0] = private[0] and src.private
+            return self.noise_upload(up, spec, sigmas, wide, src.rng)
+
+        agg = self.inner.aggregate(Lazy(uploads, noised), wide, relabel(ctx, list(sigmas)))
+        agg.notes["dp"] = self.release_notes(spec, sigmas, private[0], len(agg.contributors))
         return agg
 
 
@@ -894,25 +902,26 @@ class DistributedDP(_DPLayer):
         release = self.release_plan(spec, len(clients))
         ledger.check(*release.planned)  # the worst case fits the budget, before any noise
         names = [f.name for f in release.noised]
-        vectors: dict[int, np.ndarray] = {}
-        encode_s: dict[int, float] = {}
-        private = True
-        for c in clients:
-            t0 = time.process_time()
-            src = self._source(ctx, c, ledger, names)
-            private = private and src.private
-            vectors[c] = self.encode_noised(release, uploads[c], src.rng)
-            encode_s[c] = time.process_time() - t0
-        label = release.label
-        # The secure sum transcripts the ring sum under ``label``; it carries the noise.
+        private = [True]
         # each client's step (and its encoding and noise draw) is booked on its masked-input
         # row, as under every other layer
-        costs = {c: (float(uploads[c].cpu_s) + encode_s[c], float(uploads[c].flops))
-                 for c in clients}
+        costs: dict[int, tuple[float, float]] = {}
+
+        def encoded(c: int, up: Upload) -> np.ndarray:  # noised and encoded as it is read
+            t0 = time.process_time()
+            src = self._source(ctx, c, ledger, names)
+            private[0] = private[0] and src.private
+            vec = self.encode_noised(release, up, src.rng)
+            costs[c] = (float(up.cpu_s) + time.process_time() - t0, float(up.flops))
+            return vec
+
+        label = release.label
+        # The secure sum transcripts the ring sum under ``label``; it carries the noise.
         ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
-            vectors, release.ring_bits, relabel(ctx, [label] if names else []), label,
-            upload_costs=costs)
-        return self.finish(release, spec, ring_sum, contributors, ctx, ledger, private)
+            Lazy(uploads, encoded), release.ring_bits,
+            relabel(ctx, [label] if names else []), label, upload_costs=costs,
+            length=sum(f.size for f in release.additive))
+        return self.finish(release, spec, ring_sum, contributors, ctx, ledger, private[0])
 
     def _draw(self, std: float, size: int, rng: np.random.Generator) -> np.ndarray:
         if self.mechanism == "discrete_gaussian":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,25 +31,23 @@ from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
 from secagg.secure_sum.graph import GraphKind, check_threshold, resolve_threshold
 from secagg.secure_sum.protocol import SessionReport, run_secure_sum
+from secagg.stream import Lazy
 
 
-class _Encoded(Mapping[int, np.ndarray]):
-    """Client -> its concatenated ring vector, encoded on access (never all held at once)."""
+class _Encoded(Lazy[np.ndarray]):
+    """Client -> its concatenated ring vector, encoded when the protocol reads it (each
+    upload read once, never all held at once); :attr:`costs` collects each read upload's
+    (CPU seconds, FLOPs) for its masked-input row."""
 
     def __init__(self, uploads: Mapping[int, Upload], plans: dict[str, FixedPoint]) -> None:
-        self.uploads = uploads
+        super().__init__(uploads, self._encode)
         self.plans = plans
+        self.costs: dict[int, tuple[float, float]] = {}
 
-    def __getitem__(self, u: int) -> np.ndarray:
-        up = self.uploads[u]
+    def _encode(self, u: int, up: Upload) -> np.ndarray:
+        self.costs[u] = (float(getattr(up, "cpu_s", 0.0)), float(getattr(up, "flops", 0.0)))
         parts = [p.encode(np.asarray(up[name])) for name, p in self.plans.items()]
         return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.uploads)
-
-    def __len__(self) -> int:
-        return len(self.uploads)
 
 
 class SecureSum(Layer):
@@ -171,13 +169,13 @@ class SecureSum(Layer):
         """Securely sum the additive fields of ``uploads``; see the class docstring."""
         plans, bits, segments, fields = self.layout(spec, len(uploads))
         off = sum(f.size for f in spec.additive)
+        vectors = _Encoded(uploads, plans)
         report = run_secure_sum(
-            _Encoded(uploads, plans), bits, ctx,
+            vectors, bits, ctx,
             threshold=self.threshold, graph=self.graph, k=self.k,
             segments=segments, length=off,
             plaintext_bytes=sum(fields.values()), fields=fields,
-            upload_costs={u: (float(getattr(up, "cpu_s", 0.0)), float(getattr(up, "flops", 0.0)))
-                          for u, up in uploads.items()},
+            upload_costs=vectors.costs,  # filled as each vector is read, before its row
             identities=self.identities,
         )
         self.last_report = report
@@ -197,6 +195,12 @@ class SecureSum(Layer):
         return Aggregate(phase=ctx.phase, round=ctx.round, sums=sums, values={},
                          contributors=report.contributors, notes=notes)
 
+    @property
+    def streams(self) -> bool:
+        """True: the protocol reads each vector once, when its client masks it, and the
+        server adds the masked vector to its running total."""
+        return True
+
     def sum_encoded(
         self,
         vectors: Mapping[int, np.ndarray],
@@ -204,10 +208,13 @@ class SecureSum(Layer):
         ctx: RoundContext,
         label: str = "upload",
         upload_costs: Mapping[int, tuple[float, float]] | None = None,
+        length: int | None = None,
     ) -> tuple[np.ndarray, tuple[int, ...]]:
-        """Run the protocol on already-encoded vectors (uint64 ring elements, one length).
-        ``upload_costs``: client -> (CPU seconds, FLOPs) of its client step, booked on its
-        masked-input row (as :meth:`aggregate` does).
+        """Run the protocol on already-encoded vectors (uint64 ring elements, one length:
+        ``length``, or read from the first vector). Each vector is read once, when its
+        client masks it (a lazy mapping is fine). ``upload_costs``: client -> (CPU seconds,
+        FLOPs) of its client step, booked on its masked-input row (as :meth:`aggregate`
+        does); it is read after the client's vector.
 
         Returns:
             (the sum mod 2^ring_bits of the contributors' vectors as uint64, the contributors).
@@ -216,7 +223,7 @@ class SecureSum(Layer):
             SecureSumAborted: too few clients stayed live at some stage.
         """
         report = run_secure_sum(vectors, ring_bits, ctx, threshold=self.threshold,
-                                graph=self.graph, k=self.k, label=label,
+                                graph=self.graph, k=self.k, label=label, length=length,
                                 identities=self.identities, upload_costs=upload_costs)
         self.last_report = report
         return report.total, report.contributors

@@ -162,7 +162,7 @@ def run_secure_sum(
                 "every client of the cohort"
             )
         pins = {u: sign_public(identities[u]) for u in cohort}
-    server = Server(session, rnd, g, ring_bits, length)
+    server = Server(session, rnd, g, ring_bits, length, forward_all_signatures=pins is not None)
     segs = dict(segments) if segments is not None else {label: slice(0, length)}
     report = SessionReport(np.zeros(0, np.uint64), (), g, ring_bits, server.live, (),
                            refused=server.refused, pinned=pins is not None)

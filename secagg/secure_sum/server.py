@@ -101,12 +101,20 @@ class Server:
         graph: the neighbour graph and thresholds (:func:`secagg.secure_sum.graph.build`).
         ring_bits: k, the sum is computed in Z_{2^k}.
         length: the vector length every client uploads.
+        forward_all_signatures: send every client all the consistency signatures (its
+            clients pin every peer's key and need at least t valid ones: Theta(n) bytes
+            per client, Theta(n^2) in all). False (default): each client gets only its
+            closed neighbourhood's signatures, the ones a client without pinned keys can
+            check at all (it knows only its neighbours' signing keys, from the roster), so
+            the request is O(k) bytes and what the client verifies is unchanged.
     """
 
     def __init__(
-        self, session: bytes, round: int, graph: Graph, ring_bits: int, length: int
+        self, session: bytes, round: int, graph: Graph, ring_bits: int, length: int,
+        *, forward_all_signatures: bool = False,
     ) -> None:
         self.session = session
+        self.forward_all_signatures = forward_all_signatures
         self.round = round
         self.graph = graph
         self.ring_bits = ring_bits
@@ -392,8 +400,9 @@ class Server:
         return u
 
     def close_consistency(self) -> dict[int, bytes]:
-        """Close the consistency round; returns the UNMASK_REQUEST (with every collected
-        signature) for each survivor that signed."""
+        """Close the consistency round; returns the UNMASK_REQUEST for each survivor that
+        signed, with the consistency signatures it can check (every collected one under
+        ``forward_all_signatures``, else its closed neighbourhood's)."""
         self._expect("consistency")
         signers = set(self.signatures)
         self._check("consistency", signers)
@@ -408,8 +417,13 @@ class Server:
             b_ids = {u for u in live if u == w or u in acc}
             sk_ids = {v for v in self.dropped if v in acc}
             self.requests[w] = (b_ids, sk_ids)
+            if self.forward_all_signatures:
+                sigs = self.signatures
+            else:  # the signatures w can check: its own and its neighbours'
+                sigs = {v: self.signatures[v] for v in self.graph.closed(w)
+                        if v in self.signatures}
             out[w] = wire.encode(MsgType.UNMASK_REQUEST, self.session, SERVER_ID, w,
-                                 wire.unmask_request_body(b_ids, sk_ids, self.signatures))
+                                 wire.unmask_request_body(b_ids, sk_ids, sigs))
         return out
 
     # ------------------------------------------------------------ unmask
