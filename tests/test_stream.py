@@ -72,10 +72,12 @@ def test_streamed_aggregate_equals_the_all_in_memory_one_bit_for_bit(part, name)
     p1 = np.concatenate([v.detach().numpy().ravel() for v in a1.model.state_dict().values()])
     p2 = np.concatenate([v.detach().numpy().ravel() for v in a2.model.state_dict().values()])
     assert p1.tobytes() == p2.tobytes()
-    # the same messages in the same order (their sizes follow the SecAgg+ graph, which
-    # each session relabels from the OS CSPRNG)
-    rows = [(r.round, r.stage, r.sender, r.receiver) for r in held.costs.rows]
-    assert rows == [(r.round, r.stage, r.sender, r.receiver) for r in streamed.costs.rows]
+    # the same messages in the same order, with the same client work booked on each
+    # (their sizes follow the SecAgg+ graph, which each session relabels from the OS CSPRNG)
+    rows = [(r.round, r.stage, r.sender, r.receiver, r.flops) for r in held.costs.rows]
+    assert rows == [(r.round, r.stage, r.sender, r.receiver, r.flops)
+                    for r in streamed.costs.rows]
+    assert sum(r.step_flops for r in streamed.costs.rows) > 0  # the steps are booked
 
 
 def test_a_statistics_algorithm_streams_too(part):

@@ -254,7 +254,7 @@ def run_secure_sum(
                 secure_sum_client_flops("ack", len(g.neighbours[u])))) is not None:
             live3.append(u)
     word_bytes = (ring_bits + 7) // 8
-    costs = upload_costs or {}
+    costs = upload_costs if upload_costs is not None else {}  # may fill as vectors are read
     for u in live3:
         def mask_step(u: int = u) -> bytes:
             return clients[u].masked_input(np.asarray(vectors[u]).reshape(-1))
