@@ -126,6 +126,8 @@ class Server:
         self.refused: dict[int, str] = {}
         self._key_owner: dict[bytes, int] = {}
         self.survivors: tuple[int, ...] = ()
+        self._survivor_set: frozenset[int] = frozenset()
+        self._survivors_stmt = b""
         self.signatures: dict[int, bytes] = {}
         self.u2: set[int] = set()
         self._shares: dict[int, dict[int, bytes]] = {}
@@ -276,8 +278,9 @@ class Server:
         self.stage = "masked-input"
         out = {}
         for v in sorted(self.u2):
-            entries = {u: self._shares[u][v] for u in self.u2
-                       if v in self._shares[u] and pair(u, v) not in self.cut}
+            # the senders of v's shares are among its neighbours: O(k) per client, not O(n)
+            entries = {u: self._shares[u][v] for u in sorted(self.graph.neighbours[v])
+                       if u in self.u2 and v in self._shares[u] and pair(u, v) not in self.cut}
             self.forwarded[v] = set(entries)
             out[v] = wire.encode(MsgType.FORWARD, self.session, SERVER_ID, v,
                                  wire.ciphertexts_body(entries))
@@ -373,6 +376,8 @@ class Server:
         self._check("masked-input", live)
         self.stage = "consistency"
         self.survivors = tuple(sorted(live))
+        self._survivor_set = frozenset(self.survivors)
+        self._survivors_stmt = survivors_statement(self.session, self.round, self.survivors)
         body = wire.ids_body(self.survivors)
         return {w: wire.encode(MsgType.SURVIVORS, self.session, SERVER_ID, w, body)
                 for w in self.survivors}
@@ -390,11 +395,10 @@ class Server:
         u, body = self._open(data, MsgType.SIGNATURE)
         if u in self.signatures:
             raise ReplayedMessage(f"second SIGNATURE from client {u}")
-        if u not in self.survivors:
+        if u not in self._survivor_set:
             raise MisaddressedMessage(f"SIGNATURE from {u}, who is not a survivor")
         sig = wire.parse_signature(body)
-        stmt = survivors_statement(self.session, self.round, self.survivors)
-        if not verify_signature(self.signing[u][0], sig, stmt):
+        if not verify_signature(self.signing[u][0], sig, self._survivors_stmt):
             raise MalformedMessage(f"SIGNATURE from {u} does not verify on the survivor set")
         self.signatures[u] = sig
         return u
@@ -408,14 +412,16 @@ class Server:
         self._check("consistency", signers)
         self.stage = "unmask"
         live = set(self.survivors)
+        # a dropped client whose shares some survivor holds (only its neighbours can)
         self.dropped = {
-            v for v in self.u2 - live if any(v in self.accepted_by(w) for w in live)
+            v for v in self.u2 - live
+            if any(v in self.accepted_by(w) for w in self.graph.neighbours[v] & live)
         }
         out = {}
         for w in sorted(signers):
             acc = self.accepted_by(w)
-            b_ids = {u for u in live if u == w or u in acc}
-            sk_ids = {v for v in self.dropped if v in acc}
+            b_ids = (acc | {w}) & live
+            sk_ids = acc & self.dropped
             self.requests[w] = (b_ids, sk_ids)
             if self.forward_all_signatures:
                 sigs = self.signatures
