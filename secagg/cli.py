@@ -171,6 +171,13 @@ def _make_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
     r.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes the simulated clients' secure-sum work (keys, signatures, shares, "
+        "masks) is spread over; the result does not depend on it (%(default)s)",
+    )
+    r.add_argument(
         "--device-profile",
         default="phone-wifi",
         choices=sorted(PROFILES),
@@ -434,6 +441,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigurationError("--rounds must be >= 1")
     if args.colluders < 0:
         raise ConfigurationError("--colluders must be >= 0")
+    if args.workers < 1:
+        raise ConfigurationError("--workers must be >= 1")
     _client_ledger_kwargs(args)  # parses --client-budget and the client policy
     t = args.threshold
     if t >= 1:
@@ -625,6 +634,7 @@ def _run(args: argparse.Namespace) -> int:
         include_values=args.include_values,
         progress=False if args.quiet else None,
         max_records=args.max_records,
+        workers=args.workers,
         **_client_ledger_kwargs(args),
     )
     if args.dry_run:  # the plan only: nothing trained, nothing written

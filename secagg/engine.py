@@ -654,6 +654,8 @@ class Engine:
             figures stay in the client's state (and its ledger directory).
         stream: in one process, let a layer that streams read each upload as its client
             steps (:meth:`_in_process`); False computes every upload first.
+        workers: in one process, how many processes a layer may spread the simulated
+            clients' protocol work over (:attr:`RoundContext.workers`).
     """
 
     def __init__(
@@ -668,9 +670,10 @@ class Engine:
         sampling: Literal["fixed", "poisson"] = "fixed", client_ledgers: Any | None = None,
         client_budget: Any | None = None, client_policy: Any | None = None,
         colluders: int = 0, individual_filter: Any | None = None, stream: bool = True,
+        workers: int = 1,
     ) -> None:
         self.algorithm, self.layer, self.transport = algorithm, layer, transport
-        self.stream = stream
+        self.stream, self.workers = stream, workers
         self.attest = attest
         self.rounds, self.fraction, self.seed = rounds, fraction, seed
         self.dropouts = dropouts
@@ -808,7 +811,7 @@ class Engine:
                     spec = run_spec(phase, layer, self._max_records, checked)
                 ctx = RoundContext(r, phase.name, derive_seed(self.seed, r, phase.name),
                                    run.ledger, run.transcript, self.dropouts, run.privacy,
-                                   run.attest)
+                                   run.attest, self.workers)
                 if local:
                     got = self._local(phase, cohort, ctx)
                     run.participation.append((r, phase.name, got, len(cohort)))

@@ -122,6 +122,10 @@ class Federation:
             :attr:`~secagg.layers.base.Layer.streams`: plaintext, the secure sum and the DP
             layers around them). False computes every upload first and holds them. Both
             give the same result bit for bit.
+        workers: processes the simulated clients' secure-sum work (key agreement,
+            signatures, Shamir sharing, masking) is spread over, as n devices would do it in
+            parallel (:mod:`secagg.secure_sum.parties`). 1 (default): all in this process.
+            The messages and the aggregate do not depend on it.
     """
 
     def __init__(
@@ -149,6 +153,7 @@ class Federation:
         colluders: int = 0,
         individual_filter: Any | None = None,
         stream: bool = True,
+        workers: int = 1,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -204,6 +209,9 @@ class Federation:
         self.colluders = colluders
         self.individual_filter = individual_filter
         self.stream = bool(stream)
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigurationError(f"workers must be a positive integer, got {workers!r}")
+        self.workers = workers
 
     def plan(self) -> list[Any]:
         """The privacy plan before round 0, without contacting or training any client
@@ -242,7 +250,7 @@ class Federation:
             progress=self.progress, attest=self.attest, sampling=self.sampling,
             client_ledgers=self.client_ledgers, client_budget=self.client_budget,
             client_policy=self.client_policy, colluders=self.colluders,
-            individual_filter=self.individual_filter, stream=self.stream,
+            individual_filter=self.individual_filter, stream=self.stream, workers=self.workers,
             on_aggregate=on_aggregate)
         try:
             return engine.run()

@@ -81,6 +81,9 @@ class RoundContext:
     #: who signs (in one process) or collects (remote) the clients' statements about the
     #: messages they send (:mod:`secagg.attest`); None: no attestation
     attest: Any | None = None
+    #: processes a layer may spread the simulated clients' own work over (the secure sum's
+    #: parties, :mod:`secagg.secure_sum.parties`); 1: all in this process
+    workers: int = 1
 
     def __post_init__(self) -> None:
         self.dropouts.at(self.round, self.phase)

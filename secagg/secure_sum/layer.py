@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -36,8 +37,8 @@ from secagg.stream import Lazy
 
 class _Encoded(Lazy[np.ndarray]):
     """Client -> its concatenated ring vector, encoded when the protocol reads it (each
-    upload read once, never all held at once); :attr:`costs` collects each read upload's
-    (CPU seconds, FLOPs) for its masked-input row."""
+    upload read once, never all held at once); :attr:`costs` collects, for each read
+    upload, (CPU seconds of its step and its encoding, FLOPs) for its masked-input row."""
 
     def __init__(self, uploads: Mapping[int, Upload], plans: dict[str, FixedPoint]) -> None:
         super().__init__(uploads, self._encode)
@@ -45,9 +46,12 @@ class _Encoded(Lazy[np.ndarray]):
         self.costs: dict[int, tuple[float, float]] = {}
 
     def _encode(self, u: int, up: Upload) -> np.ndarray:
-        self.costs[u] = (float(getattr(up, "cpu_s", 0.0)), float(getattr(up, "flops", 0.0)))
+        t0 = time.process_time()
         parts = [p.encode(np.asarray(up[name])) for name, p in self.plans.items()]
-        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        vec = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        self.costs[u] = (float(getattr(up, "cpu_s", 0.0)) + time.process_time() - t0,
+                         float(getattr(up, "flops", 0.0)))
+        return vec
 
 
 class SecureSum(Layer):
@@ -176,7 +180,7 @@ class SecureSum(Layer):
             segments=segments, length=off,
             plaintext_bytes=sum(fields.values()), fields=fields,
             upload_costs=vectors.costs,  # filled as each vector is read, before its row
-            identities=self.identities,
+            identities=self.identities, workers=ctx.workers,
         )
         self.last_report = report
         sums = {
@@ -224,6 +228,7 @@ class SecureSum(Layer):
         """
         report = run_secure_sum(vectors, ring_bits, ctx, threshold=self.threshold,
                                 graph=self.graph, k=self.k, label=label, length=length,
-                                identities=self.identities, upload_costs=upload_costs)
+                                identities=self.identities, upload_costs=upload_costs,
+                                workers=ctx.workers)
         self.last_report = report
         return report.total, report.contributors

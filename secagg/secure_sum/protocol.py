@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from secagg.secure_sum import wire
 from secagg.secure_sum.client import Client
 from secagg.secure_sum.graph import Graph, GraphKind, build
 from secagg.secure_sum.keys import sign_public
+from secagg.secure_sum.parties import Call, Outcome, parties
 from secagg.secure_sum.prg import SeededEntropy
 from secagg.secure_sum.server import Server
 
@@ -104,12 +105,15 @@ def run_secure_sum(
     entropy_seed: int | None = None,
     tamper: Tamper | None = None,
     identities: Mapping[int, Ed25519PrivateKey] | None = None,
+    workers: int = 1,
 ) -> SessionReport:
     """Run one secure-sum session over already-encoded vectors.
 
     Args:
         vectors: client id -> 1-D array of ring elements (uint64 < 2^ring_bits), all of one
             length. A lazy mapping is fine: each vector is read once, when its client masks.
+            Reading it is not timed here: a client's work for it belongs in
+            ``upload_costs``.
         ring_bits: k in 1..64; arithmetic is modulo 2^k.
         ctx: a :class:`secagg.layers.base.RoundContext` (dropouts, ledger, transcript).
         threshold: fraction of the cohort (float) or count (int) that must stay live.
@@ -119,8 +123,9 @@ def run_secure_sum(
         segments: field name -> slice of the vector, to transcript each field separately.
         length: the vector length (None: read from the first vector).
         plaintext_bytes, fields: what the MASKED rows carry in plaintext terms (ledger).
-        upload_costs: client -> (CPU seconds, FLOPs) of computing its statistic, added to its
-            MASKED row (reading/encoding the vector is timed as the client's work).
+        upload_costs: client -> (CPU seconds, FLOPs) of computing its vector (its step, the
+            encoding, any noise), added to its MASKED row; read after the vector, so a lazy
+            ``vectors`` may fill it as it goes.
         graph_seed: seeds the SecAgg+ relabelling (experiments); None uses the OS CSPRNG.
         entropy_seed: makes every party's randomness (keys, seeds, Shamir coefficients,
             session id) a deterministic function of this seed -- for reproducible experiments
@@ -130,6 +135,9 @@ def run_secure_sum(
             every client then pins all the cohort's public keys and checks the roster's keys
             and the consistency signatures against them. None: per-session keys, nothing
             pinned (secure against an honest-but-curious server only).
+        workers: processes the simulated clients' work is spread over
+            (:mod:`secagg.secure_sum.parties`; 1: all in this process). The messages and
+            the sum do not depend on it.
 
     Raises:
         SecureSumAborted: fewer than the threshold stayed live at some stage.
@@ -172,16 +180,20 @@ def run_secure_sum(
     server_cpu = [0.0]
     deliver = tamper or (lambda stage, s, r, m: m)
 
-    def client_step(u: int, fn: Callable[..., bytes], *args: Any) -> tuple[bytes | None, float]:
-        t0 = time.thread_time()
-        try:
-            out = fn(*args)
-        except ProtocolError as exc:
-            report.failures.append((stage, u, str(exc)))
-            out = None
-        dt = time.thread_time() - t0
-        cpu[u] = cpu.get(u, 0.0) + dt
-        return out, dt
+    def stepped(outcomes: Iterator[Outcome]) -> Iterator[tuple[int, bytes, float]]:
+        """The clients' outcomes of this stage: CPU booked, failures recorded; yields
+        (client, message, CPU seconds) for those that sent one."""
+        for u, out, dt, err in outcomes:
+            cpu[u] = cpu.get(u, 0.0) + dt
+            if err is not None:
+                report.failures.append((stage, u, err))
+            elif out is not None:
+                yield u, out, dt
+
+    def replies(inbox: Mapping[int, bytes | None]) -> Iterator[Call]:
+        """(client, the message it got) for the clients still live at this stage."""
+        return ((u, inbox[u]) for u in ctx.dropouts.survivors(stage, sorted(inbox))
+                if inbox[u] is not None)
 
     def to_server(u: int, msg: bytes, handler: Callable[[bytes], Any], dt_client: float,
                   **row: Any) -> Any:
@@ -223,79 +235,65 @@ def run_secure_sum(
                          min_holders=g.threshold if g.kind == "complete" else None,
                          signing=identities[u] if identities is not None else None)
                for u in cohort}
-    for u in ctx.dropouts.survivors(stage, cohort):
-        msg, dt = client_step(u, clients[u].advertise)
-        if msg is not None:
+    party = parties(clients, workers)
+    try:
+        calls = ((u, None) for u in ctx.dropouts.survivors(stage, cohort))
+        for u, msg, dt in stepped(party.run("advertise", calls)):
             to_server(u, msg, server.receive_advertise, dt,
                       flops=secure_sum_client_flops(stage, len(g.neighbours[u])))
-    rosters, dt_close = timed(server.close_advertise)
+        rosters, dt_close = timed(server.close_advertise)
 
-    # ---- stage 2: share keys
-    stage = "share"
-    inbox = to_clients(rosters, dt_close)
-    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
-        if inbox[u] is None:
-            continue
-        msg, dt = client_step(u, clients[u].share_keys, inbox[u])
-        if msg is not None:
+        # ---- stage 2: share keys
+        stage = "share"
+        inbox = to_clients(rosters, dt_close)
+        for u, msg, dt in stepped(party.run("share_keys", replies(inbox))):
             to_server(u, msg, server.receive_shares, dt, flops=secure_sum_client_flops(
                 stage, len(g.neighbours[u]), g.share_threshold))
-    forwards, dt_close = timed(server.close_shares)
+        forwards, dt_close = timed(server.close_shares)
 
-    # ---- stage 3: masked input collection (ACK of the forwarded shares, then the vector)
-    stage = "masked-input"
-    inbox = to_clients(forwards, dt_close)
-    live3 = []
-    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
-        if inbox[u] is None:
-            continue
-        msg, dt = client_step(u, clients[u].receive_forward, inbox[u])
-        if msg is not None and to_server(u, msg, server.receive_ack, dt, flops=(
-                secure_sum_client_flops("ack", len(g.neighbours[u])))) is not None:
-            live3.append(u)
-    word_bytes = (ring_bits + 7) // 8
-    costs = upload_costs if upload_costs is not None else {}  # may fill as vectors are read
-    for u in live3:
-        def mask_step(u: int = u) -> bytes:
-            return clients[u].masked_input(np.asarray(vectors[u]).reshape(-1))
+        # ---- stage 3: masked input collection (ACK of the forwarded shares, then the vector)
+        stage = "masked-input"
+        inbox = to_clients(forwards, dt_close)
+        live3 = []
+        for u, msg, dt in stepped(party.run("receive_forward", replies(inbox))):
+            if to_server(u, msg, server.receive_ack, dt, flops=(
+                    secure_sum_client_flops("ack", len(g.neighbours[u])))) is not None:
+                live3.append(u)
+        word_bytes = (ring_bits + 7) // 8
+        costs = upload_costs if upload_costs is not None else {}  # may fill as vectors are read
+        # each vector is read here when its client's turn comes (a streamed upload is computed
+        # then); the client's work for it (its step, encoding, noise) is in ``costs``
+        vecs = ((u, np.asarray(vectors[u]).reshape(-1)) for u in live3)
+        for u, msg, dt in stepped(party.run("masked_input", vecs, batch=16)):
+            extra_cpu, flops = costs.get(u, (0.0, 0.0))
+            cpu[u] += extra_cpu
+            got = to_server(u, msg, server.receive_masked, dt + extra_cpu,
+                            plaintext_bytes=plaintext_bytes, fields=dict(fields or {}),
+                            step_flops=flops, flops=flops + secure_sum_client_flops(
+                                "masked", len(g.neighbours[u]),
+                                vector_bytes=length * word_bytes, word_bytes=word_bytes))
+            if got is not None:
+                _, y = got
+                for name, sl in segs.items():
+                    part = y[sl]
+                    ctx.observe("server", u, stage, name, "masked", part,
+                                nbytes=int(part.size) * word_bytes)
+        survivors, dt_close = timed(server.close_masked)
 
-        msg, dt = client_step(u, mask_step)
-        if msg is None:
-            continue
-        extra_cpu, flops = costs.get(u, (0.0, 0.0))
-        got = to_server(u, msg, server.receive_masked, dt + extra_cpu,
-                        plaintext_bytes=plaintext_bytes, fields=dict(fields or {}),
-                        step_flops=flops, flops=flops + secure_sum_client_flops(
-                            "masked", len(g.neighbours[u]), vector_bytes=length * word_bytes,
-                            word_bytes=word_bytes))
-        if got is not None:
-            _, y = got
-            for name, sl in segs.items():
-                part = y[sl]
-                ctx.observe("server", u, stage, name, "masked", part,
-                            nbytes=int(part.size) * word_bytes)
-    survivors, dt_close = timed(server.close_masked)
-
-    # ---- stage 4: consistency check (each survivor signs the survivor set it was shown)
-    stage = "consistency"
-    inbox = to_clients(survivors, dt_close)
-    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
-        if inbox[u] is None:
-            continue
-        msg, dt = client_step(u, clients[u].sign_survivors, inbox[u])
-        if msg is not None:
+        # ---- stage 4: consistency check (each survivor signs the survivor set it was shown)
+        stage = "consistency"
+        inbox = to_clients(survivors, dt_close)
+        for u, msg, dt in stepped(party.run("sign_survivors", replies(inbox))):
             to_server(u, msg, server.receive_signature, dt)
-    requests, dt_close = timed(server.close_consistency)
+        requests, dt_close = timed(server.close_consistency)
 
-    # ---- stage 5: unmasking
-    stage = "unmask"
-    inbox = to_clients(requests, dt_close)
-    for u in ctx.dropouts.survivors(stage, sorted(inbox)):
-        if inbox[u] is None:
-            continue
-        msg, dt = client_step(u, clients[u].unmask, inbox[u])
-        if msg is not None:
+        # ---- stage 5: unmasking
+        stage = "unmask"
+        inbox = to_clients(requests, dt_close)
+        for u, msg, dt in stepped(party.run("unmask", replies(inbox))):
             to_server(u, msg, server.receive_unmask, dt)
+    finally:
+        party.close()
     (total, contributors), _ = timed(server.finish)
     for name, sl in segs.items():
         part = total[sl]
