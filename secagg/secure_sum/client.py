@@ -237,6 +237,8 @@ class Client:
                 self.pinned.get(cid, sign_public(signing)) != sign_public(signing):
             raise ConfigurationError(f"client {cid}: its signing key is not the one pinned")
         self.survivors: tuple[int, ...] = ()
+        self._u3: frozenset[int] = frozenset()
+        self._u3_statement = b""
         self.stage = "new"
         self._keys: KeyPairs | None = None
         self._roster: wire.Roster | None = None
@@ -462,7 +464,9 @@ class Client:
             )
         assert self._sign is not None
         self.survivors = tuple(sorted(u3))
-        sig = self._sign.sign(survivors_statement(self.session, self.round, self.survivors))
+        self._u3 = frozenset(self.survivors)
+        self._u3_statement = survivors_statement(self.session, self.round, self.survivors)
+        sig = self._sign.sign(self._u3_statement)
         self.stage = "signed"
         return wire.encode(MsgType.SIGNATURE, self.session, self.cid, SERVER_ID, sig)
 
@@ -472,7 +476,7 @@ class Client:
         """Release nothing unless the request agrees with the survivor set this client signed
         and enough other clients signed that same set (see the module docstring)."""
         assert self._roster is not None and self._sign is not None
-        u3 = set(self.survivors)
+        u3 = self._u3
         if not set(b_ids) <= u3:
             raise InconsistentView(
                 self.cid, f"self-mask shares asked of {sorted(set(b_ids) - u3)}, who are not in "
@@ -485,7 +489,7 @@ class Client:
             )
         if not set(sigs) <= u3:
             raise InconsistentView(self.cid, "signatures from clients outside the survivor set")
-        stmt = survivors_statement(self.session, self.round, self.survivors)
+        stmt = self._u3_statement  # what this client signed
         valid = 0
         for v in sorted(sigs):
             if self.pinned is not None:
