@@ -38,15 +38,18 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def one(n: int, m: int, dropout: float, graph: str) -> dict:
+def one(n: int, m: int, dropout: float, graph: str, workers: int = 1) -> dict:
     """One cohort size, in this process (called in a fresh subprocess by :func:`main`)."""
     sys.path.insert(0, HERE)
     from secure_sum import _dropped, run_ours  # benchmarks/secure_sum.py
 
     t0 = time.perf_counter()
-    r = run_ours(n, m, _dropped(n, dropout), graph=graph)
+    r = run_ours(n, m, _dropped(n, dropout), graph=graph, workers=workers)
     r["total_wall_s"] = time.perf_counter() - t0
     r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the workers' (forked children) largest peak, beside this process's own
+    r["peak_rss_worker_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    r["workers"] = workers
     r.update(n=n, m=m, dropout=dropout)
     return r
 
@@ -82,17 +85,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--graph", default="auto", help="auto | harary | complete (%(default)s)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per n")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes the clients' work is spread over (%(default)s)")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args(argv)
     print(f"SecureSum scaling: m={a.m:,} float32 per client, {a.dropout:.0%} dropout before the "
-          f"masked input, graph={a.graph}, threshold 0.7, precision 2^-20")
+          f"masked input, graph={a.graph}, threshold 0.7, precision 2^-20, "
+          f"{a.workers} worker process(es) for the clients")
     print(f"{'n':>6s} {'graph':>8s} {'k':>4s} {'t_k':>4s} {'client CPU s':>13s} "
           f"{'server CPU s':>13s} {'up B/client':>12s} {'down B/client':>14s} {'wall s':>8s} "
-          f"{'peak RSS MB':>12s} {'max |err|':>10s}")
+          f"{'peak RSS MB':>12s} {'worker MB':>10s} {'max |err|':>10s}")
     done: list[dict] = []
     for n in a.n:
         cmd = [sys.executable, os.path.abspath(__file__), "--one",
-               json.dumps([n, a.m, a.dropout, a.graph])]
+               json.dumps([n, a.m, a.dropout, a.graph, a.workers])]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
         except subprocess.TimeoutExpired:
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{n:6d} {r['graph']:>8s} {r['k']:4d} {r['share_threshold']:4d} "
               f"{r['client_cpu_s']:13.4f} {r['server_cpu_s']:13.2f} {r['up_bytes']:12,.0f} "
               f"{r['down_bytes']:14,.0f} {r['total_wall_s']:8.1f} {r['peak_rss_mb']:12.0f} "
+              f"{r.get('peak_rss_worker_mb', 0):10.0f} "
               f"{r['max_abs_err']:10.1e}", flush=True)
     print("\nabort risk of the graph at this dropout (a live client left with fewer than t_k "
           "live in its closed neighbourhood; hypergeometric, see abort_probability):")
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
-        n, m, dropout, graph = json.loads(sys.argv[2])
-        print(json.dumps(one(n, m, dropout, graph), default=float))
+        n, m, dropout, graph, workers = json.loads(sys.argv[2])
+        print(json.dumps(one(n, m, dropout, graph, workers), default=float))
     else:
         main()
