@@ -32,7 +32,7 @@ def random_elements(count: int, rand: Callable[[int], bytes] = os.urandom) -> li
     ]
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)  # one holder set per client on a SecAgg+ graph: keep it small
 def _vandermonde(xs: tuple[int, ...], threshold: int) -> np.ndarray:
     rows = []
     for x in xs:
@@ -79,7 +79,7 @@ def share(
     return _vandermonde(tuple(int(x) for x in xs), threshold).dot(coeffs) % P
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)  # one holder set per client on a SecAgg+ graph: keep it small
 def lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     """Lagrange coefficients l_i with f(0) = sum_i l_i f(x_i) for any f of degree < len(xs)."""
     if len(set(xs)) != len(xs) or any(not 0 < x < P for x in xs):
