@@ -133,6 +133,7 @@ class FedAvg(Algorithm):
         self.dpsgd = dpsgd
         self.pending_events: list[Any] = []
         self.model: SplitModel | None = None
+        self._work_model: SplitModel | None = None
         self.params: np.ndarray | None = None
         self.seed = 0
         self.clamped = 0
@@ -160,6 +161,7 @@ class FedAvg(Algorithm):
         self.seed = seed
         torch.manual_seed(derive_seed(seed, "init"))
         self.model = self.build_model(dataset)
+        self._work_model = None  # see client_model
         self.params = get_flat(self.shared_parameters(self.model))
         self.clip_value = None if self.clip_policy is None else self.clip_policy.initial()
         self.opt_state = OptimizerState()
@@ -302,14 +304,31 @@ class FedAvg(Algorithm):
         self.round_clipped = self.round_clients = 0
         return out
 
+    def keeps_model_state(self, model: torch.nn.Module) -> bool:
+        """Whether a client's model holds state the broadcast does not fix: a buffer (e.g.
+        batch-norm statistics) or a trainable parameter outside :meth:`shared_parameters`.
+        Without such state every client trains the same model from the broadcast, and one
+        working copy serves them all (:meth:`client_model`)."""
+        if any(True for _ in model.buffers()):
+            return True
+        shared = {id(p) for p in self.shared_parameters(model)}
+        return any(p.requires_grad and id(p) not in shared for p in model.parameters())
+
     def client_model(self, client: ClientState, params: np.ndarray) -> SplitModel:
-        """The client's own copy of the global model (made on first use), loaded with the
-        broadcast ``params``."""
+        """The model ``client`` trains, loaded with the broadcast ``params``: when the model
+        keeps no state of the client's own (:meth:`keeps_model_state`), one working copy of
+        the global model shared by every client (so n clients cost one model's memory, not
+        n); otherwise the client's own copy, made on first use and kept in its state."""
         assert self.model is not None
-        model = client.state.get("model")
-        if model is None:
-            model = copy.deepcopy(self.model)
-            client.state["model"] = model
+        if self.keeps_model_state(self.model):
+            model = client.state.get("model")
+            if model is None:
+                model = copy.deepcopy(self.model)
+                client.state["model"] = model
+        else:
+            if self._work_model is None:
+                self._work_model = copy.deepcopy(self.model)
+            model = self._work_model
         set_flat(self.shared_parameters(model), params)
         return model
 
