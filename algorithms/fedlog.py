@@ -51,35 +51,24 @@ line and the sweep build FedLog with ``release_rounds=1`` unless the user chose 
 schedule, the bound or DP-SGD: the one release then has the per-record bound as its
 sensitivity, the whole budget buys one release, and the guarantee is record-level end to
 end. With it comes ``feature_norm=8`` (:data:`FedLog.DP_FEATURE_NORM`) unless the user chose
-the feature bound (``feature_norm`` or ``feature_bound`` given). Why, measured on digits (the
-seeded untrained MLP body, d = 64; 10 clients, Dirichlet 0.5; seeds 0-5, validation = a
-quarter of each client's *training* records held out, the local test sets untouched; noise
-std per entry from the layers' own calibration at delta 1e-5; 4 noise draws a cell):
+the feature bound (``feature_norm`` or ``feature_bound`` given): each record's features
+scaled to norm 8, so one record moves the statistic by sqrt(1 + 8^2) = 8.06, a bound every
+record meets with equality. Why, measured on held-out *training* records of digits (the
+seeded MLP body, d = 64, 10 clients, Dirichlet 0.5, 6 seeds x 2 noise draws; the local test
+sets untouched; ``benchmarks/results/fedlog_dp_defaults.txt``):
 
-* The box is far too loose for that body: its features have |phi_i| <= 0.6 and
-  ||phi|| <= 1.7, but b = 2 declares sqrt(1 + 64 * 4) = 16.03 per record, ten times the
-  largest record. The noise is sized to the declaration, so most of it buys nothing.
-* The features' scale also matters without noise: FedLog's model gives every class unit
-  isotropic spread (covariance I/2), and at the raw scale (within-class sd 0.045) the head
-  leans on its class-prior term, so it changes a lot with which records it saw: validation
-  accuracy 0.57-0.74 over seeds (0.685 mean) where the local test gives 0.77-0.83. Scaled
-  up (x4 or more) the head is stable (0.82-0.85).
-* Scaling each record's features to norm R fixes both: the bound sqrt(1 + R^2) is met with
-  equality by every record (no slack), and the scale is the same for any body or data set.
-  Validation accuracy, plaintext / central DP at epsilon 1, 4, 16 / local DP at 4, 16, 64:
-  R = 2: 0.807 / 0.634, 0.791, 0.808 / 0.665, 0.795, 0.810; R = 4: 0.823 / 0.673, 0.818,
-  0.823 / 0.703, 0.814, 0.826; R = 8: 0.832 / 0.691, 0.820, 0.831 / 0.718, 0.822, 0.830;
-  R = 16: 0.835 / 0.708, 0.823, 0.830 / 0.724, 0.817, 0.830. The old box (b = 2, no
-  norm): 0.685 / 0.112, 0.171, 0.471 / 0.129, 0.184, 0.383; a tighter box at the raw scale
-  (b = 0.25): 0.669 / 0.305, 0.616, 0.661 / 0.297, 0.615, 0.661. R = 8 is where plaintext
-  accuracy stops rising; with it even local DP (sqrt(10) times central's noise over 10
-  clients) comes within a point of plaintext by epsilon 16.
-* d: with the norm the sensitivity no longer grows with d, and d = 64 is the best width
-  (plaintext, R = 8: d = 16 0.722, d = 32 0.794, d = 64 0.832), so d stays 64.
-* Budget split between the count column and the sums: scaling the count column up by
-  c = 2, 4, 8 (less noise on the counts, more on the sums, the same guarantee) never helped
-  (central DP at epsilon 1, R = 8: c = 1 0.697, 2 0.687, 4 0.659, 8 0.561), so the count
-  and the sums share one noise level, as in the paper.
+* The paper's box b = 2 declares sqrt(1 + 64 * 4) = 16.03 per record for features of norm
+  at most 1.7 (|phi_i| <= 0.6): the noise is sized ten times too large. A tighter box
+  (b = 0.25) cuts it, but at the raw scale (within-class sd 0.045 against the unit spread
+  FedLog's model assumes) the exact head leans on its class-prior term and is poor and
+  unstable: validation accuracy 0.66-0.68 without noise.
+* Norm 8: plaintext 0.832 (box: 0.679); central DP 0.679/0.819/0.828 at epsilon 1/4/16,
+  local DP 0.729/0.825/0.830 at 4/16/64 (box: central 0.122/0.166/0.430, local
+  0.125/0.174/0.400). Norms 2, 4, 16 give plaintext 0.807, 0.823, 0.835; 16 is within 0.4
+  point of 8 everywhere, and 8 keeps the logits (~R^2) moderate for bodies trained against
+  the head afterwards. d = 64 beats 32 and 16 (plaintext 0.794, 0.722).
+* One noise level for the count column and the sums, as in the paper: giving the counts a
+  larger share of the budget (count column scaled by 2, 4, 8) never helped.
 
 Client-level DP over a handful of clients cannot carry these statistics (noise
 ``z * client_l2`` against class counts of ~100: the run's plan warns), and a release every
@@ -87,7 +76,7 @@ round of trained bodies is not record-level without DP-SGD. ``FedLog()`` built d
 keeps the paper's schedule.
 
 Noised statistics. Under DP the server step reads the noise std of the released sum from
-the aggregate (:func:`algorithms.spherefed.dp_sum_sigma`) and solves with the statistics'
+the aggregate (:func:`algorithms.moments.dp_sum_sigma`) and solves with the statistics'
 posterior mean (:func:`algorithms.fedlog_solver.shrink_statistics`): every class keeps a
 positive count and a mean inside the feature box, so no class is dropped and the head is
 finite however heavy the noise.
@@ -159,7 +148,8 @@ class FedLog(Algorithm):
 
     Args:
         feature_dim: d, the body's output width (the head is C x (d+1)).
-        feature_bound: b, features are clamped to [-b, b].
+        feature_bound: b, features are clamped to [-b, b] (with ``feature_norm``, before
+            the scaling).
         feature_norm: R; when given, the body then scales each record's features to L2 norm
             R, and the per-record bound is sqrt(1 + R^2) (see the module docstring).
             ``None`` (default): the paper's box only. The command line's and the sweep's
@@ -354,7 +344,7 @@ class FedLog(Algorithm):
         scaled to norm 8, so the bound is sqrt(1 + 8^2) = 8.06, met by every record, where
         the box b = 2 declares 16.03 for features whose norm is at most 1.7 (digits,
         d = 64). Measured on held-out training records of digits (module docstring): the
-        plaintext head 0.832 (box: 0.685) and every DP layer within a point of it by
+        plaintext head 0.832 (box: 0.679) and every DP layer within a point of it by
         epsilon 16, local DP included. Under client-level DP nothing changes (the default
         ``client_l2`` bound serves it)."""
         if adjacency != "record" or any(k in given for k in

@@ -12,13 +12,17 @@ records. The layers carry a noise seed (``draw``), so each cell is reproducible.
     python benchmarks/fedlog_dp_defaults.py run OUT.jsonl [SEEDS] [DRAWS]
     python benchmarks/fedlog_dp_defaults.py table OUT.jsonl
     python benchmarks/fedlog_dp_defaults.py split
+    python benchmarks/fedlog_dp_defaults.py spread
 
 ``run`` appends one JSON line per cell; ``table`` prints the mean validation accuracy per
 configuration and (layer, epsilon), averaged over seeds and draws. ``split`` is a numpy
 simulation of another lever, the budget split between the count column and the feature
 sums (the count column scaled by c before the release, so that it gets 1/c of the noise
 and the sums a little more; the same guarantee): it re-noises the exact statistics of the
-same validation setup with the std the layers calibrate.
+same validation setup with the std the layers calibrate. ``spread`` measures how much one
+seed's accuracy moves from one noise draw to the next under the chosen default (central
+DP, 10 draws per seed and epsilon, real runs): what separates neighbouring epsilons once a
+curve has met plaintext.
 """
 
 from __future__ import annotations
@@ -176,6 +180,35 @@ def split(seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5), draws: int = 8) -> None:
         print(f"| {c:g} | " + " | ".join(f"{m:.3f}" for m in means) + " |", flush=True)
 
 
+def spread(seeds: tuple[int, ...] = (0, 1, 2), draws: int = 10) -> None:
+    """Per seed, the mean and std over noise draws of the validation accuracy of FedLog's DP
+    default (norm 8) under central DP at epsilon 4, 16, 64; then the std of a mean over
+    the seeds (the root mean square of the per-seed stds over sqrt(#seeds))."""
+    torch.set_num_threads(1)
+    print("| seed | plaintext | " + " | ".join(f"central {e:g}: mean, std over draws"
+                                            for e in (4.0, 16.0, 64.0)) + " |")
+    print("|---:|---:|---:|---:|---:|")
+    sds: dict[float, list[float]] = defaultdict(list)
+    for seed in seeds:
+        part = validation_partition(seed)
+        plain = Federation(FedLog(release_rounds=1, feature_norm=8.0), make_layer(
+            "plaintext"), part, rounds=1, seed=seed, progress=False).run().accuracy
+        cells = []
+        for eps in (4.0, 16.0, 64.0):
+            accs = []
+            for draw in range(draws):
+                layer = make_layer("central-dp", LayerOptions(
+                    epsilon=eps, delta=DELTA, dp={"seed": 104729 * seed + draw}))
+                accs.append(Federation(FedLog(release_rounds=1, feature_norm=8.0), layer,
+                                       part, rounds=1, seed=seed, progress=False).run().accuracy)
+            sds[eps].append(float(np.std(accs)))
+            cells.append(f"{np.mean(accs):.3f}, {np.std(accs):.4f}")
+        print(f"| {seed} | {plain:.3f} | " + " | ".join(cells) + " |", flush=True)
+    print("std of a mean over the seeds: " + ", ".join(
+        f"epsilon {e:g}: {math.sqrt(np.mean(np.square(v)) / len(v)):.4f}"
+        for e, v in sds.items()))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "run":
@@ -186,5 +219,7 @@ if __name__ == "__main__":
         table(sys.argv[2])
     elif cmd == "split":
         split()
+    elif cmd == "spread":
+        spread()
     else:
         sys.exit(__doc__)
