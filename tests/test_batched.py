@@ -94,6 +94,33 @@ def test_order_of_clients_does_not_matter():
         np.testing.assert_allclose(a.flat(i), b.flat(len(SIZES) - 1 - i), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("which", ["clamped-mlp", "no-bias-sequential"])
+def test_stacked_linear_path_matches_loop(which):
+    """Models of Linear/ReLU/Flatten/clamp take the stacked-matmul path (no vmap), which
+    must train as the loop does; a CNN keeps the vmap path."""
+    from algorithms.batched import _stacked_plan
+
+    torch.manual_seed(2)
+    if which == "clamped-mlp":
+        model = MLP(20, 5, feature_dim=16, hidden=24, feature_clamp=0.5, head_bias=False)
+    else:
+        model = nn.Sequential(nn.Flatten(), nn.Linear(20, 12, bias=False), nn.ReLU(),
+                              nn.Linear(12, 5))
+    plan = _stacked_plan(model)
+    assert plan is not None and [op[0] for op in plan].count("linear") == (
+        3 if which == "clamped-mlp" else 2)
+    assert _stacked_plan(CNN(4, feature_dim=8, channels=(2, 4))) is None
+    assert _stacked_plan(nn.Sequential(nn.Linear(4, 4), nn.Tanh())) is None
+    data = _data((20,), 5, seed=4)
+    seeds = [40 + i for i in range(len(SIZES))]
+    ref, ref_loss = _loop(model, data, seeds, epochs=2, batch_size=8, lr=0.1, momentum=0.9)
+    res = train_batched(model, data, seeds, epochs=2, batch_size=8, lr=0.1, momentum=0.9)
+    for i in range(len(SIZES)):
+        np.testing.assert_allclose(res.flat(i), ref[i], rtol=0, atol=1e-5)
+        assert res.losses[i] == pytest.approx(ref_loss[i], abs=1e-5)
+    assert np.abs(ref[2] - ref[3]).max() > 1e-3
+
+
 def test_flats_are_the_rows_of_flat():
     """The chunk's matrix of flat parameters (one concatenation) is flat(i), row by row."""
     torch.manual_seed(0)
