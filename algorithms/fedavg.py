@@ -378,6 +378,7 @@ class _TrainPhase(GlobalModelPhase):
         super().__init__(algo, round)
         self.clip = algo.clip_value  # the bound this phase's spec and broadcast carry
         self._chunks: _ChunkCache | None = None
+        self._n_params: int | None = None
 
     def spec(self) -> UploadSpec:
         return self.algo.spec()
@@ -456,7 +457,9 @@ class _TrainPhase(GlobalModelPhase):
     def client_flops(self, client: ClientState) -> float:
         # forward + backward ~ 6 FLOPs per parameter per sample per epoch
         assert self.algo.model is not None
-        return 6.0 * n_params(self.algo.model) * client.n_records * self.algo.local_epochs
+        if self._n_params is None:  # once per phase, not once per client
+            self._n_params = n_params(self.algo.model)
+        return 6.0 * self._n_params * client.n_records * self.algo.local_epochs
 
 
 class _ChunkCache:
