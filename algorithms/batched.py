@@ -99,11 +99,8 @@ def _stacked_plan(model: nn.Module) -> list[tuple] | None:
     defaults) and the models' feature clamp, in :class:`~algorithms.models.SplitModel`s and
     ``Sequential``s, as a list of steps over parameter names; None for any other model
     (it then goes through ``vmap``). On stacked parameters such a model's step is a few
-    batched matrix products with plain autograd: the gradient step of FedAvg's MLP on
-    Fashion-MNIST (784-64-32-10, batch 32, one thread) took 2.4 ms for 16 clients and
-    10.2 ms for 64 against 4.0 and 13.4 ms through ``vmap`` and ``functional_call``, and
-    with the weight as the left operand (gradients in the weights' layout) the step and
-    the momentum update together took about a fifth less again."""
+    batched matrix products with plain autograd, cheaper on CPU than the same step through
+    ``vmap`` and ``functional_call`` (measured in ``benchmarks/results/flower_simulation.txt``)."""
     from algorithms.models import SplitModel, _Clamp
 
     plan: list[tuple] = []
