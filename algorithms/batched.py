@@ -3,8 +3,10 @@
 :func:`train_batched` runs what :func:`algorithms.training.train_local` runs for each client
 of a chunk, all at once: the clients' parameters and optimizer states are stacked along a
 leading client axis, and every step computes all their gradients in one call of
-``torch.func.vmap`` over ``torch.func.grad`` of ``torch.func.functional_call``. It reproduces
-the loop client by client:
+``torch.func.vmap`` over ``torch.func.grad`` of ``torch.func.functional_call`` (a model made
+only of ``Linear``, ``ReLU``, ``Flatten`` and the feature clamp, such as FedAvg's MLP, takes
+the same step as batched matrix products under plain autograd, which is cheaper on CPU). It
+reproduces the loop client by client:
 
 * **Batch order.** Each client's batches are drawn exactly as ``train_local`` draws them:
   a ``torch.Generator`` seeded with the client's ``seed`` (masked to 63 bits), one
@@ -94,6 +96,76 @@ def batching_unsupported(model: nn.Module, *, dpsgd: object | None = None,
     return None
 
 
+def _stacked_plan(model: nn.Module) -> list[tuple] | None:
+    """The forward pass of a model made only of ``Linear``, ``ReLU``, ``Flatten`` (its
+    defaults) and the models' feature clamp, in :class:`~algorithms.models.SplitModel`s and
+    ``Sequential``s, as a list of steps over parameter names; None for any other model
+    (it then goes through ``vmap``). On stacked parameters such a model's step is a few
+    batched matrix products with plain autograd, cheaper on CPU than the same step through
+    ``vmap`` and ``functional_call`` (measured in ``benchmarks/results/flower_simulation.txt``)."""
+    from algorithms.models import SplitModel, _Clamp
+
+    plan: list[tuple] = []
+
+    def walk(mod: nn.Module, prefix: str) -> bool:
+        if isinstance(mod, SplitModel):
+            return walk(mod.body, f"{prefix}body.") and walk(mod.head, f"{prefix}head.")
+        if type(mod) is nn.Sequential:
+            return all(walk(child, f"{prefix}{name}.") for name, child in mod.named_children())
+        if type(mod) is nn.Linear:
+            plan.append(("linear", f"{prefix}weight",
+                         f"{prefix}bias" if mod.bias is not None else None))
+            return True
+        if type(mod) is nn.ReLU:
+            plan.append(("relu",))
+            return True
+        if type(mod) is _Clamp:
+            plan.append(("clamp", mod.bound))
+            return True
+        if type(mod) is nn.Flatten and mod.start_dim == 1 and mod.end_dim == -1:
+            plan.append(("flatten",))
+            return True
+        return False
+
+    if not walk(model, "") or type(model) not in (SplitModel, nn.Sequential):
+        return None
+    return plan
+
+
+def _stacked_grad(plan: list[tuple], names: list[str]):
+    """``step_grad(p, xb, yb, wb)`` of :func:`train_batched` for a :func:`_stacked_plan`:
+    each client's gradient of its weighted mean cross-entropy (clients' parameters are
+    disjoint, so the gradient of the sum over clients is each client's own)."""
+
+    def step_grad(p: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
+                  wb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        q = {n: p[n].detach().requires_grad_(True) for n in names}
+        a, b = xb.shape[0], xb.shape[1]
+        h = xb
+        for op in plan:
+            if op[0] == "linear":
+                # W h^T with the weight as the left operand, so that its gradient comes out
+                # in the weight's own (contiguous) layout: the optimizer's in-place updates
+                # then read it in order, not through a transposed view
+                ht = h.transpose(1, 2)
+                out = (torch.bmm(q[op[1]], ht) if op[2] is None
+                       else torch.baddbmm(q[op[2]].unsqueeze(2), q[op[1]], ht))
+                h = out.transpose(1, 2)
+            elif op[0] == "relu":
+                h = torch.relu(h)
+            elif op[0] == "clamp":
+                h = torch.clamp(h, -op[1], op[1])
+            else:  # flatten each record
+                h = h.reshape(a, b, -1)
+        per = nn.functional.cross_entropy(h.reshape(a * b, -1), yb.reshape(-1),
+                                          reduction="none").reshape(a, b)
+        mean = (per * wb).sum(1) / wb.sum(1)
+        grads = torch.autograd.grad(mean.sum(), [q[n] for n in names])
+        return dict(zip(names, grads, strict=True)), mean.detach()
+
+    return step_grad
+
+
 @dataclass
 class BatchedResult:
     """The chunk's trained parameters, in the order of the inputs.
@@ -111,6 +183,16 @@ class BatchedResult:
         :func:`algorithms.models.get_flat` on the model's parameters."""
         return torch.cat([p[i].reshape(-1) for p in self.params.values()]).numpy().astype(
             np.float32)
+
+    def flats(self) -> np.ndarray:
+        """Every client's :meth:`flat` at once: a float32 matrix with one row per client
+        (one concatenation for the chunk instead of one per client)."""
+        ps = list(self.params.values())
+        if not ps:
+            return np.zeros((0, 0), dtype=np.float32)
+        c = ps[0].shape[0]
+        return torch.cat([p.reshape(c, -1) for p in ps], dim=1).numpy().astype(
+            np.float32, copy=False)
 
 
 def _schedule(n: int, seed: int, epochs: int, batch_size: int) -> list[torch.Tensor]:
@@ -172,10 +254,12 @@ def train_batched(
     rank = sorted(range(c), key=lambda i: -len(sched[i]))
     steps = np.array([len(sched[i]) for i in rank])
     live = {n: params[n] for n in names}  # stacked in rank order (all equal so far)
+    # SGD's momentum buffer is made at the first step (torch's buf = g, not m * 0 + g:
+    # equal, and no zeroed stack to allocate and read); Adam's moments start at zero
+    momentum_sgd = optimizer == "sgd" and bool(momentum)
     state: dict[str, dict[str, torch.Tensor]] = {
         k: {n: torch.zeros_like(p) for n, p in live.items()}
-        for k in (("buf",) if optimizer == "sgd" and momentum else
-                  ("m", "v") if optimizer == "adam" else ())}
+        for k in (("m", "v") if optimizer == "adam" else ())}
     count = torch.zeros(c, dtype=torch.float64)  # Adam's step count per client
     totals = np.zeros(c)
     seen = np.zeros(c)
@@ -187,7 +271,9 @@ def train_batched(
         mean = (per * wb).sum() / wb.sum()
         return mean, mean.detach()
 
-    step_grad = vmap(grad(loss, has_aux=True), in_dims=(0, 0, 0, 0))
+    plan = _stacked_plan(model)
+    step_grad = (vmap(grad(loss, has_aux=True), in_dims=(0, 0, 0, 0)) if plan is None
+                 else _stacked_grad(plan, names))
     b1, b2, eps = 0.9, 0.999, 1e-8
     was_training = model.training
     model.train()  # as train_local (no module here acts differently in eval mode)
@@ -222,9 +308,15 @@ def train_batched(
                     denom = (v.sqrt() / bc2s.to(v.dtype).view(shape)).add_(eps)
                     step = (lr / bc1).to(v.dtype).view(shape)
                     live[n][:a].sub_(step * m / denom)
-            elif momentum:
+            elif momentum_sgd and j == 0:
+                # every client with data takes its first step now (a prefix of all): its
+                # buffer is its gradient, as torch.optim.SGD's first step sets it
+                state["buf"] = {n: g[n].contiguous() for n in names}
                 for n in names:
-                    # from a zero state, m * 0 + g is torch's first step buf = g
+                    live[n][:a].add_(g[n], alpha=-lr)
+            elif momentum_sgd:
+                for n in names:
+                    # a zeroed state (fresh_optimizer_each_epoch): m * 0 + g = g exactly
                     buf = state["buf"][n][:a]
                     buf.mul_(momentum).add_(g[n])
                     live[n][:a].add_(buf, alpha=-lr)

@@ -205,7 +205,7 @@ class FedAvg(Algorithm):
                             [derive_seed(self.seed, round, c.id) for c in clients],
                             epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
                             momentum=self.momentum)
-        return [res.flat(i) for i in range(len(clients))]
+        return list(res.flats())
 
     def phases(self, round: int, rounds: int) -> Sequence[Phase]:
         """One training phase per round."""
@@ -362,6 +362,20 @@ class FedAvg(Algorithm):
                 self.params = new.astype(np.float32)
 
 
+def weighted(w: np.ndarray, n: int, dtype: str) -> np.ndarray:
+    """``n * w`` in ``dtype``, rounded once from the exact product.
+
+    For float32 parameters and a float32 upload with ``n < 2**24`` this multiplies in
+    float32: ``n`` is then exact in float32 and IEEE multiplication rounds the exact product
+    once, which is what casting the (exact) float64 product to float32 does, so the result
+    is the same bit for bit without the two float64 temporaries. Otherwise the product is
+    taken in float64 and cast.
+    """
+    if dtype == "float32" and w.dtype == np.float32 and 0 <= n < 2**24:
+        return w * np.float32(n)
+    return (w.astype(np.float64) * n).astype(dtype)
+
+
 class GlobalModelPhase(Phase):
     """A phase of a FedAvg-family algorithm: the server broadcasts the global parameters
     (``params``); subclasses say what clients upload and what the server does with it."""
@@ -383,6 +397,7 @@ class _TrainPhase(GlobalModelPhase):
         super().__init__(algo, round)
         self.clip = algo.clip_value  # the bound this phase's spec and broadcast carry
         self._chunks: _ChunkCache | None = None
+        self._n_params: int | None = None
 
     def spec(self) -> UploadSpec:
         return self.algo.spec()
@@ -422,7 +437,7 @@ class _TrainPhase(GlobalModelPhase):
             w = np.clip(w, -b, b)
         n = client.n_records
         return {"n": np.array([n], dtype=np.int64),
-                "weighted_params": (w.astype(np.float64) * n).astype(self.algo.upload_dtype)}
+                "weighted_params": weighted(w, n, self.algo.upload_dtype)}
 
     def server_step(self, aggregate: Aggregate) -> None:
         self.algo.apply_average(aggregate)
@@ -461,7 +476,9 @@ class _TrainPhase(GlobalModelPhase):
     def client_flops(self, client: ClientState) -> float:
         # forward + backward ~ 6 FLOPs per parameter per sample per epoch
         assert self.algo.model is not None
-        return 6.0 * n_params(self.algo.model) * client.n_records * self.algo.local_epochs
+        if self._n_params is None:  # once per phase, not once per client
+            self._n_params = n_params(self.algo.model)
+        return 6.0 * self._n_params * client.n_records * self.algo.local_epochs
 
 
 class _ChunkCache:

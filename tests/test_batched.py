@@ -94,6 +94,63 @@ def test_order_of_clients_does_not_matter():
         np.testing.assert_allclose(a.flat(i), b.flat(len(SIZES) - 1 - i), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("which", ["clamped-mlp", "no-bias-sequential"])
+def test_stacked_linear_path_matches_loop(which):
+    """Models of Linear/ReLU/Flatten/clamp take the stacked-matmul path (no vmap), which
+    must train as the loop does; a CNN keeps the vmap path."""
+    from algorithms.batched import _stacked_plan
+
+    torch.manual_seed(2)
+    if which == "clamped-mlp":
+        model = MLP(20, 5, feature_dim=16, hidden=24, feature_clamp=0.5, head_bias=False)
+    else:
+        model = nn.Sequential(nn.Flatten(), nn.Linear(20, 12, bias=False), nn.ReLU(),
+                              nn.Linear(12, 5))
+    plan = _stacked_plan(model)
+    assert plan is not None and [op[0] for op in plan].count("linear") == (
+        3 if which == "clamped-mlp" else 2)
+    assert _stacked_plan(CNN(4, feature_dim=8, channels=(2, 4))) is None
+    assert _stacked_plan(nn.Sequential(nn.Linear(4, 4), nn.Tanh())) is None
+    data = _data((20,), 5, seed=4)
+    seeds = [40 + i for i in range(len(SIZES))]
+    ref, ref_loss = _loop(model, data, seeds, epochs=2, batch_size=8, lr=0.1, momentum=0.9)
+    res = train_batched(model, data, seeds, epochs=2, batch_size=8, lr=0.1, momentum=0.9)
+    for i in range(len(SIZES)):
+        np.testing.assert_allclose(res.flat(i), ref[i], rtol=0, atol=1e-5)
+        assert res.losses[i] == pytest.approx(ref_loss[i], abs=1e-5)
+    assert np.abs(ref[2] - ref[3]).max() > 1e-3
+
+
+def test_flats_are_the_rows_of_flat():
+    """The chunk's matrix of flat parameters (one concatenation) is flat(i), row by row."""
+    torch.manual_seed(0)
+    model = MLP(20, 5, feature_dim=16, hidden=24)
+    res = train_batched(model, _data((20,), 5), list(range(len(SIZES))), epochs=1,
+                        batch_size=8, lr=0.05, momentum=0.9)
+    rows = res.flats()
+    assert rows.dtype == np.float32 and rows.shape == (len(SIZES), get_flat(model).size)
+    for i in range(len(SIZES)):
+        np.testing.assert_array_equal(rows[i], res.flat(i))
+    assert np.abs(rows[2] - rows[3]).max() > 1e-3  # distinct clients, distinct rows
+
+
+def test_weighted_upload_is_the_float64_product_rounded_once():
+    """FedAvg's n * theta in float32 is bit for bit the float64 product cast to float32
+    (n exact in float32, one rounding either way), including tiny, huge and subnormal
+    entries; a count beyond float32's exact integers takes the float64 path."""
+    rng = np.random.default_rng(0)
+    w = np.concatenate([rng.standard_normal(5000), rng.uniform(-10, 10, 5000),
+                        [0.0, -0.0, 1e-45, -3e-39, 1e-30, 9.999999, -10.0]]).astype(np.float32)
+    for n in (0, 1, 3, 7, 33, 600, 59_999, 2**23 + 1, 2**24 - 1, 2**24 + 1, 2**30 + 3):
+        ref = (w.astype(np.float64) * n).astype(np.float32)
+        got = fedavg_mod.weighted(w, n, "float32")
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    got64 = fedavg_mod.weighted(w, 600, "float64")
+    assert got64.dtype == np.float64
+    np.testing.assert_array_equal(got64, w.astype(np.float64) * 600)
+
+
 def test_refuses_what_the_loop_must_train():
     drop = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
     norm = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))

@@ -5,9 +5,11 @@ and accuracy that does not fall as epsilon grows.
   (:func:`algorithms.fedlog_solver.shrink_statistics`), so no class is dropped and the head
   is finite however heavy the noise.
 * Under a record-level DP layer the command line and the sweep build FedLog with one
-  release (``release_rounds=1``), whose per-record bound is a true sensitivity; explicit
-  choices win.
-* Accuracy averaged over seeds rises with epsilon on a small grid.
+  release (``release_rounds=1``), whose per-record bound is a true sensitivity, and with
+  every record's features scaled to norm 8 (``feature_norm=8``), a bound every record meets;
+  explicit choices win.
+* Accuracy averaged over seeds rises with epsilon on a small grid and reaches plaintext's
+  within 2 points at its largest epsilon, for central and for local DP.
 """
 
 from __future__ import annotations
@@ -168,20 +170,59 @@ def test_central_dp_at_tiny_epsilon_gives_a_usable_model(digits_clients):
 # ----------------------------------------------------------------------------- defaults
 
 
-def test_fedlog_dp_defaults_are_one_record_level_release():
-    assert FedLog.dp_defaults("record", {}) == {"release_rounds": 1}
+def test_fedlog_dp_defaults_are_one_record_level_release_of_normalised_features():
+    assert FedLog.dp_defaults("record", {}) == {"release_rounds": 1, "feature_norm": 8.0}
     for given in ({"release_rounds": None}, {"client_l2": 500.0}, {"dpsgd": object()}):
         assert FedLog.dp_defaults("record", given) == {}
     assert FedLog.dp_defaults("client", {}) == {}
+    # the user's own feature bound (a box, e.g. a sweep's clip axis, or a norm) wins
+    assert FedLog.dp_defaults("record", {"feature_bound": 0.5}) == {"release_rounds": 1}
+    assert algorithm_arguments(FedLog, {"feature_norm": 2.0}, "record") == {
+        "feature_norm": 2.0, "release_rounds": 1}
     # explicit choices win, and no DP layer means no DP default
-    assert algorithm_arguments(FedLog, {"lr": 0.1}, "record") == {"lr": 0.1,
-                                                                    "release_rounds": 1}
+    assert algorithm_arguments(FedLog, {"lr": 0.1}, "record") == {
+        "lr": 0.1, "release_rounds": 1, "feature_norm": 8.0}
     assert algorithm_arguments(FedLog, {"release_rounds": 2}, "record") == {
         "release_rounds": 2}
     assert algorithm_arguments(FedLog, {}, None) == {}
     built = FedLog(**algorithm_arguments(FedLog, {}, "record"))
     assert built.client_l2 is None and built.release_rounds == 1
+    assert built.record_l2() == pytest.approx(math.sqrt(65.0))
     assert FedLog().client_l2 is not None  # the Python default is unchanged
+    assert FedLog().feature_norm is None
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan, True, "8"])
+def test_feature_norm_is_validated(bad):
+    from secagg.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="feature_norm"):
+        FedLog(feature_norm=bad)
+
+
+def test_normalised_features_meet_the_declared_record_bound(digits_clients):
+    """With ``feature_norm=R`` every record's features have norm R (to float32 rounding,
+    and never above R in the float64 statistic), whatever the body's raw scale (about 1 for
+    the seeded digits MLP); the spec declares sqrt(1 + R^2) per record, and a one-record
+    client's upload, [1, phi] in its class row, has exactly that norm."""
+    from secagg.engine import ClientState
+
+    for radius in (0.5, 8.0):
+        algo = FedLog(feature_norm=radius, release_rounds=1)
+        states = [ClientState(c) for c in digits_clients]
+        algo.setup(digits_clients.dataset, states, seed=3)
+        phi = np.concatenate([algo.client_features(s) for s in states])
+        norms = np.linalg.norm(phi, axis=1)
+        assert np.all(norms <= radius) and np.allclose(norms, radius, rtol=1e-6)
+        field = algo.spec()["stats"]
+        assert field.bound.l2 == pytest.approx(math.sqrt(1 + radius**2))
+        assert field.bound.linf == max(1.0, radius) and field.bound.adjacency == "record"
+        one = class_statistics(phi[:1], np.array([4]), C)
+        assert np.linalg.norm(one) <= field.bound.l2
+        assert np.linalg.norm(one) == pytest.approx(field.bound.l2, rel=1e-6)
+    # without feature_norm: the paper's box, sqrt(1 + d b^2)
+    assert FedLog(feature_dim=64, feature_bound=2.0).record_l2() == pytest.approx(
+        math.sqrt(257.0))
 
 
 def test_spherefed_under_record_level_dp_runs_on_the_public_body_instead_of_refusing(
@@ -225,7 +266,7 @@ def test_sweep_builds_dp_cells_with_the_dp_defaults_and_keeps_them_apart():
     cfg = _sweep()
     plain, dp = sorted(cfg.cells(), key=lambda c: c.layer != "plaintext")
     assert cfg.algorithm_kwargs(plain) == {}
-    assert cfg.algorithm_kwargs(dp) == {"release_rounds": 1}
+    assert cfg.algorithm_kwargs(dp) == {"release_rounds": 1, "feature_norm": 8.0}
     # a DP cell of another algorithm configuration never replays the plaintext cell's tape
     assert cfg.cache_key(plain) != cfg.cache_key(dp)
     explicit = _sweep(algorithm={"fedlog": {"release_rounds": 2, "client_l2": 500.0}})
@@ -246,7 +287,7 @@ def test_cli_applies_and_announces_the_dp_default(capsys):
                "--dry-run"])
     out, err = capsys.readouterr()
     assert rc == 0
-    assert "release_rounds=1 by default" in err
+    assert "release_rounds=1 by default" in err and "feature_norm=8.0 by default" in err
     plan = [line.split() for line in out.splitlines()[1:] if line.strip()]
     assert [row[:2] for row in plan] == [["1", "stats"]]  # one release, in round 1
     rc = main(["run", "--layer", "central-dp", "--epsilon", "2", "--rounds", "3",
@@ -259,25 +300,46 @@ def test_cli_applies_and_announces_the_dp_default(capsys):
 # ----------------------------------------------------------------------------- utility
 
 
-def test_accuracy_averaged_over_seeds_rises_with_epsilon(digits):
-    """FedLog's one release under central DP on digits (10 clients, Dirichlet 0.5, the
-    head solved from the seeded bodies' statistics, which is all the release buys): the
-    mean accuracy over three seeds strictly increases along epsilon 1 < 4 < 16, and stays
-    below the noiseless head's. (Measured: about 0.11 < 0.19 < 0.62, plaintext 0.81.)"""
-    seeds = (0, 1, 2)
+_PLAINTEXT: dict[str, float] = {}
 
-    def mean_accuracy(epsilon: float | None) -> float:
-        accs = []
-        for seed in seeds:
-            part = dirichlet_split(digits, 10, 0.5, seed=seed, local_test_fraction=0.2)
-            layer = Plaintext() if epsilon is None else CentralDP(
-                Plaintext(), epsilon=epsilon, delta=1e-5, seed=seed)
-            algo = FedLog(**algorithm_arguments(FedLog, {}, "record" if epsilon else None))
-            res = Federation(algo, layer, part, rounds=1, seed=seed, progress=False,
-                             attest=False).run()
-            accs.append(res.accuracy)
-        return float(np.mean(accs))
 
-    means = [mean_accuracy(eps) for eps in (1.0, 4.0, 16.0)]
-    assert means[0] < means[1] < means[2], means
-    assert means[2] < mean_accuracy(None), means
+def _mean_accuracy(digits, layer_name: str | None, epsilon: float | None) -> float:
+    """FedLog's one release on digits (10 clients, Dirichlet 0.5, 20% local test), built as
+    the command line and the sweep build it under record-level DP, plaintext included (the
+    same model without noise, as the README sweep pins it): mean local test accuracy over
+    seeds 0-2, the noise seeded per seed."""
+    from secagg.privacy import LocalDP
+
+    if layer_name is None and "mean" in _PLAINTEXT:
+        return _PLAINTEXT["mean"]
+    accs = []
+    for seed in (0, 1, 2):
+        part = dirichlet_split(digits, 10, 0.5, seed=seed, local_test_fraction=0.2)
+        if layer_name is None:
+            layer = Plaintext()
+        else:
+            dp = CentralDP if layer_name == "central" else LocalDP
+            layer = dp(Plaintext(), epsilon=epsilon, delta=1e-5, seed=seed)
+        algo = FedLog(**algorithm_arguments(FedLog, {}, "record"))
+        res = Federation(algo, layer, part, rounds=1, seed=seed, progress=False,
+                         attest=False).run()
+        accs.append(res.accuracy)
+    if layer_name is None:
+        _PLAINTEXT["mean"] = float(np.mean(accs))
+    return float(np.mean(accs))
+
+
+@pytest.mark.parametrize("layer_name, grid", [("central", (0.25, 1.0, 4.0)),
+                                              ("local", (1.0, 4.0, 16.0))])
+def test_accuracy_averaged_over_seeds_rises_with_epsilon_to_plaintext(digits, layer_name,
+                                                                       grid):
+    """Under FedLog's DP defaults the mean accuracy over three seeds is non-decreasing along
+    a small epsilon grid and, at the grid's largest epsilon, within 2 points of the same
+    model without noise. Measured: plaintext 0.827; central 0.313, 0.736, 0.817 at epsilon
+    0.25, 1, 4; local 0.369, 0.764, 0.813 at 1, 4, 16. The old defaults (the box b = 2,
+    bound 16.03, no feature norm) fail it: plaintext 0.807; central 0.089, 0.115, 0.190;
+    local 0.128, 0.155, 0.251."""
+    means = [_mean_accuracy(digits, layer_name, eps) for eps in grid]
+    assert all(a <= b for a, b in zip(means, means[1:])), means
+    plain = _mean_accuracy(digits, None, None)
+    assert means[-1] >= plain - 0.02, (means, plain)
