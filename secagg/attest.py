@@ -184,8 +184,15 @@ def read_identities(path: str | Path) -> dict[str, Ed25519PublicKey]:
 
 def sign(key: Ed25519PrivateKey, st: Statement) -> dict[str, Any]:
     """The transcript record of ``st`` signed with ``key``."""
-    return {"type": "attestation", "statement": asdict(st),
-            "signature": key.sign(st.signed_bytes()).hex()}
+    return _signed(key, st)[0]
+
+
+def _signed(key: Ed25519PrivateKey, st: Statement) -> tuple[dict[str, Any], int]:
+    """(the record of ``st`` signed with ``key``, its :func:`record_size`), the statement
+    serialised once."""
+    data = st.signed_bytes()
+    rec = {"type": "attestation", "statement": asdict(st), "signature": key.sign(data).hex()}
+    return rec, len(data) - len(DOMAIN) + _SIG_BYTES
 
 
 def record_size(rec: Mapping[str, Any]) -> int:
@@ -193,12 +200,13 @@ def record_size(rec: Mapping[str, Any]) -> int:
     return len(Statement.from_json(rec["statement"]).signed_bytes()) - len(DOMAIN) + _SIG_BYTES
 
 
-def _book(ctx: Any, rec: dict[str, Any], cpu_s: float) -> None:
-    """Put a statement in the transcript and its cost on the ledger (stage STAGE)."""
+def _book(ctx: Any, rec: dict[str, Any], cpu_s: float, size: int | None = None) -> None:
+    """Put a statement in the transcript and its cost on the ledger (stage STAGE);
+    ``size``: its :func:`record_size`, when known."""
     from secagg.costs import CostRow
 
     st = rec["statement"]
-    size = record_size(rec)
+    size = record_size(rec) if size is None else size
     row = CostRow(round=ctx.round, phase=ctx.phase, stage=STAGE, sender=st["sender"],
                   receiver=st["receiver"], wire_bytes=size, client_cpu_s=float(cpu_s))
     ctx.ledger.record(row)
@@ -246,18 +254,20 @@ class Signer:
         return {"scheme": SCHEME, "run": self.run, "keys": self.identities()}
 
     def sent(self, ctx: Any, sender: Any, receiver: Any, stage: str, message: Any,
-             noised: Iterable[str] = ()) -> None:
+             noised: Iterable[str] = (), digest: str | None = None) -> None:
         """``sender`` sent ``message``: sign its statement (clients and the decryptor
-        only) and book it."""
+        only) and book it. ``digest``: the message's :func:`message_digest`, when the
+        caller has it."""
         if not _is_signer(sender) or receiver != "server" or sender not in self.keys:
             return
         t0 = time.process_time()
         form, fields, mine = classify(message, noised=noised)
         st = Statement(run=self.run, round=int(ctx.round), phase=str(ctx.phase), stage=stage,
-                       sender=sender, receiver=receiver, digest=message_digest(message),
+                       sender=sender, receiver=receiver,
+                       digest=digest or message_digest(message),
                        form=form, fields=fields, noised=mine, params=self.params)
-        rec = sign(self.keys[sender], st)
-        _book(ctx, rec, time.process_time() - t0)
+        rec, size = _signed(self.keys[sender], st)
+        _book(ctx, rec, time.process_time() - t0, size)
 
 
 class Collector:
@@ -293,11 +303,11 @@ class Collector:
                 (rec, cpu_s / max(len(recs), 1)))
 
     def sent(self, ctx: Any, sender: Any, receiver: Any, stage: str, message: Any,
-             noised: Iterable[str] = ()) -> None:
+             noised: Iterable[str] = (), digest: str | None = None) -> None:
         """The server books ``message`` from ``sender``: its statement goes in."""
         if not _is_signer(sender) or receiver != "server":
             return
-        got = self._pool.get((str(sender), message_digest(message)))
+        got = self._pool.get((str(sender), digest or message_digest(message)))
         if got:
             rec, cpu = got.pop(0)
             _book(ctx, rec, cpu)

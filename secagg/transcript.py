@@ -40,8 +40,10 @@ def digest(value: np.ndarray | Message) -> str:
         for frame in value:
             h.update(frame)
         return h.hexdigest()
-    data = value if isinstance(value, bytes | bytearray) else np.ascontiguousarray(value).tobytes()
-    return hashlib.sha256(data).hexdigest()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return hashlib.sha256(value).hexdigest()
+    # the array's bytes in C order, hashed in place (no copy)
+    return hashlib.sha256(np.ascontiguousarray(value).reshape(-1).view(np.uint8)).hexdigest()
 
 
 def _jsonable(x: Any) -> Any:

@@ -119,14 +119,14 @@ class RoundContext:
         )
         self.ledger.record(row)
         signed = self.attest is not None and is_message(wire_bytes)
+        sha = digest(wire_bytes) if signed else None  # type: ignore[arg-type]
         self.transcript.message(round=self.round, phase=self.phase, stage=stage,
                                 sender=sender, receiver=receiver, direction=row.direction,
-                                nbytes=size,
-                                digest=digest(wire_bytes) if signed else None)  # type: ignore[arg-type]
+                                nbytes=size, digest=sha)
         if signed:
             # the one place every message of a client passes: its signed statement
             self.attest.sent(self, sender, receiver, stage, wire_bytes,
-                             noised=getattr(self, "_noised", ()))
+                             noised=getattr(self, "_noised", ()), digest=sha)
 
     def observe(
         self,
