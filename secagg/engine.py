@@ -57,8 +57,8 @@ from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
 from secagg.result import Result
 from secagg.seeds import derive_seed
 from secagg.stream import UploadStream
-from secagg.transcript import Transcript
-from secagg.wire import pack_arrays, unpack_arrays
+from secagg.transcript import Transcript, digest
+from secagg.wire import is_message, pack_arrays, unpack_arrays
 
 if TYPE_CHECKING:
     from secagg.privacy.release import DPWrapper
@@ -347,10 +347,12 @@ def book_broadcast(ctx: RoundContext, cohort: Sequence[int], wire: bytes,
                    server_cpu_s: float = 0.0) -> None:
     """Book a phase's broadcast: one downlink message of ``wire`` per client."""
     plain = int(sum(np.asarray(v).nbytes for v in payload.values()))
+    fields = {k: int(np.asarray(v).nbytes) for k, v in payload.items()}
+    # the same bytes for every client: hashed once
+    sha = digest(wire) if ctx.attest is not None and is_message(wire) else None
     for c in cohort:
-        ctx.message(SERVER, c, "broadcast", wire, plaintext_bytes=plain,
-                    fields={k: int(np.asarray(v).nbytes) for k, v in payload.items()},
-                    client_cpu_s=client_cpu_s, server_cpu_s=server_cpu_s)
+        ctx.message(SERVER, c, "broadcast", wire, plaintext_bytes=plain, fields=dict(fields),
+                    client_cpu_s=client_cpu_s, server_cpu_s=server_cpu_s, sha=sha)
 
 
 #: where the transcript records the clients' own evaluation (phase, field)

@@ -100,6 +100,7 @@ class RoundContext:
         server_cpu_s: float = 0.0,
         flops: float = 0.0,
         step_flops: float = 0.0,
+        sha: str | None = None,
     ) -> None:
         """Book one message: a ledger row and a transcript ``message`` record, both with the
         same framed wire size. ``wire_bytes`` is the message itself (bytes, or a sequence of
@@ -108,7 +109,9 @@ class RoundContext:
         :mod:`secagg.costs`), of which ``step_flops`` is the client step's own; the
         ``*_cpu_s`` are measured host seconds (informative). With :attr:`attest` set, a
         message a client (or the decryptor) sent, given as bytes, gets its signed statement
-        (:mod:`secagg.attest`)."""
+        (:mod:`secagg.attest`). ``sha``: the message's digest
+        (:func:`secagg.transcript.digest`) when the caller already has it (a broadcast
+        booked once per client)."""
         size = message_size(wire_bytes) if is_message(wire_bytes) else int(wire_bytes)
         row = CostRow(
             round=self.round, phase=self.phase, stage=stage, sender=sender, receiver=receiver,
@@ -119,7 +122,10 @@ class RoundContext:
         )
         self.ledger.record(row)
         signed = self.attest is not None and is_message(wire_bytes)
-        sha = digest(wire_bytes) if signed else None  # type: ignore[arg-type]
+        if signed and sha is None:
+            sha = digest(wire_bytes)  # type: ignore[arg-type]
+        elif not signed:
+            sha = None
         self.transcript.message(round=self.round, phase=self.phase, stage=stage,
                                 sender=sender, receiver=receiver, direction=row.direction,
                                 nbytes=size, digest=sha)
