@@ -36,7 +36,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +89,16 @@ class Statement:
             return "noised"
         return "clear" if self.form == "noised" else self.form
 
+    def to_json(self) -> dict[str, Any]:
+        """The statement as a JSON object (what :meth:`from_json` reads back)."""
+        return {"run": self.run, "round": self.round, "phase": self.phase,
+                "stage": self.stage, "sender": self.sender, "receiver": self.receiver,
+                "digest": self.digest, "form": self.form, "fields": dict(self.fields),
+                "noised": list(self.noised), "params": dict(self.params)}
+
     def signed_bytes(self) -> bytes:
         """:data:`DOMAIN` + the canonical JSON of the statement."""
-        return DOMAIN + json.dumps(asdict(self), sort_keys=True,
-                                   separators=(",", ":")).encode()
+        return _canonical(self.to_json())
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Statement:
@@ -187,11 +193,17 @@ def sign(key: Ed25519PrivateKey, st: Statement) -> dict[str, Any]:
     return _signed(key, st)[0]
 
 
+def _canonical(statement: Mapping[str, Any]) -> bytes:
+    """:data:`DOMAIN` + a statement's canonical JSON (sorted keys, no spaces)."""
+    return DOMAIN + json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _signed(key: Ed25519PrivateKey, st: Statement) -> tuple[dict[str, Any], int]:
     """(the record of ``st`` signed with ``key``, its :func:`record_size`), the statement
     serialised once."""
-    data = st.signed_bytes()
-    rec = {"type": "attestation", "statement": asdict(st), "signature": key.sign(data).hex()}
+    body = st.to_json()
+    data = _canonical(body)
+    rec = {"type": "attestation", "statement": body, "signature": key.sign(data).hex()}
     return rec, len(data) - len(DOMAIN) + _SIG_BYTES
 
 

@@ -221,3 +221,16 @@ def test_pinned_secure_sum_identities_are_the_signing_keys(digits):
         c: public_hex(k) for c, k in keys.items()}
     pinned = {str(c): k.public_key() for c, k in keys.items()}
     assert verify(res.transcript.records, pinned) == []  # the decryptor is not needed here
+
+
+def test_a_statement_serialises_every_field_and_reads_back():
+    """Statement.to_json is written out by hand (for speed): it must carry every field."""
+    from dataclasses import asdict, fields
+
+    from secagg.attest import Statement
+
+    st = Statement(run="r", round=2, phase="p", stage="s", sender=3, receiver="server",
+                   digest="d", form="noised", fields={"a": "x"}, noised=["a"],
+                   params={"layer": "z", "noise": {"z": 1.0}})
+    assert set(st.to_json()) == {f.name for f in fields(Statement)}
+    assert st.to_json() == asdict(st) and Statement.from_json(st.to_json()) == st
