@@ -126,6 +126,11 @@ class Federation:
             signatures, Shamir sharing, masking) is spread over, as n devices would do it in
             parallel (:mod:`secagg.secure_sum.parties`). 1 (default): all in this process.
             The messages and the aggregate do not depend on it.
+        torch_threads: PyTorch's intra-op threads while the run lasts (restored after):
+            1 by default, because a client trains on a few records at a time, where more
+            threads only spin (measured on 2 cores under load: a CNN step on 6 records took
+            15.9 ms of CPU with 2 threads against 1.8 ms with 1); None leaves PyTorch's
+            setting alone.
     """
 
     def __init__(
@@ -154,6 +159,7 @@ class Federation:
         individual_filter: Any | None = None,
         stream: bool = True,
         workers: int = 1,
+        torch_threads: int | None = 1,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -212,6 +218,11 @@ class Federation:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigurationError(f"workers must be a positive integer, got {workers!r}")
         self.workers = workers
+        if torch_threads is not None and (isinstance(torch_threads, bool) or not isinstance(
+                torch_threads, int) or torch_threads < 1):
+            raise ConfigurationError(
+                f"torch_threads must be a positive integer or None, got {torch_threads!r}")
+        self.torch_threads = torch_threads
 
     def plan(self) -> list[Any]:
         """The privacy plan before round 0, without contacting or training any client
@@ -252,7 +263,13 @@ class Federation:
             client_policy=self.client_policy, colluders=self.colluders,
             individual_filter=self.individual_filter, stream=self.stream, workers=self.workers,
             on_aggregate=on_aggregate)
+        import torch
+
+        threads = torch.get_num_threads()
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)
         try:
             return engine.run()
         finally:
+            torch.set_num_threads(threads)
             self.privacy = engine.privacy  # the run's ledger (a fresh one per run)

@@ -199,3 +199,21 @@ def test_a_model_with_state_of_its_own_keeps_a_copy_per_client(part):
     Federation(algo, Plaintext(), part, rounds=1, seed=0).run(
         on_aggregate=lambda r, p, a: seen.append(_models_alive()))
     assert algo.keeps_model_state(algo.model) and seen == [1 + 12]
+
+
+def test_the_clients_train_on_one_torch_thread_and_the_setting_is_restored(part):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list[int] = []
+        Federation(FedAvg(local_epochs=1, feature_dim=8), Plaintext(), part, rounds=1,
+                   seed=0).run(on_aggregate=lambda r, p, a: seen.append(torch.get_num_threads()))
+        assert seen == [1] and torch.get_num_threads() == 2
+        Federation(FedAvg(local_epochs=1, feature_dim=8), Plaintext(), part, rounds=1, seed=0,
+                   torch_threads=None).run(
+            on_aggregate=lambda r, p, a: seen.append(torch.get_num_threads()))
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(before)
