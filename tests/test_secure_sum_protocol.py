@@ -529,3 +529,25 @@ def test_an_unmask_request_carries_only_the_signatures_its_client_can_check():
     ids = {u: Ed25519PrivateKey.from_private_bytes(bytes([u + 1]) * 32) for u in range(40)}
     seen, _ = _request_signers(40, "harary", 6, identities=ids)
     assert all(len(s) == 40 for s in seen.values())
+
+
+def test_a_client_keeps_only_its_neighbourhood_of_the_survivor_set(monkeypatch):
+    """Memory: after signing U3 an unpinned client keeps the members it can use (its closed
+    neighbourhood's), not all n of them (10,000 clients x 10,000 ids held 7 GB); the
+    consistency check still catches a request that contradicts U3 (tests above)."""
+    import secagg.secure_sum.protocol as proto
+
+    kept = {}
+    real = proto.parties
+
+    def spy(clients, workers=1):
+        kept.update(clients)
+        return real(clients, workers)
+
+    monkeypatch.setattr(proto, "parties", spy)
+    rep = run_secure_sum(_vectors(80, 4, 32), 32, _ctx({"masked-input": [5]}), threshold=0.6,
+                         graph="harary", k=6, entropy_seed=1, graph_seed=3)
+    for u, c in kept.items():
+        if u != 5:
+            assert c.survivors_count == 79
+            assert c._u3 == rep.graph.closed(u) - {5}  # O(k): its live neighbourhood

@@ -139,9 +139,12 @@ def survivors_statement(
     session: bytes, round: int, survivors: list[int] | tuple[int, ...]
 ) -> bytes:
     """What a client signs in the consistency round: the survivor set U3 it was shown (the
-    clients whose masked input the server says it holds), bound to the session and round."""
+    clients whose masked input the server says it holds), bound to the session and round.
+    The set enters as the SHA-256 of its sorted ids (with its size), so the statement is
+    O(1) bytes whatever n: two sets with one statement would be a SHA-256 collision."""
     ids = sorted(survivors)
-    body = struct.pack(f">QI{len(ids)}I", round & (2**64 - 1), len(ids), *ids)
+    digest = hashlib.sha256(struct.pack(f">{len(ids)}I", *ids)).digest()
+    body = struct.pack(">QI", round & (2**64 - 1), len(ids)) + digest
     return _DOMAIN + b"|survivors|" + session + body
 
 
