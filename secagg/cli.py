@@ -91,7 +91,8 @@ def _one_layer(args: argparse.Namespace, name: str) -> Any:
     return make_layer(name, LayerOptions(threshold=args.threshold, graph=args.graph,
                                          he_scheme=args.he_scheme, epsilon=args.epsilon,
                                          delta=args.delta, rounds=args.rounds,
-                                         dp=dp if get_layer(name).dp else {}))
+                                         dp=dp if get_layer(name).dp else {},
+                                         dropout=args.dropout))
 
 
 def _make_parser() -> argparse.ArgumentParser:
@@ -160,7 +161,8 @@ def _make_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="injected probability that a client drops out during a round, spread over the "
-        "layer's protocol stages (%(default)s)",
+        "layer's protocol stages; a secure sum on the SecAgg+ graph sizes its degree for it "
+        "(%(default)s)",
     )
     r.add_argument(
         "--on-abort",

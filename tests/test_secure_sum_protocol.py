@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy.stats import chisquare
 
 from secagg.dropouts import ScheduledDropouts
-from secagg.errors import ProtocolError, SecureSumAborted
+from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
 from secagg.layers.base import RoundContext
 from secagg.secure_sum import (
     MalformedMessage,
@@ -551,3 +551,40 @@ def test_a_client_keeps_only_its_neighbourhood_of_the_survivor_set(monkeypatch):
         if u != 5:
             assert c.survivors_count == 79
             assert c._u3 == rep.graph.closed(u) - {5}  # O(k): its live neighbourhood
+
+
+def _simulated_aborts(n, k, dropout, trials, seed=1):
+    import random
+
+    rng = random.Random(seed)
+    bad = 0
+    for t in range(trials):
+        g = build(list(range(n)), 0.7, "harary", k, seed=t)
+        dropped = set(rng.sample(range(n), round(n * dropout)))
+        bad += not g.live_ok(set(range(n)) - dropped)[0]
+    return bad / trials
+
+
+def test_the_abort_probability_is_conservative_and_the_dropout_degree_holds():
+    from secagg.secure_sum.graph import abort_probability, degree_for, share_threshold_for
+
+    n, k = 200, 16
+    p = abort_probability(n, k, share_threshold_for(k, 0.7, n), 0.1)
+    seen = _simulated_aborts(n, k, 0.1, 600)
+    assert 0.05 < seen <= p  # a real risk at the plain-ish degree, and not understated
+    k2 = degree_for(n, 0.7, 0.1, failure=0.01)
+    assert k2 > auto_degree(n) and k2 % 2 == 0
+    assert abort_probability(n, k2, share_threshold_for(k2, 0.7, n), 0.1) <= 0.01
+    assert abort_probability(n, k2 - 2, share_threshold_for(k2 - 2, 0.7, n), 0.1) > 0.01
+    assert _simulated_aborts(n, k2, 0.1, 600) <= 0.01
+    assert degree_for(n, 0.7, 0.0) == auto_degree(n)
+
+
+def test_a_secure_sum_sized_for_its_dropout():
+    from secagg.secure_sum import SecureSum
+
+    assert SecureSum(graph="auto").degree(10_000) is None  # the plain degree, 54
+    assert SecureSum(graph="auto", dropout=0.1).degree(10_000) == 126
+    assert SecureSum(graph="auto", k=20, dropout=0.1).degree(10_000) == 20
+    with pytest.raises(ConfigurationError):
+        SecureSum(dropout=1.0)

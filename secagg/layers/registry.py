@@ -42,6 +42,8 @@ class LayerOptions:
         epsilon, delta: a DP layer's budget (epsilon is required for DP layers).
         rounds: a DP layer's planned number of rounds (None: the run's).
         dp: further keyword arguments of the DP layers (e.g. ``adjacency``, ``seed``).
+        dropout: the fraction of a cohort expected to drop (the secure sum sizes its SecAgg+
+            degree for it: ``SecureSum(dropout=...)``).
     """
 
     threshold: float | int = 0.7
@@ -51,6 +53,7 @@ class LayerOptions:
     delta: float | None = None
     rounds: int | None = None
     dp: Mapping[str, Any] = field(default_factory=dict)
+    dropout: float = 0.0
 
 
 Builder = Callable[[LayerOptions, "Layer | None"], Layer]
@@ -154,7 +157,7 @@ def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
 def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.secure_sum import SecureSum
 
-    kwargs: dict[str, Any] = {"threshold": options.threshold}
+    kwargs: dict[str, Any] = {"threshold": options.threshold, "dropout": options.dropout}
     if options.graph is not None:
         kwargs["graph"] = options.graph
     return SecureSum(**kwargs)

@@ -160,7 +160,7 @@ class SecureSumServer:
         layer, cohort, ctx, clips = self.layer, call.cohort, call.release.ctx, call.clips
         common = call.instruction
         off = sum(sl.stop - sl.start for sl in segments.values())
-        g = build(cohort, layer.threshold, layer.graph, layer.k, None)
+        g = build(cohort, layer.threshold, layer.graph, layer.degree(len(cohort)), None)
         params = self.params()
         dropped: Dropped = {}
         word = (bits + 7) // 8
