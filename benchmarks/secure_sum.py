@@ -223,9 +223,10 @@ def run_flower(n: int, m: int, dropped: list[int], num_shares: int, threshold: i
 # --------------------------------------------------------------------------- our side
 
 
-def run_ours(n: int, m: int, dropped: list[int], graph: str = "auto", workers: int = 1) -> dict:
+def run_ours(n: int, m: int, dropped: list[int], graph: str = "auto", workers: int = 1,
+             expect_dropout: float = 0.0) -> dict:
     """Our SecureSum layer on the same workload (the clients' work over ``workers``
-    processes)."""
+    processes; the SecAgg+ degree sized for ``expect_dropout``)."""
     from secagg.dropouts import ScheduledDropouts
     from secagg.layers.base import RoundContext
     from secagg.messages import Bound, Field, Upload, UploadSpec
@@ -245,7 +246,7 @@ def run_ours(n: int, m: int, dropped: list[int], graph: str = "auto", workers: i
         def __len__(self) -> int:
             return n
 
-    layer = SecureSum(threshold=0.7, graph=graph, precision=2.0 ** -20)
+    layer = SecureSum(threshold=0.7, graph=graph, precision=2.0 ** -20, dropout=expect_dropout)
     ctx = RoundContext(0, "bench", 0, dropouts=ScheduledDropouts({"masked-input": set(dropped)}),
                        workers=workers)
     t_wall = time.perf_counter()

@@ -38,13 +38,15 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def one(n: int, m: int, dropout: float, graph: str, workers: int = 1) -> dict:
+def one(n: int, m: int, dropout: float, graph: str, workers: int = 1, sized: bool = False
+        ) -> dict:
     """One cohort size, in this process (called in a fresh subprocess by :func:`main`)."""
     sys.path.insert(0, HERE)
     from secure_sum import _dropped, run_ours  # benchmarks/secure_sum.py
 
     t0 = time.perf_counter()
-    r = run_ours(n, m, _dropped(n, dropout), graph=graph, workers=workers)
+    r = run_ours(n, m, _dropped(n, dropout), graph=graph, workers=workers,
+                 expect_dropout=dropout if sized else 0.0)
     r["total_wall_s"] = time.perf_counter() - t0
     r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # the workers' (forked children) largest peak, beside this process's own
@@ -54,22 +56,22 @@ def one(n: int, m: int, dropout: float, graph: str, workers: int = 1) -> dict:
     return r
 
 
-def abort_probability(n: int, dropout: float, threshold: float = 0.7) -> tuple[int, int, float]:
-    """(k, t_k, P) for the auto SecAgg+ graph at n: P that some live client keeps fewer than
-    t_k live members in its closed neighbourhood when round(n * dropout) clients drop (the
-    protocol then aborts). Each neighbourhood is a uniform k-subset of the other n - 1
-    clients (the graph is a Harary graph on a uniformly random relabelling), so its dropped
-    count is hypergeometric; the union over the live clients is combined as if independent
-    (an approximation; the union bound n * p is an upper bound)."""
-    from scipy.stats import hypergeom
+def abort_risk(n: int, dropout: float, sized: bool, threshold: float = 0.7
+               ) -> tuple[int, int, float]:
+    """(k, t_k, P(abort)) of the graph the layer builds at n: the plain automatic degree, or
+    (``sized``) the one sized for ``dropout`` (:func:`secagg.secure_sum.graph.degree_for`);
+    P from :func:`secagg.secure_sum.graph.abort_probability` (conservative)."""
+    from secagg.secure_sum.graph import (
+        abort_probability,
+        auto_degree,
+        degree_for,
+        share_threshold_for,
+    )
 
-    from secagg.secure_sum.graph import build
-
-    g = build(list(range(n)), threshold, "auto", seed=0)
-    d = round(n * dropout)
-    worst = g.k + 1 - g.share_threshold  # dropped neighbours a live client can afford
-    p = float(hypergeom.sf(worst, n - 1, d, g.k))  # P(dropped neighbours > worst)
-    return g.k, g.share_threshold, float(1 - (1 - p) ** (n - d))
+    k = degree_for(n, threshold, dropout) if sized else auto_degree(n)
+    k = min(k, n - 1)
+    tk = share_threshold_for(k, threshold, n)
+    return k, tk, abort_probability(n, k, tk, dropout)
 
 
 def slope(ns: list[int], ys: list[float]) -> float:
@@ -87,18 +89,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per n")
     p.add_argument("--workers", type=int, default=1,
                    help="processes the clients' work is spread over (%(default)s)")
+    p.add_argument("--sized", action="store_true",
+                   help="SecureSum(dropout=--dropout): the degree sized for the dropout rate")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args(argv)
     print(f"SecureSum scaling: m={a.m:,} float32 per client, {a.dropout:.0%} dropout before the "
           f"masked input, graph={a.graph}, threshold 0.7, precision 2^-20, "
-          f"{a.workers} worker process(es) for the clients")
+          f"{a.workers} worker process(es) for the clients"
+          + (", degree sized for the dropout (SecureSum(dropout=...))" if a.sized else ""))
     print(f"{'n':>6s} {'graph':>8s} {'k':>4s} {'t_k':>4s} {'client CPU s':>13s} "
           f"{'server CPU s':>13s} {'up B/client':>12s} {'down B/client':>14s} {'wall s':>8s} "
           f"{'peak RSS MB':>12s} {'worker MB':>10s} {'max |err|':>10s}")
     done: list[dict] = []
     for n in a.n:
         cmd = [sys.executable, os.path.abspath(__file__), "--one",
-               json.dumps([n, a.m, a.dropout, a.graph, a.workers])]
+               json.dumps([n, a.m, a.dropout, a.graph, a.workers, a.sized])]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
         except subprocess.TimeoutExpired:
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\nabort risk of the graph at this dropout (a live client left with fewer than t_k "
           "live in its closed neighbourhood; hypergeometric, see abort_probability):")
     for n in a.n:
-        k, tk, prob = abort_probability(n, a.dropout)
+        k, tk, prob = abort_risk(n, a.dropout, a.sized)
         print(f"  n={n:6,d}: k={k}, t_k={tk}: P(abort) ~ {prob:.2e}")
     if len(done) >= 2:
         ns = [r["n"] for r in done]
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
-        n, m, dropout, graph, workers = json.loads(sys.argv[2])
-        print(json.dumps(one(n, m, dropout, graph, workers), default=float))
+        n, m, dropout, graph, workers, sized = json.loads(sys.argv[2])
+        print(json.dumps(one(n, m, dropout, graph, workers, sized), default=float))
     else:
         main()
