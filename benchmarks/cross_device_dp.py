@@ -24,6 +24,9 @@ round, the wall time, the time per round, this process's CPU time and the machin
 average at start and end (the benchmark ran on 2 cores shared with other jobs: wall times
 are indicative only; the CPU time is the cost of the run itself).
 
+A line may carry ``"superseded": REASON`` (added by hand when a later configuration replaced
+it); ``table`` marks its row so.
+
 ``table`` groups the lines by tag (mean and, with several seeds, the min..max band over the
 seeds; the final accuracy and the mean of the last three rounds, which is less exposed to
 one round's swing) and prints each row's gap in points to the tag named by ``--ref TAG``
@@ -254,6 +257,8 @@ def table(path: str) -> str:
         eps = [r["epsilon"] for r in rs if r["epsilon"] is not None]
         z = r0["z_round1"].get("update")
         layer = r0["layer"] + (" + DP-FTRL" if r0.get("dp_ftrl") else "")
+        if any(r.get("superseded") for r in rs):  # kept for the record, not comparable
+            tag = f"{tag} (superseded)"
         out.append(
             f"| {tag} | {layer} | {r0['epsilon_target'] if r0['epsilon_target'] else '-'} "
             f"| {max(eps):.3f} | " if eps else
