@@ -13,9 +13,9 @@ The probe runs FedLog on the plaintext layer and changes only the server's solve
 * ``center``: the exact head with its class-mean row removed (predictions unchanged: the
   softmax ignores a row added to every class).
 * ``scale=K``: the exact head times K (a lower softmax temperature, same predictions).
-* ``iso=K``: the exact head's class-centred rows replaced by K times their whitening (the
-  same predictions? no: rows made orthogonal with equal norms, keeping their directions'
-  span as far as possible; a test of the head's conditioning).
+* ``iso=K``: the exact head's class-centred rows C = U S V^T replaced by K U V^T (every
+  singular value set to K: the same span, perfectly conditioned; predictions change), a
+  test of the head's conditioning at a chosen norm.
 
 and ``dp``: the real central-DP run (CentralDP(Plaintext()), record level, epsilon 1). Each
 run appends one JSON line: the variant, the seed, the accuracy after round 1 (head on the
