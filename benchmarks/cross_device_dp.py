@@ -24,6 +24,9 @@ round, the wall time, the time per round, this process's CPU time and the machin
 average at start and end (the benchmark ran on 2 cores shared with other jobs: wall times
 are indicative only; the CPU time is the cost of the run itself).
 
+A line may carry ``"superseded": REASON`` (added by hand when a later configuration replaced
+it); ``table`` marks its row so.
+
 ``table`` groups the lines by tag (mean and, with several seeds, the min..max band over the
 seeds; the final accuracy and the mean of the last three rounds, which is less exposed to
 one round's swing) and prints each row's gap in points to the tag named by ``--ref TAG``
@@ -115,10 +118,17 @@ def _defaults(rest: list[str]) -> list[str]:
 def run(path: str, argv: list[str]) -> dict[str, Any]:
     """Run one configuration and append its JSON line to ``path``; return the line."""
     from secagg.algorithm_registry import load_algorithm
-    from secagg.cli import _algorithm_kwargs, _check_run_args, _make_parser, build_layer
+    from secagg.cli import (
+        _algorithm_kwargs,
+        _check_run_args,
+        _client_ledger_kwargs,
+        _make_parser,
+        build_layer,
+    )
     from secagg.data import dirichlet_split, iid_split, load_dataset
     from secagg.federation import Federation
     from secagg.layers.registry import get_layer
+    from secagg.result import client_spread
 
     tag, ref, rest = _split_args(argv)
     cli = _defaults(rest)
@@ -137,7 +147,8 @@ def run(path: str, argv: list[str]) -> dict[str, Any]:
         return Federation(algo_cls(**_algorithm_kwargs(args, algo_cls)), build_layer(args),
                           part, rounds=args.rounds, fraction=args.fraction,
                           dropout=args.dropout, on_abort=args.on_abort, seed=args.seed,
-                          progress=False, max_records=args.max_records)
+                          progress=False, max_records=args.max_records,
+                          **_client_ledger_kwargs(args))
 
     plan = federation().plan() if get_layer(args.layer).dp else []
     first = [p for p in plan if p.round == min(q.round for q in plan)]
@@ -153,6 +164,11 @@ def run(path: str, argv: list[str]) -> dict[str, Any]:
     eps = None
     if result.privacy is not None and args.delta is not None:
         eps = result.privacy.epsilon(args.delta)
+    c1 = time.process_time()
+    clients = result.client_privacy()
+    spread = {} if clients is None else {
+        obs: client_spread(clients, obs) for obs in ("release", "server")}
+    accounting_cpu = time.process_time() - c1
     clips = [m.get("clip") for m in result.measurements if isinstance(m, dict) and "clip" in m]
     n_params = int(algorithm.params.size) if getattr(algorithm, "params", None) is not None \
         else None
@@ -167,9 +183,10 @@ def run(path: str, argv: list[str]) -> dict[str, Any]:
         "n_params": n_params,
         "accuracy": result.accuracy, "best_accuracy": result.best_accuracy,
         "history": [round(a, 4) for a in result.history],
-        "epsilon": eps, "noise_std_round1": sigma, "z_round1": z, "clip": clips,
+        "sampling": args.sampling,
+        "epsilon": eps, "client_epsilon": spread, "noise_std_round1": sigma, "z_round1": z, "clip": clips,
         "wall_s": round(wall, 1), "s_per_round": round(wall / max(len(result.history), 1), 2),
-        "cpu_s": round(cpu, 1),
+        "cpu_s": round(cpu, 1), "client_accounting_cpu_s": round(accounting_cpu, 1),
         "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
         "failure": result.failure(), "aborted": len(result.aborted),
     }
@@ -193,16 +210,34 @@ def _cpu_per_round(rs: list[dict[str, Any]]) -> str:
     return f"{np.mean(v):.1f}" if v else "-"
 
 
+def _client_eps(rs: list[dict[str, Any]]) -> str:
+    """The largest client epsilon against observers of the releases and against the server
+    over the lines that recorded it (``none`` where some client has no guarantee against
+    that observer), else ``-``."""
+    parts = []
+    for obs in ("release", "server"):
+        sp = [r["client_epsilon"][obs] for r in rs if r.get("client_epsilon")
+              and r["client_epsilon"].get(obs)]
+        if not sp:
+            parts.append("-")
+        elif any(x["no_guarantee"] for x in sp):
+            parts.append("none")
+        else:
+            parts.append(f"{max(x['max'] for x in sp):.2f}")
+    return " / ".join(parts)
+
+
 def table(path: str) -> str:
     """The markdown table of the lines in ``path``: one row per tag, in first-seen order."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     by_tag: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_tag[r["tag"]].append(r)
-    out = ["| tag | layer | eps target | eps ledger | z (update) | fraction | rounds | seeds "
+    out = ["| tag | layer | eps target | eps ledger | client eps max (release / server) "
+           "| z (update) | fraction | rounds | seeds "
            "| accuracy % (final; band over seeds) | last-3 mean % | gap to ref (points; final, "
            "last-3) | s/round | CPU s/round | load |",
-           "|---" * 14 + "|"]
+           "|---" * 15 + "|"]
     for tag, rs in by_tag.items():
         acc = [r["accuracy"] for r in rs]
         last3 = [float(np.mean(r["history"][-3:])) for r in rs]
@@ -222,10 +257,13 @@ def table(path: str) -> str:
         eps = [r["epsilon"] for r in rs if r["epsilon"] is not None]
         z = r0["z_round1"].get("update")
         layer = r0["layer"] + (" + DP-FTRL" if r0.get("dp_ftrl") else "")
+        if any(r.get("superseded") for r in rs):  # kept for the record, not comparable
+            tag = f"{tag} (superseded)"
         out.append(
             f"| {tag} | {layer} | {r0['epsilon_target'] if r0['epsilon_target'] else '-'} "
             f"| {max(eps):.3f} | " if eps else
             f"| {tag} | {layer} | - | - | ")
+        out[-1] += _client_eps(rs) + " | "
         out[-1] += (f"{z:.3g} | " if z is not None and math.isfinite(z) else "- | ")
         out[-1] += (f"{r0['fraction']} | {r0['rounds']} | {len(rs)} | {_band(acc)} | "
                     f"{_band(last3)} | {gap} | {np.mean([r['s_per_round'] for r in rs]):.1f} "
