@@ -20,6 +20,7 @@ from algorithms.gmm import GMM, responsibilities
 from algorithms.spherefed import SphereFed, noise_floor
 from secagg import CentralDP, Federation, Plaintext
 from secagg.data import Dataset, dirichlet_split, iid_split, load_dataset
+from secagg.errors import ConfigurationError
 
 
 def assert_psd(cov: np.ndarray) -> None:
@@ -127,6 +128,69 @@ def test_a_hopeless_class_is_shrunk_to_the_pooled_moments_not_dropped() -> None:
                         prior, ddof=1)
     assert g.hopeless.all() and g.prior_weight == 1.0
     assert np.allclose(g.means, 0.5) and np.allclose(g.covariances, 0.2 * np.eye(4))
+
+
+def test_one_drowned_component_does_not_shrink_the_well_measured_means() -> None:
+    """Two components of count 200 with distinct means beside one of count 4.5 whose noised
+    mean came out on the pooled mean. Before, the spread of the true means was an
+    equal-weight average over the components, and the drowned one's noise variance (~3)
+    pulled it below 0: every mean was shrunk to the pooled one."""
+    from algorithms.moments import MomentNoise, Prior, noisy_gaussians, pack_upper
+
+    d = 4
+    mu = np.array([[1.0] * d, [-1.0] * d, [0.0] * d])
+    n = np.array([200.0, 200.0, 4.5])
+    s = n[:, None] * mu
+    s[2] = n[2] * (s.sum(axis=0) / n.sum())
+    q = np.stack([pack_upper(nj * (np.outer(m, m) + 0.1 * np.eye(d))) for nj, m in zip(n, mu)])
+    g = noisy_gaussians(n, s, q, MomentNoise(2.0, 8.0, 1.0), Prior(np.zeros(d), np.eye(d)))
+    assert not g.hopeless.any()
+    assert np.all(g.mean_weight[:2] > 0.99)
+    assert np.allclose(g.means[:2], mu[:2], atol=0.01)
+
+
+def test_noised_covariances_are_floored_at_the_noise_scale_not_at_reg_covar(blobs) -> None:
+    """Per-class moments of the blobs (records in [0, 1]^3) with the noise a record-level
+    CentralDP release at epsilon 100 over 11 EM releases adds. Before, an eigenvalue the
+    noise pushed below 0 was clipped to reg_covar = 1e-6 (a component flat along a noise
+    direction takes every record or none); the pooled covariance too, after the spread of
+    the means was subtracted from an already shrunk one."""
+    from algorithms.moments import MomentNoise, Prior, noisy_gaussians, one_hot, weighted_moments
+
+    x = blobs.dataset.x_train.astype(np.float64)
+    y = blobs.dataset.y_train
+    n, s, q = weighted_moments(x, one_hot(y, 3))
+    smallest = min(np.linalg.eigvalsh(np.cov(x[y == c].T, bias=True))[0] for c in range(3))
+    noise = MomentNoise(0.54, 0.94, 1.63)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        g = noisy_gaussians(*_noised((n, s, q), (noise.n, noise.s, noise.q), rng), noise,
+                            Prior(np.full(3, 0.5), np.eye(3) / 12), floor=1e-6, ceiling=0.75,
+                            box=(0.0, 1.0))
+        assert_psd(g.covariances)
+        assert np.linalg.eigvalsh(g.covariances)[:, 0].min() > 0.25 * smallest
+        assert np.linalg.eigvalsh(g.pooled_cov)[0] > 0.25 * smallest
+
+
+def test_hopeless_components_keep_their_centres() -> None:
+    """With per-component centres (an EM step passes the current means), a component whose
+    count is drowned keeps its centre, so two drowned components stay apart; without
+    centres both go to the pooled mean."""
+    from algorithms.moments import MomentNoise, Prior, noisy_gaussians
+
+    n, s, q = _class_sums(n_per=(400, 300, 0, 0))
+    n = n.copy()
+    n[2:] = [-3.0, 1.0]
+    centres = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 1.5, 0], [0, 0, 0, 1.5]])
+    noise = MomentNoise(5.0, 1e-3, 1e-3)
+    g = noisy_gaussians(n, s, q, noise, Prior(np.zeros(4), np.eye(4)), ddof=1,
+                        centres=centres)
+    assert list(g.hopeless) == [False, False, True, True]
+    assert np.allclose(g.means[2:], centres[2:])
+    plain = noisy_gaussians(n, s, q, noise, Prior(np.zeros(4), np.eye(4)), ddof=1)
+    assert np.allclose(plain.means[2], plain.means[3])
+    with pytest.raises(ConfigurationError, match="centres"):
+        noisy_gaussians(n, s, q, noise, Prior(np.zeros(4), np.eye(4)), centres=centres[:2])
 
 
 def test_projection_respects_the_public_sets() -> None:
