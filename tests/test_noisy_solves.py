@@ -306,6 +306,48 @@ def test_gmm_accuracy_does_not_fall_as_epsilon_grows(blobs) -> None:
     assert means[2] >= means[3] - 0.05, means
 
 
+@pytest.fixture(scope="module")
+def ccvr_body(digits_part):
+    """CCVR's body after 3 plaintext FedAvg rounds, and the exact per-class moment sums of
+    the training features (clipped to the feature bound 4)."""
+    from algorithms.ccvr import clip_rows
+    from algorithms.training import features
+
+    algo = CCVR(feature_dim=16, local_epochs=1, calibrate=False, feature_bound=4.0)
+    Federation(algo, Plaintext(), digits_part, rounds=3, seed=0, progress=False).run()
+    ds = digits_part.dataset
+    z, _ = clip_rows(features(algo.model, ds.x_train), algo.feature_bound)
+    return algo, algo.params.copy(), class_moments(z, ds.y_train, ds.n_classes)
+
+
+def test_ccvr_accuracy_does_not_fall_as_epsilon_grows(ccvr_body) -> None:
+    """Mean test accuracy over 5 noise draws after CCVR's calibration from the moments of
+    one record-level Gaussian release at (epsilon, 1e-5): noise std z sqrt(3) Delta on each
+    of the three fields (the layer's equal split; Delta 1, B, B^2)."""
+    from algorithms.models import set_flat
+    from algorithms.moments import MomentNoise
+    from algorithms.training import accuracy
+    from secagg.privacy.calibrate import calibrate
+
+    algo, params, (n, s, q) = ccvr_body
+    ds = algo.dataset
+    b = algo.feature_bound
+    means = []
+    for eps in (0.3, 3.0, 10.0):
+        z = calibrate(eps, 1e-5, rel_tol=0.05) * np.sqrt(3)
+        noise = MomentNoise(z, z * b, z * b * b)
+        accs = []
+        for seed in range(5):
+            rng = np.random.default_rng(seed)
+            algo.params, algo.seed = params.copy(), seed
+            algo.recalibrate(*_noised((n, s, q), (noise.n, noise.s, noise.q), rng), noise)
+            set_flat(algo.shared_parameters(algo.model), algo.params)
+            accs.append(accuracy(algo.model, ds.x_test, ds.y_test))
+        means.append(float(np.mean(accs)))
+    assert means == sorted(means), means
+    assert means[-1] > means[0] + 0.1, means
+
+
 # -- SphereFed ------------------------------------------------------------------------------
 
 def test_spherefed_ridge_follows_the_noise_under_heavy_noise(digits_part) -> None:
