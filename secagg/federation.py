@@ -12,10 +12,13 @@ Aggregate. After each round the algorithm is evaluated. Everything is determinis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
+
+from threadpoolctl import threadpool_limits
 
 from secagg.data import Partition
 from secagg.dropouts import DropoutModel
@@ -131,6 +134,12 @@ class Federation:
             threads only spin (measured on 2 cores under load: a CNN step on 6 records took
             15.9 ms of CPU with 2 threads against 1.8 ms with 1); None leaves PyTorch's
             setting alone.
+        blas_threads: threads of numpy's BLAS (OpenBLAS, MKL; through threadpoolctl) while
+            the run lasts (restored after): 1 by default. A run's BLAS calls are small (an
+            update's norm, a Shamir product), and a second BLAS thread has to be woken on a
+            core the other parties are using: on 2 cores, 200 clients of FedAvg under
+            DistributedDP spent 1.4 ms per norm of an 80,202-entry update with 2 threads
+            against 0.08 ms with 1, and 56 against 36 CPU s in all. None leaves BLAS alone.
     """
 
     def __init__(
@@ -160,6 +169,7 @@ class Federation:
         stream: bool = True,
         workers: int = 1,
         torch_threads: int | None = 1,
+        blas_threads: int | None = 1,
     ) -> None:
         if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
             raise ConfigurationError(
@@ -223,6 +233,11 @@ class Federation:
             raise ConfigurationError(
                 f"torch_threads must be a positive integer or None, got {torch_threads!r}")
         self.torch_threads = torch_threads
+        if blas_threads is not None and (isinstance(blas_threads, bool) or not isinstance(
+                blas_threads, int) or blas_threads < 1):
+            raise ConfigurationError(
+                f"blas_threads must be a positive integer or None, got {blas_threads!r}")
+        self.blas_threads = blas_threads
 
     def plan(self) -> list[Any]:
         """The privacy plan before round 0, without contacting or training any client
@@ -268,8 +283,11 @@ class Federation:
         threads = torch.get_num_threads()
         if self.torch_threads is not None:
             torch.set_num_threads(self.torch_threads)
+        blas = (contextlib.nullcontext() if self.blas_threads is None
+                else threadpool_limits(limits=self.blas_threads, user_api="blas"))
         try:
-            return engine.run()
+            with blas:
+                return engine.run()
         finally:
             torch.set_num_threads(threads)
             self.privacy = engine.privacy  # the run's ledger (a fresh one per run)

@@ -13,7 +13,7 @@ from algorithms.fedavg import FedAvg
 from algorithms.fedlog import FedLog
 from secagg import CentralDP, DistributedDP, Federation, LocalDP, Plaintext, SecureSum
 from secagg.data import dirichlet_split, load_dataset
-from secagg.errors import StreamConsumed
+from secagg.errors import ConfigurationError, StreamConsumed
 from secagg.homomorphic import Homomorphic
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.layers.per_group import PerGroup
@@ -217,3 +217,28 @@ def test_the_clients_train_on_one_torch_thread_and_the_setting_is_restored(part)
         assert seen == [1, 2]
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_run_holds_numpy_blas_to_one_thread_and_restores_it(part):
+    """Federation(blas_threads=1), the default: numpy's BLAS runs on one thread during the
+    run (a second one spun on cores the clients were using), and its setting is restored;
+    None leaves it alone."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    if not blas():
+        pytest.skip("numpy without a BLAS threadpoolctl can see")
+    with threadpool_limits(limits=2, user_api="blas"):
+        seen: list[list[int]] = []
+        Federation(FedAvg(local_epochs=1, feature_dim=8), Plaintext(), part, rounds=1,
+                   seed=0).run(on_aggregate=lambda r, p, a: seen.append(blas()))
+        after = blas()
+        Federation(FedAvg(local_epochs=1, feature_dim=8), Plaintext(), part, rounds=1, seed=0,
+                   blas_threads=None).run(on_aggregate=lambda r, p, a: seen.append(blas()))
+    assert all(n == 1 for n in seen[0]), seen
+    assert after == seen[1] and all(n == 2 for n in after), (after, seen)
+    with pytest.raises(ConfigurationError, match="blas_threads"):
+        Federation(FedAvg(), Plaintext(), part, blas_threads=0)
+
