@@ -17,11 +17,13 @@ run that computed every upload first. The aggregate is the same bit for bit (tes
 tests/test_stream.py): the layers sum in cohort order either way.
 
 :class:`Lazy` is the layers' tool for the same idea one level down: a per-client transform
-(noise, encoding) applied on access.
+(noise, encoding) applied on access; :class:`Booked` is a :class:`Lazy` over uploads that
+also books each client's work (its step and the transform) for its message's cost row.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -114,3 +116,23 @@ class Lazy(Mapping[int, W]):
 
     def __contains__(self, c: object) -> bool:
         return c in self.source
+
+
+class Booked(Lazy[W]):
+    """``fn(client, uploads[client])`` on access, like :class:`Lazy`, and the client's work
+    booked as it goes: :attr:`costs` maps each client read so far to (the CPU seconds of its
+    step plus those of ``fn``, its step's FLOPs), for the row of the message that carries
+    the result (a secure sum's masked input)."""
+
+    def __init__(self, uploads: Mapping[int, Upload], fn: Callable[[int, Upload], W]) -> None:
+        super().__init__(uploads, self._booked)
+        self._fn = fn
+        self.costs: dict[int, tuple[float, float]] = {}
+
+    def _booked(self, c: int, up: Upload) -> W:
+        t0 = time.process_time()
+        out = self._fn(c, up)
+        self.costs[c] = (float(getattr(up, "cpu_s", 0.0)) + time.process_time() - t0,
+                         float(getattr(up, "flops", 0.0)))
+        return out
+

@@ -45,7 +45,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import time
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -74,7 +73,7 @@ from secagg.privacy.samplers import (
 )
 from secagg.privacy.sensitivity import field_l1, field_l2, noise_split
 from secagg.privacy.tree import TreeAccount, TreeNoise, decomposition, tree_depth
-from secagg.stream import Lazy
+from secagg.stream import Booked, Lazy
 
 __all__ = ["CentralDP", "DistributedDP", "DistributedRelease", "LocalDP", "node_layer",
            "noise_source", "noise_tail"]
@@ -903,24 +902,20 @@ class DistributedDP(_DPLayer):
         ledger.check(*release.planned)  # the worst case fits the budget, before any noise
         names = [f.name for f in release.noised]
         private = [True]
-        # each client's step (and its encoding and noise draw) is booked on its masked-input
-        # row, as under every other layer
-        costs: dict[int, tuple[float, float]] = {}
 
         def encoded(c: int, up: Upload) -> np.ndarray:  # noised and encoded as it is read
-            t0 = time.process_time()
             src = self._source(ctx, c, ledger, names)
             private[0] = private[0] and src.private
-            vec = self.encode_noised(release, up, src.rng)
-            costs[c] = (float(up.cpu_s) + time.process_time() - t0, float(up.flops))
-            return vec
+            return self.encode_noised(release, up, src.rng)
 
+        # each client's step (and its encoding and noise draw) is booked on its masked-input
+        # row, as under every other layer
+        vectors = Booked(uploads, encoded)
         label = release.label
         # The secure sum transcripts the ring sum under ``label``; it carries the noise.
         ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
-            Lazy(uploads, encoded), release.ring_bits,
-            relabel(ctx, [label] if names else []), label, upload_costs=costs,
-            length=sum(f.size for f in release.additive))
+            vectors, release.ring_bits, relabel(ctx, [label] if names else []), label,
+            upload_costs=vectors.costs, length=sum(f.size for f in release.additive))
         return self.finish(release, spec, ring_sum, contributors, ctx, ledger, private[0])
 
     def _draw(self, std: float, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -32,26 +31,18 @@ from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
 from secagg.secure_sum.graph import GraphKind, check_threshold, degree_for, resolve_threshold
 from secagg.secure_sum.protocol import SessionReport, run_secure_sum
-from secagg.stream import Lazy
+from secagg.stream import Booked
 
 
-class _Encoded(Lazy[np.ndarray]):
+def _encoded(uploads: Mapping[int, Upload], plans: dict[str, FixedPoint]) -> Booked[np.ndarray]:
     """Client -> its concatenated ring vector, encoded when the protocol reads it (each
-    upload read once, never all held at once); :attr:`costs` collects, for each read
-    upload, (CPU seconds of its step and its encoding, FLOPs) for its masked-input row."""
+    upload read once, never all held at once), its step and encoding booked in ``costs``."""
 
-    def __init__(self, uploads: Mapping[int, Upload], plans: dict[str, FixedPoint]) -> None:
-        super().__init__(uploads, self._encode)
-        self.plans = plans
-        self.costs: dict[int, tuple[float, float]] = {}
+    def encode(u: int, up: Upload) -> np.ndarray:
+        parts = [p.encode(np.asarray(up[name])) for name, p in plans.items()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
-    def _encode(self, u: int, up: Upload) -> np.ndarray:
-        t0 = time.process_time()
-        parts = [p.encode(np.asarray(up[name])) for name, p in self.plans.items()]
-        vec = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-        self.costs[u] = (float(getattr(up, "cpu_s", 0.0)) + time.process_time() - t0,
-                         float(getattr(up, "flops", 0.0)))
-        return vec
+    return Booked(uploads, encode)
 
 
 class SecureSum(Layer):
@@ -191,7 +182,7 @@ class SecureSum(Layer):
         """Securely sum the additive fields of ``uploads``; see the class docstring."""
         plans, bits, segments, fields = self.layout(spec, len(uploads))
         off = sum(f.size for f in spec.additive)
-        vectors = _Encoded(uploads, plans)
+        vectors = _encoded(uploads, plans)
         report = run_secure_sum(
             vectors, bits, ctx,
             threshold=self.threshold, graph=self.graph, k=self.degree(len(uploads)),
