@@ -49,6 +49,7 @@ from secagg.errors import (
     ConfigurationError,
     InadmissibleField,
     PrivacyError,
+    SecaggError,
     SecureSumAborted,
 )
 from secagg.layers.base import Aggregate, Layer, RoundContext
@@ -960,7 +961,11 @@ class Engine:
             getattr(phase, "trained_with_dpsgd", lambda: False)())
         uploads = UploadStream(stepping, step, keep=not lazy)
         account_local_training(phase, spec, self.layer, ctx, run)
-        agg = self.layer.aggregate(uploads, spec, ctx)
+        try:
+            agg = self.layer.aggregate(uploads, spec, ctx)
+        except SecaggError:  # an aborted or refused release: the cohort stepped all the same
+            uploads.finish()
+            raise
         uploads.finish()  # the steps of clients that dropped before sending
         return agg
 

@@ -242,3 +242,26 @@ def test_the_run_holds_numpy_blas_to_one_thread_and_restores_it(part):
     with pytest.raises(ConfigurationError, match="blas_threads"):
         Federation(FedAvg(), Plaintext(), part, blas_threads=0)
 
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_aborted_release_still_steps_every_client_once(part, monkeypatch, stream):
+    """A secure sum that aborts before any vector is read (8 of 12 clients drop at its first
+    stage) with on_abort="skip": every client of the cohort still stepped once, streamed or
+    not (before, a streamed cohort skipped the steps the layer never asked for)."""
+    from algorithms import fedavg
+    from secagg.dropouts import ScheduledDropouts
+
+    steps: list[int] = []
+    real = fedavg._TrainPhase.client_step
+
+    def counted(self, client, broadcast):
+        steps.append(client.id)
+        return real(self, client, broadcast)
+
+    monkeypatch.setattr(fedavg._TrainPhase, "client_step", counted)
+    drop = ScheduledDropouts({"advertise": range(8)})
+    res = Federation(FedAvg(local_epochs=1, feature_dim=8), SecureSum(threshold=0.6), part,
+                     rounds=1, seed=3, dropout=drop, on_abort="skip", stream=stream).run()
+    assert res.failure() is not None  # the only release aborted
+    assert sorted(steps) == list(range(12))
