@@ -48,6 +48,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from secagg.errors import ConfigurationError, SecaggError
+from secagg.transcript import digest
 
 #: Prefix of every signed statement (domain separation from other Ed25519 uses).
 DOMAIN = b"secagg/attest/v1\n"
@@ -114,14 +115,12 @@ class Statement:
 
 
 def message_digest(message: bytes | bytearray | Iterable[bytes]) -> str:
-    """SHA-256 hex of a message's bytes (frames: of their concatenation)."""
-    h = hashlib.sha256()
-    if isinstance(message, bytes | bytearray):
-        h.update(message)
-    else:
-        for frame in message:
-            h.update(frame)
-    return h.hexdigest()
+    """SHA-256 hex of a message's bytes (frames: of their concatenation): the transcript's
+    :func:`~secagg.transcript.digest` of the message, so a digest the transcript already
+    computed stands for it."""
+    if not isinstance(message, bytes | bytearray | tuple | list):
+        message = tuple(message)
+    return digest(message)
 
 
 def params_digest(desc: Any) -> str:
