@@ -320,17 +320,22 @@ class FedAvg(Algorithm):
         the global model shared by every client (so n clients cost one model's memory, not
         n); otherwise the client's own copy, made on first use and kept in its state."""
         assert self.model is not None
-        if self.keeps_model_state(self.model):
-            model = client.state.get("model")
-            if model is None:
-                model = copy.deepcopy(self.model)
-                client.state["model"] = model
-        else:
-            if self._work_model is None:
-                self._work_model = copy.deepcopy(self.model)
-            model = self._work_model
+        model = self.model_copy(client, own=self.keeps_model_state(self.model))
         set_flat(self.shared_parameters(model), params)
         return model
+
+    def model_copy(self, client: ClientState, own: bool) -> SplitModel:
+        """A copy of the global model for ``client`` to load and train: its own (made on
+        first use and kept in its state) when ``own``, else the one working copy every
+        client shares (made on first use)."""
+        assert self.model is not None
+        if own:
+            if "model" not in client.state:
+                client.state["model"] = copy.deepcopy(self.model)
+            return client.state["model"]
+        if self._work_model is None:
+            self._work_model = copy.deepcopy(self.model)
+        return self._work_model
 
     def local_update(self, client: ClientState, params: np.ndarray, round: int) -> np.ndarray:
         """Train a copy of the global model on the client's data; return its parameters."""

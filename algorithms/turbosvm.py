@@ -20,7 +20,6 @@ Server, each round t of T:
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -285,15 +284,9 @@ class TurboSVM(FedAvg):
                       round: int, clip: float | None = None) -> dict[str, np.ndarray]:
         """Lazy local training from the broadcast; the client's encoder and class rows."""
         assert self.model is not None
-        if any(True for _ in self.model.buffers()):  # state of the client's own: its copy
-            model = client.state.get("model")
-            if model is None:
-                model = copy.deepcopy(self.model)
-                client.state["model"] = model
-        else:  # the broadcast fixes every parameter: one working copy serves every client
-            if self._work_model is None:
-                self._work_model = copy.deepcopy(self.model)
-            model = self._work_model
+        # the broadcast fixes every parameter (encoder and head): one working copy serves
+        # every client unless the model has buffers, state of the client's own
+        model = self.model_copy(client, own=any(True for _ in self.model.buffers()))
         self._load(model, encoder, head)
         train_local(model, client.data.x, client.data.y, epochs=self.local_epochs,
                     batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
