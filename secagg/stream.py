@@ -12,8 +12,8 @@ With ``keep=True`` (layers that read an upload more than once, or read them all 
 doing anything) the stream computes every upload first, in cohort order, and holds them: the
 behaviour of an engine without streaming. Either way every client of the cohort steps exactly
 once: :meth:`UploadStream.finish` runs the steps the layer never asked for (clients that
-dropped before sending, or all of them when the release aborted first), so a client's state, clip counts and individual filter end as in a
-run that computed every upload first. The aggregate is the same bit for bit (tested in
+dropped before sending, or all of them when the release aborted first), so a client's
+state, clip counts and individual filter end as in a run that computed every upload first. The aggregate is the same bit for bit (tested in
 tests/test_stream.py): the layers sum in cohort order either way.
 
 :class:`Lazy` is the layers' tool for the same idea one level down: a per-client transform
