@@ -13,8 +13,9 @@ doing anything) the stream computes every upload first, in cohort order, and hol
 behaviour of an engine without streaming. Either way every client of the cohort steps exactly
 once: :meth:`UploadStream.finish` runs the steps the layer never asked for (clients that
 dropped before sending, or all of them when the release aborted first), so a client's
-state, clip counts and individual filter end as in a run that computed every upload first. The aggregate is the same bit for bit (tested in
-tests/test_stream.py): the layers sum in cohort order either way.
+state, clip counts and individual filter end as in a run that computed every upload first.
+The aggregate is the same bit for bit (tested in tests/test_stream.py): the layers sum in
+cohort order either way.
 
 :class:`Lazy` is the layers' tool for the same idea one level down: a per-client transform
 (noise, encoding) applied on access; :class:`Booked` is a :class:`Lazy` over uploads that
