@@ -1,5 +1,6 @@
-"""The flower extra installs beside secagg: flwr at the pinned version, and one cryptography
-that satisfies both secagg's range and flwr's (flwr 1.41 needs >= 50), with pip finding no
+"""The flower extra installs beside secagg: flwr in the extra's range (the newest release,
+1.42.0, under constraints.txt), and one cryptography that satisfies both secagg's range and
+flwr's (flwr 1.41 and 1.42 need >= 50), with pip finding no
 broken requirement in the environment the tests run in (CI installs ``.[test,flower]``)."""
 
 import importlib.metadata as metadata
@@ -25,10 +26,18 @@ def _requirement(dist: str, name: str, extra: str | None = None) -> Requirement:
     raise AssertionError(f"{dist} declares no requirement on {name}")
 
 
+def _constraints() -> list[str]:
+    from pathlib import Path
+    return (Path(__file__).resolve().parents[1] / "constraints.txt").read_text().splitlines()
+
+
 def test_the_flower_extra_pins_flwr_and_one_cryptography_satisfies_both():
     pin = _requirement("secagg", "flwr", extra="flower")
-    assert str(pin.specifier) == "==1.41.0" and "simulation" in pin.extras
-    assert metadata.version("flwr") == "1.41.0"
+    assert "simulation" in pin.extras
+    assert pin.specifier.contains("1.41.0") and pin.specifier.contains("1.42.0"), pin.specifier
+    assert metadata.version("flwr") in pin.specifier
+    pinned = [line.split("==")[1].strip() for line in _constraints() if line.startswith("flwr==")]
+    assert pinned == [metadata.version("flwr")] == ["1.42.0"], pinned
     installed = metadata.version("cryptography")
     ours = _requirement("secagg", "cryptography").specifier
     theirs = _requirement("flwr", "cryptography").specifier

@@ -33,7 +33,7 @@ try:
     import flwr  # noqa: F401
 except ImportError:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
-        "secagg.flower needs Flower: pip install 'secagg[flower]' (flwr[simulation]==1.41.0)"
+        "secagg.flower needs Flower: pip install 'secagg[flower]' (flwr[simulation]>=1.41,<1.43)"
     ) from None
 
 from secagg.lazy import lazy_exports  # noqa: E402
