@@ -69,7 +69,7 @@ def trained(monkeypatch):
 
 def _grid(ledger, budget):
     grid = FedAvgGrid()
-    grid.contexts[100].node_config.update({"ledger-path": str(ledger),
+    grid.contexts[100].node_config.update({"ledger-path": str(ledger), "ledger-init": "true",
                                            "client-budget": f"server={budget}",
                                            "client-budget-delta": DELTA})
     return grid
@@ -187,7 +187,7 @@ def _step_message(node, ctx, run="r1", rnd=0):
 
 def _context(ledger, **extra):
     return Context(run_id=1, node_id=100, run_config={}, state=RecordDict(),
-                   node_config={"partition-id": 0, "ledger-path": str(ledger), **extra})
+                   node_config={"partition-id": 0, "ledger-path": str(ledger), "ledger-init": "true", **extra})
 
 
 def test_a_crash_between_intent_and_commit_counts_as_spent_on_the_node(tmp_path,
@@ -226,7 +226,7 @@ def test_a_crash_between_intent_and_commit_counts_as_spent_on_the_node(tmp_path,
     with pytest.raises(ProtocolError, match="own ledger-path"):
         node.handle(_step_message(node, None, rnd=2),
                     Context(run_id=1, node_id=101, run_config={}, state=RecordDict(),
-                            node_config={"partition-id": 1, "ledger-path": str(ledger)}))
+                            node_config={"partition-id": 1, "ledger-path": str(ledger), "ledger-init": "true"}))
 
 
 def test_a_replayed_message_is_charged_once_and_answered_once(tmp_path):
@@ -276,7 +276,7 @@ def test_under_distributed_dp_the_node_charges_the_plans_worst_case(tmp_path, tr
 
     ledger = tmp_path / "ledger.jsonl"
     grid = FedAvgGrid()
-    grid.contexts[100].node_config.update({"ledger-path": str(ledger)})
+    grid.contexts[100].node_config.update({"ledger-path": str(ledger), "ledger-init": "true"})
     first = run(grid, 1)
     (event,) = read_ledger(ledger).charged()
     assert event["layer"] == "distributed-dp" and event["cohort"] == N
@@ -292,7 +292,7 @@ def test_under_distributed_dp_the_node_charges_the_plans_worst_case(tmp_path, tr
     budget = (eps(2) + eps(3)) / 2  # one charged already: one more fits, not two
     trained.clear()
     grid = FedAvgGrid()
-    grid.contexts[100].node_config.update({"ledger-path": str(ledger),
+    grid.contexts[100].node_config.update({"ledger-path": str(ledger), "ledger-init": "true",
                                            "client-budget": f"server={budget}",
                                            "client-budget-delta": DELTA})
     second = run(grid, 4)

@@ -71,7 +71,7 @@ from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
 from secagg.flower.records import RECORD, content, field, read
 from secagg.layers.plaintext import upload_on_node
 from secagg.messages import Upload, UploadSpec
-from secagg.privacy.node_ledger import LedgerError, NodeLedger, read_ledger, release_id
+from secagg.privacy.node_ledger import LedgerError, NodeLedger, check_head, release_id
 from secagg.privacy.policy import NodePolicy
 from secagg.wire import unpack_arrays
 
@@ -86,11 +86,87 @@ _SIGNED = ("msg", "ack", "frames", "next_msg")
 _STAGE_OF_STEP = {"he-keygen": "keys", "he-decrypt": "result", "he-upload": "upload"}
 
 
+#: node config keys of the node's pinned identities
+IDENTITY_KEY, PINNED_KEYS = "identity-key", "pinned-keys"
+
+
+def load_identity_key(path: str | Path) -> Any:
+    """A node's Ed25519 private key from the file at ``path``: PEM (PKCS#8), 32 raw bytes,
+    or their 64 hex digits.
+
+    Raises:
+        ConfigurationError: the file is missing or holds no such key.
+    """
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        raw = Path(path).expanduser().read_bytes()
+        if raw.lstrip().startswith(b"-----BEGIN"):
+            key = load_pem_private_key(raw, password=None)
+            if not isinstance(key, Ed25519PrivateKey):
+                raise ValueError("not an Ed25519 key")
+            return key
+        if len(raw) != 32:
+            raw = bytes.fromhex(raw.decode("ascii").strip())
+        return Ed25519PrivateKey.from_private_bytes(raw)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"node config {IDENTITY_KEY} {path}: not an Ed25519 private "
+                                 f"key ({exc})") from None
+
+
+def load_pinned_keys(path: str | Path) -> dict[int, bytes]:
+    """Client id -> raw Ed25519 public key of every client a node may talk to, from
+    outside the run (a PKI, or keys its operator exchanged): a JSON file ``{"ID": HEX}``, or
+    a directory of ``ID.pub`` files (64 hex digits, or 32 raw bytes each).
+
+    Raises:
+        ConfigurationError: the path is missing, or an entry is not a client id and key.
+    """
+    p = Path(path).expanduser()
+    try:
+        if p.is_dir():
+            items = {}
+            for f in sorted(p.glob("*.pub")):
+                raw = f.read_bytes()
+                items[f.stem] = raw.hex() if len(raw) == 32 else raw.decode("ascii").strip()
+        else:
+            items = json.loads(p.read_text())
+        if not isinstance(items, dict) or not items:
+            raise ValueError("no keys")
+        pins = {int(c): bytes.fromhex(str(h)) for c, h in items.items()}
+        if any(len(k) != 32 for k in pins.values()):
+            raise ValueError("a key is not 32 bytes")
+        return pins
+    except (OSError, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"node config {PINNED_KEYS} {path}: not a set of pinned "
+                                 f"client keys ({exc})") from None
+
+
+def _pinned(context: Context) -> dict[int, bytes] | None:
+    """The pinned keys the node config names (None: not pinned)."""
+    path = context.node_config.get(PINNED_KEYS)
+    if path in (None, ""):
+        return None
+    try:
+        return load_pinned_keys(str(path))
+    except ConfigurationError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
 def _identity(context: Context) -> Any:
-    """The node's long-term Ed25519 key (made on first use, kept in the node's own
-    ``Context.state``; the server learns only its public half, with the hello)."""
+    """The node's long-term Ed25519 key: the one its config names (``identity-key``: a
+    key its operator holds, pinned by its peers), else one made on first use and kept in
+    the node's own ``Context.state`` (the server learns its public half with the hello:
+    trust on first use)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    path = context.node_config.get(IDENTITY_KEY)
+    if path not in (None, ""):
+        try:
+            return load_identity_key(str(path))
+        except ConfigurationError as exc:
+            raise ProtocolError(str(exc)) from None
     if _IDENTITY not in context.state.config_records:
         key = Ed25519PrivateKey.generate()
         context.state.config_records[_IDENTITY] = ConfigRecord(
@@ -196,6 +272,10 @@ class _Node:
                 del store[k]
             store["run"] = tag
         key = _identity(context)
+        pins = _pinned(context)
+        if pins is not None:  # the secure-sum parties sign with the pinned key, check peers'
+            store["pinned"] = json.dumps({str(c): k.hex() for c, k in pins.items()})
+            store["signing"] = key.private_bytes_raw()
         if step == "hello":  # with SecureSum, ADVERTISE for the run's first session too
             _, data = self._load(context)
             store["cid"] = int(data.id)
@@ -214,13 +294,25 @@ class _Node:
             # budget (the release is charged, durably, before the step runs)
             raw = rec.get("broadcast", b"")
             bcast = unpack_arrays(raw) if raw else {}
-            _check_policy(_policy(context), rec, bcast)
+            policy = _policy(context)
+            _check_policy(policy, rec, bcast, pins)
+            sizing = "pinned" if pins is not None else (
+                "alone" if policy.noise_alone else "server")
+            store["dp_sizing"] = sizing
             with _charged(context, rec, lambda: self._cid(context, store)) as charge:
+                if charge is not None:
+                    charge.sizing = sizing
+
+                def check(spec: UploadSpec) -> None:  # the release as it would be charged
+                    _check_release(policy, rec, spec, self._cid(context, store), sizing)
+
                 out = self._client_step(rec, *self._load(context), store, bcast,
                                         None if charge is None else charge.admit,
-                                        score=not _budgeted(context))
+                                        score=not _budgeted(context), check=check)
                 if charge is not None:
                     out.update(charge.commit())
+            if "dp" in rec:  # how this node sized its noise (the server's copy of its event)
+                out["dp_sizing"] = sizing
         elif step == "evaluate":
             if _budgeted(context):
                 raise ProtocolError(_NO_EVALUATION)
@@ -252,13 +344,15 @@ class _Node:
     def _client_step(
         self, rec: ConfigRecord, dataset: Dataset, data: ClientData, store: ConfigRecord,
         bcast: dict[str, np.ndarray], admit: Callable[[UploadSpec], None] | None = None,
-        score: bool = True,
+        score: bool = True, check: Callable[[UploadSpec], None] | None = None,
     ) -> dict[str, Any]:
         """Run the phase's client step on the broadcast ``bcast`` and hand the upload to
         the layer's node side;
         ``admit`` (the node's budget step) is called with the phase's spec after the phase
         is known and before its step touches the data. ``score``: answer an evaluation
-        request riding on the message (False: leave it unanswered)."""
+        request riding on the message (False: leave it unanswered). ``check`` (the node's
+        policy on the release as it would be charged) is called with the phase's spec
+        before ``admit``."""
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
         scored: dict[str, Any] = {}
@@ -275,10 +369,12 @@ class _Node:
         if not phases:
             raise ProtocolError(f"round {rnd} has no phase {name!r} on this client")
         phase = phases[0]
+        declared = phase.spec()
+        if declared.max_records is None:
+            declared = replace(declared, max_records=field(rec, "max_records", int))
+        if check is not None:  # refused before the step touches the data
+            check(declared)
         if admit is not None:  # charged (or refused) before the step touches the data
-            declared = phase.spec()
-            if declared.max_records is None:
-                declared = replace(declared, max_records=field(rec, "max_records", int))
             admit(declared)
         t0 = time.process_time()
         values = phase.client_step(st, bcast)
@@ -405,15 +501,42 @@ def _policy(context: Context) -> NodePolicy:
         raise ProtocolError(f"node config: {exc}") from None
 
 
-def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.ndarray]) -> None:
-    """Refuse an instruction whose noise or clip is weaker than the node's floor: the node
-    adds the noise under LocalDP and DistributedDP and applies the clip, so a ServerApp
-    cannot lower either below what the node accepts (the refusal is an error reply: the
-    node drops and sends nothing)."""
+def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.ndarray],
+                  pins: dict[int, bytes] | None = None) -> None:
+    """Refuse an instruction whose terms are weaker than the node's floor (noise, seed,
+    public fields, adjacency, delta, clip, cohort bounds; :meth:`NodePolicy.check`): the
+    node adds the noise under LocalDP and DistributedDP and applies the clip, so a
+    ServerApp cannot lower either below what the node accepts. With pinned identities a
+    cohort larger than the clients pinned is refused too (the server would be inventing
+    clients). The refusal is an error reply: the node drops and sends nothing."""
     try:
         dp = json.loads(field(rec, "dp", str)) if "dp" in rec else None
         clip = float(np.asarray(bcast["clip"]).ravel()[0]) if "clip" in bcast else None
-        policy.check(dp, clip)
+        n = rec.get("n")
+        policy.check(dp, clip, cohort=n)
+        if pins is not None and isinstance(n, int) and n > len(pins):
+            raise PrivacyError(f"a cohort of {n} clients, but only {len(pins)} are pinned "
+                               f"({PINNED_KEYS}): the server counts clients that do not exist")
+    except (PrivacyError, ValueError, TypeError) as exc:
+        raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
+            from None
+
+
+def _check_release(policy: NodePolicy, rec: ConfigRecord, spec: UploadSpec, client: int,
+                   sizing: str) -> None:
+    """Refuse the release the instruction asks for when the event this node would be
+    charged for it breaks its policy (:meth:`NodePolicy.check_release`: its epsilon, and
+    noise resting on the server's word), before the step touches the data."""
+    if "dp" not in rec:
+        return
+    from secagg.privacy.node_budget import node_event
+
+    try:
+        dp = json.loads(field(rec, "dp", str))
+        event = node_event(client, field(rec, "run", str), field(rec, "round", int),
+                           field(rec, "phase", str), dp, spec=spec, cohort=rec.get("n"),
+                           layer=rec.get("layer"), sizing=sizing)
+        policy.check_release(event, dp.get("delta") if policy.max_delta is None else None)
     except (PrivacyError, ValueError, TypeError) as exc:
         raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
             from None
@@ -421,6 +544,28 @@ def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.nda
 
 #: node config keys of the node's own ledger and budget
 LEDGER_PATH, CLIENT_BUDGET, BUDGET_DELTA = "ledger-path", "client-budget", "client-budget-delta"
+#: node config keys of the ledger's head file (:mod:`secagg.privacy.node_ledger`) and of
+#: the explicit start of a fresh ledger
+LEDGER_HEAD, LEDGER_INIT = "ledger-head", "ledger-init"
+
+
+def _head_path(context: Context, ledger: Path) -> Path:
+    """Where the node keeps its ledger's head: ``ledger-head``, else beside its identity
+    key (``identity-key``), else beside the ledger file (which catches a truncated or
+    deleted file, not one at a new path: name ``ledger-head`` to keep it elsewhere)."""
+    for key, suffix in ((LEDGER_HEAD, ""), (IDENTITY_KEY, ".ledger-head")):
+        v = context.node_config.get(key)
+        if v not in (None, ""):
+            if not isinstance(v, str):
+                raise ProtocolError(f"node config {key} must be a file path, got {v!r}")
+            return Path(v + suffix).expanduser()
+    return Path(f"{ledger}.head")
+
+
+def _ledger_init(context: Context) -> bool:
+    """Whether the node config starts a fresh ledger where none exists (``ledger-init``)."""
+    v = context.node_config.get(LEDGER_INIT, False)
+    return v is True or (isinstance(v, str) and v.lower() == "true")
 
 
 def _ledger_path(context: Context) -> Path | None:
@@ -450,7 +595,7 @@ def _ledger_head(context: Context) -> str | None:
     if path is None:
         return None
     try:
-        return read_ledger(path).head
+        return check_head(path, _head_path(context, path), init=_ledger_init(context)).head
     except LedgerError as exc:
         raise ProtocolError(f"this node's privacy ledger: {exc}") from None
 
@@ -469,6 +614,7 @@ class _Charge:
 
     def __init__(self, context: Context, rec: ConfigRecord, client: int) -> None:
         self.rec, self.client, self.ledger = rec, client, None
+        self.sizing = "server"  # how the node sizes a DistributedDP share (set by the caller)
         self.path = _ledger_path(context)
         from secagg.privacy.node_budget import budget_from_node_config
 
@@ -483,7 +629,8 @@ class _Charge:
         self.round, self.phase = field(rec, "round", int), field(rec, "phase", str)
         self.rid = release_id(self.run, self.round, self.phase)
         try:
-            self.ledger = NodeLedger(self.path)
+            self.ledger = NodeLedger(self.path, _head_path(context, self.path),
+                                     init=_ledger_init(context))
         except LedgerError as exc:
             raise ProtocolError(f"this node's privacy ledger: {exc}") from None
         try:
@@ -515,7 +662,8 @@ class _Charge:
         rec = self.rec
         try:
             event = node_event(self.client, self.run, self.round, self.phase, rec.get("dp"),
-                               spec=spec, cohort=rec.get("n"), layer=rec.get("layer"))
+                               spec=spec, cohort=rec.get("n"), layer=rec.get("layer"),
+                               sizing=self.sizing)
             ok = None if self.budget is None else node_admit(
                 self.ledger.charged(), event, *self.budget)
         except PrivacyError as exc:
@@ -576,4 +724,5 @@ def client_app(
     return app
 
 
-__all__ = ["PartitionLoader", "client_app", "node_partition_loader", "RECORD"]
+__all__ = ["PartitionLoader", "client_app", "load_identity_key", "load_pinned_keys",
+           "node_partition_loader", "RECORD"]

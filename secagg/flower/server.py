@@ -313,11 +313,14 @@ class FlowerFederation(TransportHooks):
         return got, failed
 
     def _node_event(self, client: int, ins: Mapping[str, Any], ctx: RoundContext,
-                    **kw: Any) -> dict[str, Any]:
+                    sizing: Any = None, **kw: Any) -> dict[str, Any]:
         """The release ``ins`` asks node ``client`` for, as the node's ledger charges it
-        (:func:`secagg.engine.node_release_event`, from the same fields)."""
+        (:func:`secagg.engine.node_release_event`, from the same fields, and ``sizing``:
+        how the node says it sized a DistributedDP noise share)."""
         rnd, name = ins.get("round", ctx.round), ins.get("phase", ctx.phase)
-        key = (self._run_tag, rnd, name, ins.get("dp"), ins.get("layer"), ins.get("n"))
+        sizing = sizing if sizing in ("server", "pinned", "alone") else "server"
+        key = (self._run_tag, rnd, name, ins.get("dp"), ins.get("layer"), ins.get("n"),
+               sizing)
         if key not in self._events:  # one event per release (its plan), not per node
             spec = None
             if "dp" in ins:  # the release's spec: its un-noised fields, DistributedDP's plan
@@ -328,7 +331,7 @@ class FlowerFederation(TransportHooks):
                     spec = replace(spec, max_records=int(ins["max_records"]))
             self._events = {key: node_release_event(
                 client, self._run_tag, rnd, name, ins.get("dp"), spec=spec,
-                cohort=ins.get("n"), layer=ins.get("layer"))}
+                cohort=ins.get("n"), layer=ins.get("layer"), sizing=sizing)}
         return replace(self._events[key], client=str(client), **kw).to_dict()
 
     def _statements(self, client: int, rec: Any) -> None:
@@ -367,7 +370,8 @@ class FlowerFederation(TransportHooks):
                 if isinstance(rec.get("ledger_head"), str):
                     self._node_ledgers.append({
                         "type": "node-ledger", "client": int(c), "head": rec["ledger_head"],
-                        "event": self._node_event(c, instructions[c], ctx)})
+                        "event": self._node_event(c, instructions[c], ctx,
+                                                  rec.get("dp_sizing"))})
             for c, why in failed.items():  # a node's budget refusal (an error reply)
                 if NODE_BUDGET_REFUSAL in why:
                     self._node_ledgers.append({

@@ -217,6 +217,8 @@ class ClientEvent:
         amplifiable: the release's noise is added by the server whoever is in the cohort
             (CentralDP), so a Poisson-drawn round is charged the subsampled mechanism
             against observers of the releases (False: never amplified).
+        assumes: what the figure rests on beyond the client's own noise (empty: nothing;
+            e.g. a DistributedDP share sized on the server's word for the survivors).
     """
 
     client: str
@@ -242,6 +244,7 @@ class ClientEvent:
     server_amplification: bool = False
     reason: str = ""
     amplifiable: bool = False
+    assumes: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "client", str(self.client))
@@ -282,6 +285,8 @@ class ClientEvent:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["events"] = [dict(e) for e in self.events]
         out["unprotected"] = dict(self.unprotected)
+        if not self.assumes:  # written only where a figure rests on something
+            del out["assumes"]
         return out
 
     @classmethod

@@ -822,12 +822,17 @@ class DistributedDP(_DPLayer):
         return {f.name: release.share_std[f.name] * math.sqrt(cohort)
                 / 2.0 ** release.scales[f.name] for f in release.noised}
 
-    def release_plan(self, spec: UploadSpec, n: int) -> DistributedRelease:
+    def release_plan(self, spec: UploadSpec, n: int,
+                     share_survivors: int | None = None) -> DistributedRelease:
         """How a cohort of ``n`` encodes and noises one release (a pure function of the
         spec, n and this layer's parameters, so each client computes the aggregator's plan
         itself): the summed fields, fixed-point scales, z (for the integer mechanism at the
         fewest survivors the secure sum accepts), each client's noise std, the plans with
-        room for the noise, the ring, and the events of the worst case."""
+        room for the noise, the ring, and the events of the worst case.
+
+        ``share_survivors``: size each share for this many survivors instead (a node that
+        cannot check the server's cohort passes 1: its own share then carries the whole
+        noise; the ring is sized for every client doing so)."""
         # Noised integer fields (counts) travel as fixed point too: with scale 2^s their
         # sensitivity, hence the per-share noise, is large, which keeps the discrete
         # Gaussian sum bound tight (tau ~ 0); the noised sum is rounded back (post-processing).
@@ -837,6 +842,8 @@ class DistributedDP(_DPLayer):
         integer = frozenset(f.name for f in spec.additive if f.is_integer)
         noised = tuple(f for f in additive if f.name not in self.public)
         worst = max(1, min(self.min_survivors(n), n))
+        if share_survivors is not None:
+            worst = max(1, min(int(share_survivors), worst))
         sub = UploadSpec(additive, spec.max_records)
         base = plan(sub, n, self.precision, 64)
         scales = {name: fp.scale_bits for name, fp in base.items()}

@@ -32,7 +32,14 @@ What a node can account for itself:
   (public shapes and bounds), the cohort size and the layer's parameters (as it must to
   encode its share), and is charged the plan's worst case: the shares of the fewest
   survivors the secure sum accepts (with fewer, nothing is released). No colluders are
-  assumed, as in the run's own figure.
+  assumed, as in the run's own figure. How many survivors the node sizes its share for
+  is the node's choice (``sizing``): ``"pinned"``, the server's count, which the node checks
+  before it unmasks (at least that many distinct pinned clients signed the survivor set);
+  ``"alone"`` (``dp-noise-alone``), one: its own share carries the whole noise, whatever
+  the server claims; ``"server"`` (neither), the server's word: the event then says in
+  ``assumes`` that its figure rests on the server following the protocol (a server that
+  invents clients shrinks every share), and a node holding a floor refuses it
+  (:meth:`~secagg.privacy.policy.NodePolicy.check_release`).
 
 A release that leaves some of the upload's fields un-noised (the terms declare them
 ``public``) gives those fields no guarantee: no figure is claimed. A noise seed fixed by
@@ -62,8 +69,12 @@ from secagg.privacy.client_ledger import (
     admit,
     event_to_dict,
 )
+from secagg.privacy.policy import SERVER_WORD
 
-__all__ = ["DEFAULT_DELTA", "budget_from_node_config", "node_admit", "node_event"]
+__all__ = ["DEFAULT_DELTA", "SIZINGS", "budget_from_node_config", "node_admit", "node_event"]
+
+#: How a node sizes its DistributedDP noise share (see the module docstring).
+SIZINGS = ("server", "pinned", "alone")
 
 #: The delta of a node's budget when its config names none.
 DEFAULT_DELTA = 1e-5
@@ -101,14 +112,17 @@ def node_event(client: int | str, run: str, round: int, phase: str,
                dp: str | Mapping[str, Any] | None, *, action: str = "uploaded",
                clip: float | None = None, reason: str = "",
                spec: UploadSpec | None = None, cohort: int | None = None,
-               layer: str | None = None) -> ClientEvent:
+               layer: str | None = None, sizing: str = "server") -> ClientEvent:
     """The event of one release as the instruction declares it (see the module
     docstring): ``dp`` is the instruction's noise parameters (JSON text or a mapping;
     None when the node adds no noise). Under ``distributed-dp``, with the phase's
     ``spec``, the ``cohort`` size and the secure sum's ``layer`` parameters (JSON text, as
     the instruction carries them), the events are the release plan's worst case: the
     shares of the fewest survivors the secure sum accepts (fewer, and it releases
-    nothing); without them, no figure is claimed."""
+    nothing); without them, no figure is claimed. ``sizing``: how the node sized its
+    share (``"server"``, ``"pinned"`` or ``"alone"``; see the module docstring)."""
+    if sizing not in SIZINGS:
+        raise PrivacyError(f"share sizing must be one of {SIZINGS}, got {sizing!r}")
     params = json.loads(dp) if isinstance(dp, str) else (None if dp is None else dict(dp))
     base: dict[str, Any] = dict(client=str(client), run=str(run), round=int(round),
                                 phase=str(phase), action=action, clip=clip, reason=reason,
@@ -137,9 +151,17 @@ def node_event(client: int | str, run: str, round: int, phase: str,
                                             "noise_multiplier": float(z), "count": 1},))
     if kind == "distributed-dp" and spec is not None and cohort is not None \
             and layer is not None:
-        plan = _distributed_plan(params, layer, spec, cohort)
+        plan = _distributed_plan(params, layer, spec, cohort,
+                                 1 if sizing == "alone" else None)
+        assumes = {"alone": "", "pinned": (
+            f"pinned identities (a PKI): this node unmasks only after at least {plan.worst} "
+            "distinct pinned clients signed the survivor set"),
+            "server": (f"{SERVER_WORD}: the cohort of {int(cohort)} and the {plan.worst} "
+                       "survivors each share is sized for are the server's word (no pinned "
+                       "identities count them)")}[sizing]
         return ClientEvent(**base, cohort=int(cohort), min_survivors=plan.worst,
-                           events=tuple(event_to_dict(e) for e in plan.planned))
+                           events=tuple(event_to_dict(e) for e in plan.planned),
+                           assumes=assumes)
     why = _NOT_DERIVED if kind == "distributed-dp" else (
         f"layer {kind!r}: the node does not add this noise itself")
     return ClientEvent(**base, unprotected={o: why for o in OBSERVERS})
@@ -163,13 +185,14 @@ def _unnoised(params: Mapping[str, Any], layer: str | None,
 
 
 def _distributed_plan(params: Mapping[str, Any], layer: str, spec: UploadSpec,
-                      cohort: int) -> Any:
+                      cohort: int, share_survivors: int | None = None) -> Any:
     """DistributedDP's release plan for ``cohort`` clients (what the node and the server
-    both derive, :meth:`~secagg.privacy.layers.DistributedDP.release_plan`)."""
+    both derive, :meth:`~secagg.privacy.layers.DistributedDP.release_plan`; with
+    ``share_survivors``, the node's share sized for that many survivors)."""
     from secagg.privacy.release import node_noiser
 
     noiser: Any = node_noiser({"dp": json.dumps(dict(params)), "layer": layer})
-    return noiser.release_plan(spec, int(cohort))
+    return noiser.release_plan(spec, int(cohort), share_survivors)
 
 
 def node_admit(charged: Sequence[Mapping[str, Any]], event: ClientEvent,

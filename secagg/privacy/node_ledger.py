@@ -33,6 +33,16 @@ Invariants a writer keeps (:class:`NodeLedger`):
   (:class:`LedgerLocked` otherwise); the lock dies with the process, so a crash never
   leaves the ledger locked.
 
+* **No silent rollback.** A writer given a *head file* (``head_path``; a Flower node keeps
+  it beside its identity key, :mod:`secagg.flower.client`) writes the ledger's head there,
+  synced, after every append. On opening, the ledger file must hold that head in its
+  chain: a ledger file that is missing, shorter (truncated, even at a line boundary),
+  replaced, or a fresh file at a new path is refused (:class:`LedgerRolledBack`), never
+  read as less spent. A ledger without a head file is started only on an explicit
+  ``init`` (:func:`init_ledger`; a Flower node's ``ledger-init=true``), and only where
+  neither the head file nor a non-empty ledger exists (:class:`LedgerUninitialised`
+  otherwise). A ledger file moved with its contents keeps its history, and is accepted.
+
 Reading (:func:`read_ledger`) verifies the chain: a line that is not a ledger entry, or
 whose ``prev`` does not match, is a :class:`LedgerCorrupt` naming the line. A final line
 without its newline is what a crash in the middle of an append leaves: it is reported
@@ -62,10 +72,14 @@ __all__ = [
     "LedgerCorrupt",
     "LedgerError",
     "LedgerLocked",
+    "LedgerRolledBack",
     "LedgerState",
     "LedgerTorn",
+    "LedgerUninitialised",
     "NodeLedger",
+    "check_head",
     "format_reconcile",
+    "init_ledger",
     "read_ledger",
     "reconcile",
     "release_id",
@@ -112,6 +126,17 @@ class LedgerLocked(LedgerError):
 class LedgerConflict(LedgerError):
     """An entry contradicts the file: an intent for a message id already charged under
     different terms, a commit without its intent, or a second commit."""
+
+
+class LedgerRolledBack(LedgerError):
+    """The ledger file does not hold the head this node last wrote (its head file): it
+    is missing, shorter, replaced, or a new file at another path. Never read as less
+    spent: restore the file the head names."""
+
+
+class LedgerUninitialised(LedgerError):
+    """A ledger with no head file: start one only explicitly (:func:`init_ledger`, a
+    Flower node's ``ledger-init=true``), never by reading a missing file as empty."""
 
 
 def release_id(run: str, round: int, phase: str) -> str:
@@ -271,6 +296,122 @@ def read_ledger(path: str | Path, *, allow_torn: bool = False) -> LedgerState:
     return _parse(p, p.read_bytes(), allow_torn)
 
 
+def _read_head(head_path: Path) -> dict[str, Any] | None:
+    """The head file's record (None when there is none)."""
+    if not head_path.exists():
+        return None
+    try:
+        rec = json.loads(head_path.read_bytes())
+        if not isinstance(rec, dict) or not isinstance(rec.get("head"), str) or \
+                not isinstance(rec.get("entries"), int) or rec["entries"] < 0:
+            raise ValueError("not a head record")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise LedgerCorrupt(head_path, 0, f"the ledger's head file does not read: {exc}") \
+            from None
+    return rec
+
+
+def _write_head(head_path: Path, ledger: Path, state: LedgerState) -> None:
+    """Write the head record atomically and durably (a fresh temporary name, never a
+    followed link; renamed over the old one; file and folder synced)."""
+    import secrets
+
+    body = json.dumps({"head": state.head, "entries": len(state.entries),
+                       "ledger": str(ledger.resolve())}, sort_keys=True).encode()
+    head_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = head_path.with_name(f".{head_path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, head_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _sync_dir(head_path.parent)
+
+
+def _create_empty(p: Path) -> None:
+    """Create an empty ledger file (and its folder) where none exists, durably."""
+    if p.exists():
+        return
+    p.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    _sync_dir(p.parent)
+
+
+def check_head(path: str | Path, head_path: str | Path, *, init: bool = False
+               ) -> LedgerState:
+    """Read the ledger at ``path`` and check it against its head file ``head_path`` (see
+    the module docstring): the file must hold the head last written there (later entries
+    are fine: a crash between an append and the head's update, or entries only add).
+
+    Args:
+        init: start a fresh ledger (and its head file) when neither exists.
+
+    Raises:
+        LedgerRolledBack: the file is missing, or does not hold the recorded head.
+        LedgerUninitialised: no head file, and no ``init`` (or a non-empty ledger exists).
+        LedgerCorrupt, LedgerConflict, LedgerTorn: as :func:`read_ledger`.
+    """
+    p, hp = Path(path), Path(head_path)
+    rec = _read_head(hp)
+    if rec is None:
+        state = read_ledger(p)
+        if state.entries or not init:
+            raise LedgerUninitialised(
+                p, 0, f"no head file {hp}" + (
+                    f", yet the file holds {len(state.entries)} entries: restore the head "
+                    "file, or adopt this file explicitly (secagg.privacy.node_ledger."
+                    "init_ledger(path, head, adopt=True))" if state.entries else
+                    ": a fresh ledger is started only explicitly (ledger-init=true, or "
+                    "secagg.privacy.node_ledger.init_ledger)"))
+        _create_empty(p)
+        _write_head(hp, p, state)
+        return state
+    if not p.exists():
+        raise LedgerRolledBack(
+            p, 0, f"missing, but its head file {hp} records {rec['entries']} entries (head "
+            f"{rec['head'][:16]}..., last written at {rec.get('ledger')}): a deleted or moved "
+            "ledger is never read as zero spent; restore it")
+    state = read_ledger(p)
+    at = state.head_after(rec["head"])
+    if at is None or at + 1 != rec["entries"]:
+        raise LedgerRolledBack(
+            p, 0, f"holds {len(state.entries)} entries and not the head its head file {hp} "
+            f"records ({rec['entries']} entries, head {rec['head'][:16]}...): truncated or "
+            "replaced; a rolled-back ledger is never read as less spent")
+    if at + 1 != len(state.entries) or rec.get("ledger") != str(p.resolve()):
+        _write_head(hp, p, state)  # entries after it, or the file was moved with them
+    return state
+
+
+def init_ledger(path: str | Path, head_path: str | Path, *, adopt: bool = False
+                ) -> LedgerState:
+    """Start a ledger at ``path`` with its head file ``head_path`` (the explicit step
+    :class:`NodeLedger` asks for); ``adopt``: anchor an existing ledger file as it stands
+    (when its head file was lost: the operator vouches for the file).
+
+    Raises:
+        LedgerUninitialised: the head file exists already (never re-initialised), or the
+            ledger file holds entries and ``adopt`` is not given.
+    """
+    p, hp = Path(path), Path(head_path)
+    if hp.exists():
+        raise LedgerUninitialised(p, 0, f"its head file {hp} exists: a ledger is never "
+                                  "re-initialised over its head")
+    state = read_ledger(p)
+    if state.entries and not adopt:
+        raise LedgerUninitialised(p, 0, f"holds {len(state.entries)} entries: pass "
+                                  "adopt=True to anchor it as it stands")
+    _create_empty(p)
+    _write_head(hp, p, state)
+    return state
+
+
 def repair_torn_tail(path: str | Path) -> bytes:
     """Cut a torn final line off the ledger at ``path`` (after verifying everything before
     it), saving its bytes to ``PATH.torn`` for the record. Returns the bytes cut (empty
@@ -348,24 +489,32 @@ class NodeLedger:
 
     Args:
         path: the ledger file (created, with its directory, when missing).
+        head_path: its head file (see the module docstring; None: none kept, the file
+            alone is trusted).
+        init: with ``head_path``, start a fresh ledger when neither file exists.
 
     Raises:
         LedgerLocked: another writer holds it.
+        LedgerRolledBack, LedgerUninitialised: as :func:`check_head`.
         LedgerCorrupt, LedgerConflict, LedgerTorn: as :func:`read_ledger` (a torn final
             line must be repaired by an operator before the node writes again).
     """
 
     path: Path
+    head_path: Path | None = None
+    init: bool = False
     state: LedgerState = field(init=False, default_factory=LedgerState)
     _lock: _Lock | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.head_path = None if self.head_path is None else Path(self.head_path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = _Lock(self.path)
         lock.acquire()
         try:
-            self.state = read_ledger(self.path)
+            self.state = read_ledger(self.path) if self.head_path is None else check_head(
+                self.path, self.head_path, init=self.init)
         except BaseException:
             lock.release()
             raise
@@ -421,6 +570,8 @@ class NodeLedger:
                       payload=json.loads(line)["payload"], prev=self.head, digest=digest,
                       line=len(self.state.entries) + 1)
         self.state = LedgerState(entries=(*self.state.entries, entry), head=digest)
+        if self.head_path is not None:  # the head, apart from the file, synced
+            _write_head(self.head_path, self.path, self.state)
         return digest
 
     def intend(self, message_id: str, event: Mapping[str, Any]) -> bool:

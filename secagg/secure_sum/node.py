@@ -19,6 +19,7 @@ A node keeps its secure-sum party between messages in its own private store (Flo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -100,6 +101,37 @@ def session_bounds(layer: Any, n: int) -> tuple[int, int | None]:
     return t, (t if complete else None)
 
 
+def party_identity(store: NodeStore) -> dict[str, Any]:
+    """The identity arguments of this node's secure-sum parties: with pinned identities
+    (the node's config names its key and its peers' keys; :mod:`secagg.flower.client` puts
+    them in the store as ``signing`` and ``pinned``), its long-term signing key and every
+    peer's pinned public key, so a roster or a survivor signature the server forged is
+    refused; else none (a fresh signing key per session)."""
+    if "pinned" not in store:
+        return {}
+    pins = json.loads(store["pinned"])
+    return {"signing": Ed25519PrivateKey.from_private_bytes(bytes(store["signing"])),
+            "pinned": {int(c): bytes.fromhex(h) for c, h in pins.items()}}
+
+
+def _noise_share(noiser: Any, spec: UploadSpec, n: int, sizing: str) -> Any:
+    """DistributedDP's release plan for a cohort of ``n`` as this node noises it: the
+    server's plan (its scales and ring, which the server decodes with), with each share
+    sized as the node's ``sizing`` says (``"alone"``: for one survivor, so this node's
+    share carries the whole noise; refused when the server's ring has no room for it)."""
+    release = noiser.release_plan(spec, n)
+    if sizing != "alone":
+        return release
+    alone = noiser.release_plan(spec, n, 1)
+    if alone.ring_bits > release.ring_bits or alone.scales != release.scales:
+        raise ProtocolError(
+            f"this node adds its whole noise itself (dp-noise-alone), which needs a "
+            f"{alone.ring_bits}-bit ring; the release's ring has {release.ring_bits} bits: "
+            "refused rather than noise less or overflow the sum")
+    return dataclasses.replace(release, share_std=dict(alone.share_std), worst=1,
+                               planned=alone.planned)
+
+
 def _forget(store: NodeStore) -> None:
     for k in _SESSION_KEYS:
         if k in store:
@@ -115,7 +147,7 @@ def advertise_next(rec: Reply, cid: int, store: NodeStore) -> dict[str, Any]:
     t, min_holders = session_bounds(layer, n)
     t0 = time.process_time()
     party = Client(int(cid), field(rec, "next_session", bytes), field(rec, "next_round", int),
-                   threshold=t, min_holders=min_holders)
+                   threshold=t, min_holders=min_holders, **party_identity(store))
     msg = party.advertise()
     store["party"] = freeze(party)
     store["party_n"] = n
@@ -136,9 +168,12 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
     rnd = field(rec, "round", int)
     t, min_holders = session_bounds(layer, n)
     t0 = time.process_time()
+    worst = t
     if noiser is not None and hasattr(noiser, "release_plan"):  # DistributedDP: the
-        release = noiser.release_plan(spec, n)  # server's release plan, derived here
+        # server's release plan, derived here, each share sized as this node chose
+        release = _noise_share(noiser, spec, n, str(store.get("dp_sizing", "server")))
         vector, bits = noiser.encode_noised(release, up, rng), release.ring_bits
+        worst = max(t, int(noiser.release_plan(spec, n).worst))
     else:
         plans = layer.plan(spec, n)
         bits = next(iter(plans.values())).ring_bits if plans else 8
@@ -147,8 +182,11 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
     store["vector"] = pack_arrays({"v": vector})
     if field(rec, "step", str) == "advertise":
         # configured as the embedded engine configures its clients (run_secure_sum)
-        party = Client(client, field(rec, "session", bytes), rnd, threshold=t,
-                       length=int(vector.size), ring_bits=bits, min_holders=min_holders)
+        # with pinned identities, at least ``worst`` distinct pinned clients must sign the
+        # survivor set before this node unmasks (the noise shares were sized for them)
+        party = Client(client, field(rec, "session", bytes), rnd, threshold=worst,
+                       length=int(vector.size), ring_bits=bits, min_holders=min_holders,
+                       **party_identity(store))
         out["msg"] = party.advertise()
         out["cpu_s"] = cpu + time.process_time() - t0
         store["party"] = freeze(party)
@@ -161,6 +199,7 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
         raise ProtocolError(f"the party advertised ahead is round {party.round}'s "
                             f"({party.stage}), not round {rnd}'s")
     party.length, party.ring_bits = int(vector.size), bits
+    party.threshold = max(int(party.threshold or 0), worst)
     out["step_cpu_s"] = cpu + time.process_time() - t0
     t0 = time.process_time()
     out["msg"] = party.share_keys(field(rec, "msg", bytes))
