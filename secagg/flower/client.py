@@ -527,7 +527,7 @@ def _check_release(policy: NodePolicy, rec: ConfigRecord, spec: UploadSpec, clie
     """Refuse the release the instruction asks for when the event this node would be
     charged for it breaks its policy (:meth:`NodePolicy.check_release`: its epsilon, and
     noise resting on the server's word), before the step touches the data."""
-    if "dp" not in rec:
+    if "dp" not in rec or not policy.holds_floor:  # nothing to hold the event against
         return
     from secagg.privacy.node_budget import node_event
 
