@@ -332,6 +332,9 @@ def test_with_neither_the_ledger_says_the_figure_rests_on_the_server(tmp_path):
     assert "the server following the protocol" in event["assumes"]
     assert "cohort of 4" in event["assumes"]
     assert reconcile(tmp_path / "l.jsonl", result.transcript.records, 0)["ok"]
+    # and so does the run's printed guarantee
+    (said,) = [h for h in result.privacy.holds_against if "follows the protocol" in h]
+    assert "node(s) [0, 1, 2, 3]" in said
 
 
 def test_a_node_alone_takes_part_and_is_charged_its_own_share(tmp_path, touched):

@@ -242,6 +242,7 @@ class FlowerFederation(TransportHooks):
         self._last_drops: Dropped = {}
         #: the nodes' ledger heads this run (transcript records, written at close)
         self._node_ledgers: list[dict[str, Any]] = []
+        self._sizings: dict[str, set[int]] = {}  # share sizing -> the nodes that reported it
         self._events: dict[Any, Any] = {}  # the last release's node event (cached)
         self._round_drops: set[int] = set()  # clients dropped in the current round
         self._eval: _PendingEvaluation | None = None
@@ -366,6 +367,9 @@ class FlowerFederation(TransportHooks):
                                      timeout=self.step_timeout if step else None, needs=needs)
         if step:
             self._collect_evaluation(got)
+            for c, rec in got.items():  # how each node sized its DistributedDP share
+                if isinstance(rec.get("dp_sizing"), str):
+                    self._sizings.setdefault(rec["dp_sizing"], set()).add(int(c))
             for c, rec in got.items():  # the release each node charged on its own ledger
                 if isinstance(rec.get("ledger_head"), str):
                     self._node_ledgers.append({
@@ -516,6 +520,7 @@ class FlowerFederation(TransportHooks):
         self._grid = grid
         self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
         self._node_ledgers = []
+        self._sizings = {}
         self.collector = Collector(run=self._run_tag)  # the nodes' signed statements
         engine = Engine(
             algorithm=self.algorithm, layer=self.layer, transport=self, rounds=self.rounds,
@@ -524,7 +529,15 @@ class FlowerFederation(TransportHooks):
             include_values=self.include_values, max_records=self.max_records,
             on_aggregate=on_aggregate, decryptor=self.decryptor)
         self.layer_server = engine.server
-        return engine.run()
+        result = engine.run()
+        trusting = sorted(self._sizings.get("server", ()))
+        if trusting and result.privacy is not None:
+            # DistributedDP shares sized on this server's word: the guarantee says so
+            result.privacy.holds_against = (*result.privacy.holds_against, (
+                f"on Flower, only as far as this server follows the protocol: node(s) "
+                f"{trusting} sized their noise shares for the cohort it announced (they "
+                "pinned no identities and do not add their whole noise alone)"))
+        return result
 
     def _evaluate(self, rnd: int) -> float:
         """The accuracy after round ``rnd``: computed here for a non-personalized algorithm;
