@@ -69,11 +69,30 @@ LIES = {
     "max-cohort": lambda rec: rec.update({k: N + 1 for k in ("n", "next_n") if k in rec}),
 }
 
+def _strip_signatures(rec):
+    """At the unmask stage, keep two of the consistency signatures the request carries
+    (the node's own and one other): fewer than the survivors its share was sized for."""
+    from secagg.secure_sum import wire
+
+    if rec.get("step") != "unmask":
+        return
+    raw = bytes(rec["msg"])
+    magic, version, mtype, session, sender, receiver, size = wire.HEADER.unpack(
+        raw[:wire.HEADER_BYTES])
+    b, sk, sigs = wire.parse_unmask_request(memoryview(raw)[wire.HEADER_BYTES:])
+    keep = {v: sigs[v] for v in sorted(sigs, key=lambda v: v != receiver)[:2]}
+    rec["msg"] = wire.encode(wire.MsgType(mtype), session, sender, receiver,
+                             wire.unmask_request_body(b, sk, keep))
+
+
+LIES["signatures"] = _strip_signatures
+
 #: what every node says when it refuses each lie
 WHY = {"cohort": f"a cohort of {FAKE_N} clients, but only {N} are pinned",
        "seed": "chosen by the server", "public": "declared public",
        "record": "sized for one record", "delta": "dp-max-delta",
-       "epsilon": "dp-max-epsilon"}
+       "epsilon": "dp-max-epsilon",
+       "signatures": "2 valid signatures on its survivor set, 3 needed"}
 
 
 class LyingGrid(Grid):
@@ -172,7 +191,7 @@ class _Configured:
 
 
 PINNED_LIES = ("honest", "cohort", "seed", "public", "record")  # over the simulation
-VARIANTS = ("delta", "epsilon", "max-cohort")  # over the in-process Grid
+VARIANTS = ("delta", "epsilon", "max-cohort", "signatures")  # over the in-process Grid
 
 
 @pytest.fixture(scope="module")
@@ -228,15 +247,23 @@ def test_every_pinned_node_refuses_the_lie_before_its_data(simulated, lie):
 @pytest.mark.parametrize("lie", VARIANTS)
 def test_pinned_nodes_refuse_the_variants_before_their_data(tmp_path, lie, touched):
     """Variants of a lying server against the same pinned nodes with a floor, over the
-    in-process Grid (a spy sees that no node touched its data)."""
+    in-process Grid (a spy sees that no node touched its data): a delta, an epsilon or a
+    cohort out of the node's bounds; and a survivor set signed by fewer pinned clients
+    than the shares were sized for, refused at the unmask request."""
     _keys(tmp_path)
     grid = LocalGrid()
     for i, ctx in enumerate(grid.contexts.values()):
         ctx.node_config.update(_pinned_config(tmp_path, i, _eps(1.5)))
     agg, why = _run(grid, lie)
-    assert agg is None and touched == []
+    assert agg is None
     reason = WHY.get(lie, f"a cohort of {N + 1} clients, but only {N} are pinned")
     assert why.count(reason) == N, why
+    if lie == "signatures":  # the release went ahead up to the unmask request: spent, and
+        # refused there, so the under-signed (under-noised) sum cannot be decoded
+        assert sorted(set(touched)) == list(range(N))
+        assert "stage 'unmask'" in why
+        return
+    assert touched == []
     assert all(read_ledger(tmp_path / f"ledger{i}.jsonl").charged() == [] for i in range(N))
 
 
