@@ -41,6 +41,14 @@ Steps (record field ``step``):
   replies with the file's new head (``ledger_head``, also in the hello), which the server
   keeps in the transcript for ``secagg audit --node-ledger``. A node that holds a budget
   answers no ``evaluate`` request (its accuracy would leave it un-noised).
+* The node's checks against a lying ServerApp (:mod:`secagg.privacy.policy`, docs/FLOWER.md):
+  its policy on the whole instruction (noise, seed, public fields, adjacency, delta, clip,
+  cohort, the epsilon it would be charged) before its data is touched; its pinned
+  identities (node config ``identity-key``: its own key; ``pinned-keys``: its peers'),
+  with which its secure-sum parties sign and check rosters and survivor signatures; how it
+  sizes a DistributedDP noise share (``dp_sizing`` in the reply: ``pinned``, ``alone`` or
+  ``server``); and its ledger's head file (``ledger-head``, ``ledger-init``), so a
+  rolled-back ledger is refused.
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next

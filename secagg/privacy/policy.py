@@ -216,7 +216,7 @@ class NodePolicy:
                     raise PrivacyError(
                         f"noise multiplier {z!r} is below this node's floor "
                         f"{self.min_noise_multiplier:g} (dp-min-noise-multiplier)")
-            d = dp.get("delta")
+            d = dp.get("delta", 1e-5)  # a layer rebuilt without one takes 1e-5
             if self.max_delta is not None and not (
                     isinstance(d, (int, float)) and not isinstance(d, bool)
                     and 0 < d <= self.max_delta):

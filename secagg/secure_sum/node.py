@@ -114,14 +114,15 @@ def party_identity(store: NodeStore) -> dict[str, Any]:
             "pinned": {int(c): bytes.fromhex(h) for c, h in pins.items()}}
 
 
-def _noise_share(noiser: Any, spec: UploadSpec, n: int, sizing: str) -> Any:
-    """DistributedDP's release plan for a cohort of ``n`` as this node noises it: the
-    server's plan (its scales and ring, which the server decodes with), with each share
-    sized as the node's ``sizing`` says (``"alone"``: for one survivor, so this node's
-    share carries the whole noise; refused when the server's ring has no room for it)."""
+def _noise_share(noiser: Any, spec: UploadSpec, n: int, sizing: str) -> tuple[Any, int]:
+    """(DistributedDP's release plan for a cohort of ``n`` as this node noises it, the
+    fewest survivors the server's plan sizes shares for): the server's plan (its scales
+    and ring, which the server decodes with), with each share sized as the node's
+    ``sizing`` says (``"alone"``: for one survivor, so this node's share carries the whole
+    noise; refused when the server's ring has no room for it)."""
     release = noiser.release_plan(spec, n)
     if sizing != "alone":
-        return release
+        return release, int(release.worst)
     alone = noiser.release_plan(spec, n, 1)
     if alone.ring_bits > release.ring_bits or alone.scales != release.scales:
         raise ProtocolError(
@@ -129,7 +130,7 @@ def _noise_share(noiser: Any, spec: UploadSpec, n: int, sizing: str) -> Any:
             f"{alone.ring_bits}-bit ring; the release's ring has {release.ring_bits} bits: "
             "refused rather than noise less or overflow the sum")
     return dataclasses.replace(release, share_std=dict(alone.share_std), worst=1,
-                               planned=alone.planned)
+                               planned=alone.planned), int(release.worst)
 
 
 def _forget(store: NodeStore) -> None:
@@ -171,9 +172,10 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
     worst = t
     if noiser is not None and hasattr(noiser, "release_plan"):  # DistributedDP: the
         # server's release plan, derived here, each share sized as this node chose
-        release = _noise_share(noiser, spec, n, str(store.get("dp_sizing", "server")))
+        release, planned = _noise_share(noiser, spec, n, str(store.get("dp_sizing",
+                                                                       "server")))
         vector, bits = noiser.encode_noised(release, up, rng), release.ring_bits
-        worst = max(t, int(noiser.release_plan(spec, n).worst))
+        worst = max(t, planned)
     else:
         plans = layer.plan(spec, n)
         bits = next(iter(plans.values())).ring_bits if plans else 8
