@@ -406,3 +406,47 @@ def test_a_server_seed_is_accepted_only_where_the_node_allows_reproducible_noise
         pol.check({**terms, "seed": None, "public": ["n", "update"]}, None)
     with pytest.raises(PrivacyError):
         NodePolicy.from_node_config({"dp-noise-alone": "maybe"})
+
+
+def test_pinned_keys_come_from_the_node_config_not_the_hello(tmp_path):
+    """The node's identity and its peers' keys are read from files its operator holds
+    (PEM, raw or hex; a JSON map or a directory of ID.pub); the hello announces that key;
+    a node whose own key is not the one pinned for it refuses to take part."""
+    from cryptography.hazmat.primitives import serialization
+    from flwr.app import Context, Message, RecordDict
+
+    from secagg.errors import ConfigurationError
+    from secagg.flower.client import load_identity_key, load_pinned_keys
+    from secagg.flower.records import MESSAGE_TYPE, content
+
+    key = Ed25519PrivateKey.generate()
+    pub = key.public_key().public_bytes_raw()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    for name, data in (("raw", key.private_bytes_raw()), ("pem", pem),
+                       ("hex", key.private_bytes_raw().hex().encode())):
+        (tmp_path / name).write_bytes(data)
+        assert load_identity_key(tmp_path / name).public_key().public_bytes_raw() == pub
+    (tmp_path / "bad").write_bytes(b"not a key")
+    with pytest.raises(ConfigurationError, match="identity-key"):
+        load_identity_key(tmp_path / "bad")
+    (tmp_path / "pins.json").write_text(json.dumps({"0": pub.hex()}))
+    assert load_pinned_keys(tmp_path / "pins.json") == {0: pub}
+    with pytest.raises(ConfigurationError, match="pinned-keys"):
+        load_pinned_keys(tmp_path / "missing")
+    node = _Node(_algo, node_partition_loader(_partition))
+    hello = {"run": "r1", "step": "hello"}
+    ctx = Context(run_id=1, node_id=100, run_config={}, state=RecordDict(),
+                  node_config={"partition-id": 0, "identity-key": str(tmp_path / "pem"),
+                               "pinned-keys": str(tmp_path / "pins.json")})
+    rep = read(node.handle(Message(content(**hello), dst_node_id=100,
+                                   message_type=MESSAGE_TYPE), ctx))
+    assert rep["identity"] == pub.hex()  # the operator's key, not one made on first use
+    other = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    (tmp_path / "pins.json").write_text(json.dumps({"0": other.hex()}))
+    layer = json.dumps({"threshold": 0.7, "graph": "auto", "k": None, "precision": 1e-9,
+                        "ring_bits": 64})
+    ask = {**hello, "run": "r2", "next_session": bytes(16), "next_round": 0, "next_n": N,
+           "next_layer": layer}
+    with pytest.raises(ConfigurationError, match="not the one pinned"):
+        node.handle(Message(content(**ask), dst_node_id=100, message_type=MESSAGE_TYPE), ctx)
