@@ -652,7 +652,9 @@ def _run(args: argparse.Namespace) -> int:
     paths = result.save(out, args.device_profile)
     print(result.table(args.device_profile))
     print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}"
-          + (f", {paths['identities']}" if "identities" in paths else ""))
+          + (f"; the clients' public keys to {paths['identities']} (apart from the run "
+             "folder: keep them where the server cannot write)"
+             if "identities" in paths else ""))
     print(f"audit with: secagg audit {paths['transcript']}"
           + (f" --identities {paths['identities']}" if "identities" in paths else ""))
     failure = result.failure()
@@ -675,7 +677,7 @@ def _audit(args: argparse.Namespace) -> int:
         from secagg.attest import read_identities
 
         identities = read_identities(args.identities)
-    report = audit(transcript, identities)
+    report = audit(transcript, identities, transcript_path=path)
     costs = path.parent / "costs.csv"
     if costs.exists():
         report["reconcile"] = reconcile(report, costs)
