@@ -278,6 +278,12 @@ def _is_signer(party: Any) -> bool:
     return (isinstance(party, int) and not isinstance(party, bool)) or party == "decryptor"
 
 
+def _closes(party: Any, signed: int) -> bool:
+    """Whether ``party`` signs a closing statement: every client; the decryptor only when
+    it took part (a run without a decryptor needs no decryptor key)."""
+    return party != "decryptor" or signed > 0
+
+
 def dp_terms(privacy: Any) -> dict[str, Any]:
     """The DP terms a privacy ledger (:class:`secagg.privacy.accountant.PrivacyLedger`)
     holds, as a party signs them in its closing statement: the accountant's settings, each
@@ -378,6 +384,13 @@ class Signer:
         """The run header's ``attestation`` block."""
         return {"scheme": SCHEME, "run": self.run, "keys": self.identities()}
 
+    def published(self) -> dict[str, str]:
+        """``{party: public key hex}`` of the parties that close their sequence (every
+        client; the decryptor only when it signed something): what the key directory
+        publishes and the audit then requires."""
+        return {str(p): public_hex(k) for p, k in self.keys.items()
+                if _closes(p, self.seq[p])}
+
     def close(self, transcript: Any, privacy: Any | None = None) -> None:
         """Every party closes its sequence: one signed closing statement each (stage
         :data:`END_STAGE`, ``seq`` = how many statements it signed before, ``params``
@@ -390,6 +403,8 @@ class Signer:
         if isinstance(privacy, PrivacyLedger):
             params["dp"] = dp_terms(privacy)
         for party, key in self.keys.items():
+            if not _closes(party, self.seq[party]):
+                continue
             n = self.seq[party]
             st = Statement(run=self.run, round=self._last_round, phase="", stage=END_STAGE,
                            sender=party, receiver="server", digest="", form="protocol",
@@ -571,7 +586,7 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
     problems += _messages_match(records, good)
     problems += _observations_match(records, good)
     problems += _sequences(signed, identities, scheme)
-    problems.sort(key=lambda p: p.line)
+    problems.sort(key=lambda p: (p.line == 0, p.line))  # records first, then wholes
     return problems
 
 

@@ -865,7 +865,9 @@ class Engine:
             privacy=run.privacy, clips=dict(run.clips.counts), aborted=run.aborted,
             participation=run.participation, measurements=run.measurements,
             n_clients=len(clients), wall_s=time.perf_counter() - t_start,
-            identities=None if run.attest is None else dict(run.attest.header()["keys"]),
+            identities=None if run.attest is None else (
+                run.attest.published() if hasattr(run.attest, "published")
+                else dict(run.attest.header()["keys"])),
             attest_scheme=None if run.attest is None else run.attest.header()["scheme"],
             client_accounts=self._reported_accounts(run),
         )
