@@ -595,10 +595,14 @@ def _messages_match(records: list[dict[str, Any]],
     """Every message a signer sent has its statement and every statement its message,
     one to one, on (round, phase, stage, sender, receiver, digest)."""
     problems: list[Problem] = []
+    # a numbered statement (scheme v2) names its message exactly; an unnumbered one (a
+    # Flower node's: it labels an advertise ahead of a phase it does not know yet) by
+    # sender, receiver and digest
     unmatched: dict[tuple[Any, ...], list[Statement]] = {}
     for k, v in good.items():
         for st in v:
-            unmatched.setdefault((*k, st.digest), []).append(st)
+            key = (*k, st.digest) if st.seq is not None else (k[3], k[4], st.digest)
+            unmatched.setdefault(key, []).append(st)
     for i, r in enumerate(records, 1):
         if r.get("type") != "message" or r.get("stage") == STAGE:
             continue
@@ -608,7 +612,8 @@ def _messages_match(records: list[dict[str, Any]],
         base = (r.get("round"), r.get("phase"), r.get("stage"), str(r.get("sender")),
                 str(r.get("receiver")))
         if "digest" in r:
-            pool = unmatched.get((*base, str(r["digest"])), [])
+            pool = unmatched.get((*base, str(r["digest"])), []) or unmatched.get(
+                (*base[3:], str(r["digest"])), [])
         else:  # a record without a digest: one statement of the same labels
             pool = next((v for k, v in unmatched.items() if k[:5] == base and v), [])
         if pool:
@@ -676,27 +681,27 @@ def _observations_match(records: list[dict[str, Any]],
             continue
         by_key.setdefault((r.get("round"), r.get("phase"), r.get("stage"),
                            str(r.get("sender"))), []).append(r)
+    # (an observation that exists but disagrees is reported above as contradicted)
     for k, v in good.items():
         obs = by_key.get(k[:4], [])
+        names = {str(o.get("field")) for o in obs}
         for st in v:
             if st.form == "protocol":
                 continue
-            if st.form == "masked" or (st.form == "encrypted"):
-                hit = [o for o in obs if o.get("form") == st.form and (
-                    st.form == "masked" or o.get("digest") == st.digest)]
-                if not hit:
+            if st.form in ("masked", "encrypted") or not names & set(st.fields):
+                # masked: bound through the whole message; a field the server's record does
+                # not name (a Flower decryptor's flat vector): any observation of the message
+                if not obs:
                     problems.append(Problem(line=0, kind="missing", text=(
                         f"{st.sender} signed a {st.form} upload ({_label(st)}) that the "
-                        "server's transcript never records seeing")))
+                        "server's transcript never records seeing (deleted: the audit would "
+                        "under-report what the server saw)")))
                 continue
-            for name, dig in sorted(st.fields.items()):
-                want = st.form_of(name)
-                if not any(o.get("field") == name and o.get("form") == want
-                           and o.get("digest") == dig for o in obs):
-                    problems.append(Problem(line=0, kind="missing", text=(
-                        f"{st.sender} signed {name!r} as sent {want} ({_label(st)}); the "
-                        "server's transcript has no such observation (deleted: the audit "
-                        "would under-report what the server saw)")))
+            for name in sorted(set(st.fields) - names):
+                problems.append(Problem(line=0, kind="missing", text=(
+                    f"{st.sender} signed {name!r} as sent {st.form_of(name)} ({_label(st)}); "
+                    "the server's transcript has no observation of it (deleted: the audit "
+                    "would under-report what the server saw)")))
     return problems
 
 

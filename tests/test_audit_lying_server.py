@@ -79,7 +79,7 @@ def test_the_honest_run_verifies_and_says_what_it_trusted(run, capsys):
     first, second = out.splitlines()[:2]
     assert first.startswith("attestation: verified")
     assert second.startswith(f"trusted: the public keys in {keys / 'identities.json'}")
-    assert "recomputed by this audit's accountant from the DP terms 5 parties signed" in out
+    assert "recomputed by this audit's accountant from the DP terms 4 parties signed" in out
 
 
 # -- item 5 of the issue, one test each --------------------------------------------------
@@ -103,7 +103,7 @@ def test_server_observations_of_clear_uploads_deleted_fail(run, tmp_path, capsys
     recs = [r for r in _records(folder) if not (
         r["type"] == "observation" and r["form"] == "clear" and r["what"] == "upload")]
     _fails(capsys, _rewrite(recs, tmp_path / "bad"), keys,
-           "as sent clear", "has no such observation")
+           "signed a clear upload", "never records seeing")
 
 
 def test_one_clients_records_all_removed_fail(run, tmp_path, capsys):
