@@ -21,6 +21,15 @@ the server claims (``attestation``). :func:`verify` checks a transcript against 
 keys obtained elsewhere (``identities.json``; in a deployment a PKI or the pinned
 identities of ``SecureSum(identities=...)``) and returns every :class:`Problem`.
 
+Scheme v2 (:data:`SCHEME`, the in-process signer's): each statement also carries ``seq``,
+its signer's sequence number over the run, and every party closes the run with a signed
+closing statement (stage :data:`END_STAGE`, no message) giving its count and the DP terms
+the run applied (:func:`dp_terms`). :func:`verify` then requires, for every party in the
+identities, the numbers 0 .. n-1 each once and in order, so a party erased, a message
+dropped with its statement, or a moved or replayed statement fails; and the audit
+recomputes every epsilon from the signed terms (:func:`recompute_dp`). Scheme v1
+(:data:`SCHEME_V1`: a Flower node's statements today) has no numbers.
+
 Where statements are made: in one process, :meth:`secagg.layers.base.RoundContext.message`
 (every client message passes there) hands the message to a :class:`Signer`; on Flower,
 each node signs its reply's messages (:func:`sign_reply`) and the server's

@@ -239,3 +239,16 @@ def test_keys_are_refused_inside_the_run_folder(run, tmp_path):
                  identities={"0": "00" * 32})
     with pytest.raises(ConfigurationError, match="inside the run folder"):
         res.save(tmp_path / "r", keys_dir=tmp_path / "r" / "keys")
+
+
+def test_secagg_run_suggests_the_key_directory_not_the_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--algorithm", "fedlog", "--dataset", "digits", "--clients", "3",
+                 "--rounds", "1", "--quiet", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    keys = tmp_path / "run.keys" / "identities.json"
+    line = next(ln for ln in text.splitlines() if ln.startswith("audit with:"))
+    assert line.endswith(f"--identities {keys}") and keys.exists()
+    assert not (out / "identities.json").exists()
+    rc, got, _ = _audit(capsys, out, keys)
+    assert rc == 0 and got.splitlines()[1].startswith(f"trusted: the public keys in {keys}")
