@@ -175,14 +175,23 @@ class Result:
         ``keys_dir``: a key directory apart from the run folder (default: the folder
         ``<out_dir>.keys`` beside it). The run folder holds what the server wrote; the key
         directory is what the clients publish, so a server that rewrites its run folder
-        cannot also replace the keys the audit trusts.
+        cannot also replace the keys the audit trusts. That holds where the clients' keys
+        were made by the clients themselves in this process (scheme
+        :data:`secagg.attest.SCHEME`); keys the nodes announced to a remote server (Flower,
+        trust on first use) are the server's word, and go in the run folder as
+        ``announced_identities.json`` (path ``"announced_identities"``), which the audit
+        refuses as a trust root.
 
         Raises:
             ConfigurationError: ``keys_dir`` is ``out_dir`` or inside it.
         """
+        from secagg.attest import SCHEME, write_identities
+
         out = Path(out_dir)
-        keys = Path(keys_dir) if keys_dir is not None else out.parent / f"{out.name}.keys"
-        if self.identities and _inside(keys, out):
+        here = out.resolve()
+        keys = Path(keys_dir) if keys_dir is not None else here.parent / f"{here.name}.keys"
+        own = self.attest_scheme == SCHEME  # the clients' own keys, made in this process
+        if self.identities and own and _inside(keys, out):
             from secagg.errors import ConfigurationError
 
             raise ConfigurationError(
@@ -204,12 +213,12 @@ class Result:
             with open(paths["client_ledgers"], "w", encoding="utf-8") as fh:
                 for led in self.client_accounts.ledgers.values():
                     fh.write("".join(e.to_json() + "\n" for e in led.events))
-        if self.identities:
-            from secagg.attest import SCHEME_V1, write_identities
-
-            paths["identities"] = write_identities(
-                keys / "identities.json", self.identities,
-                scheme=self.attest_scheme or SCHEME_V1)
+        if self.identities and own:
+            paths["identities"] = write_identities(keys / "identities.json", self.identities,
+                                                   scheme=SCHEME)
+        elif self.identities:
+            paths["announced_identities"] = write_identities(
+                out / "announced_identities.json", self.identities)
         return paths
 
     def _attest_rows(self, per: int) -> list[tuple[str, str]]:

@@ -237,7 +237,7 @@ def test_keys_are_refused_inside_the_run_folder(run, tmp_path):
 
     res = Result(algorithm={}, layer={}, rounds=0, seed=0, accuracy=0.0,
                  accuracy_kind="global test", history=[], costs=None, transcript=Transcript(),
-                 identities={"0": "00" * 32})
+                 identities={"0": "00" * 32}, attest_scheme=SCHEME)
     with pytest.raises(ConfigurationError, match="inside the run folder"):
         res.save(tmp_path / "r", keys_dir=tmp_path / "r" / "keys")
 
@@ -253,3 +253,20 @@ def test_secagg_run_suggests_the_key_directory_not_the_run_folder(tmp_path, caps
     assert not (out / "identities.json").exists()
     rc, got, _ = _audit(capsys, out, keys)
     assert rc == 0 and got.splitlines()[1].startswith(f"trusted: the public keys in {keys}")
+
+
+def test_keys_announced_to_a_remote_server_are_not_published_as_a_trust_root(digits, tmp_path,
+                                                                              capsys):
+    """Keys a server collected from its nodes' hellos (scheme v1, as on Flower) are its own
+    word: they stay in its run folder, named as announced, and the audit refuses them."""
+    from secagg.attest import SCHEME_V1
+
+    part = dirichlet_split(digits, 3, 0.5, seed=0, local_test_fraction=0.2)
+    res = Federation(FedLog(feature_dim=8, local_epochs=1), Plaintext(), part, rounds=1,
+                     seed=0, progress=False).run()
+    res.attest_scheme = SCHEME_V1  # as a remote runtime's collector reports it
+    paths = res.save(tmp_path / "remote")
+    assert "identities" not in paths and not (tmp_path / "remote.keys").exists()
+    assert paths["announced_identities"].parent == tmp_path / "remote"
+    rc, out, _ = _audit(capsys, tmp_path / "remote", paths["announced_identities"])
+    assert rc == 4 and "lies in the run folder" in out
