@@ -338,10 +338,12 @@ def _make_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="machine-readable output")
     a.add_argument(
         "--identities", type=Path, default=None, metavar="FILE",
-        help="the clients' public keys (identities.json, or your PKI's): verify every "
-        "client's signed statement and check the server's records against them (exit 4 "
-        "on a missing, forged or contradicted one); without it the transcript is "
-        "unattested: only accidental damage is detected",
+        help="the clients' public keys, from outside the run folder (the key directory a "
+        "simulated run writes, <run>.keys/identities.json, or your PKI's; a file inside the "
+        "run folder is refused): verify every client's signed statement, check the "
+        "server's records against them both ways and recompute the DP figures from the "
+        "signed terms (exit 4 on a missing, forged or contradicted one); without it the "
+        "transcript is unattested: only accidental damage is detected",
     )
     a.add_argument(
         "--node-ledger", action="append", default=[], metavar="CLIENT=PATH",
