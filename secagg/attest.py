@@ -21,6 +21,15 @@ the server claims (``attestation``). :func:`verify` checks a transcript against 
 keys obtained elsewhere (``identities.json``; in a deployment a PKI or the pinned
 identities of ``SecureSum(identities=...)``) and returns every :class:`Problem`.
 
+Scheme v2 (:data:`SCHEME`, the in-process signer's): each statement also carries ``seq``,
+its signer's sequence number over the run, and every party closes the run with a signed
+closing statement (stage :data:`END_STAGE`, no message) giving its count and the DP terms
+the run applied (:func:`dp_terms`). :func:`verify` then requires, for every party in the
+identities, the numbers 0 .. n-1 each once and in order, so a party erased, a message
+dropped with its statement, or a moved or replayed statement fails; and the audit
+recomputes every epsilon from the signed terms (:func:`recompute_dp`). Scheme v1
+(:data:`SCHEME_V1`: a Flower node's statements today) has no numbers.
+
 Where statements are made: in one process, :meth:`secagg.layers.base.RoundContext.message`
 (every client message passes there) hands the message to a :class:`Signer`; on Flower,
 each node signs its reply's messages (:func:`sign_reply`) and the server's
@@ -52,8 +61,17 @@ from secagg.transcript import digest
 
 #: Prefix of every signed statement (domain separation from other Ed25519 uses).
 DOMAIN = b"secagg/attest/v1\n"
-#: The scheme named in the run header.
-SCHEME = "ed25519/secagg-attest-v1"
+#: The first scheme: statements without sequence numbers (a Flower node's, today). An
+#: audit under it cannot see a party's records removed whole, or a message removed with its
+#: statement, and says so.
+SCHEME_V1 = "ed25519/secagg-attest-v1"
+#: The scheme of the in-process signer: every statement carries its signer's sequence
+#: number (0, 1, 2, ... over the run) and each party closes the run with a signed closing
+#: statement (stage :data:`END_STAGE`) giving its count and the DP terms applied, so a
+#: dropped party, a dropped message or a moved record fails the audit.
+SCHEME = "ed25519/secagg-attest-v2"
+#: The stage of a party's closing statement (no message: it closes the party's sequence).
+END_STAGE = "end"
 #: The cost-ledger stage of a statement.
 STAGE = "attest"
 #: Forms a statement may declare (the transcript's, plus messages that carry no values).
@@ -83,6 +101,13 @@ class Statement:
     fields: dict[str, str] = field(default_factory=dict)
     noised: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    #: the signer's sequence number over the run (scheme v2); None under scheme v1
+    seq: int | None = None
+
+    @property
+    def closing(self) -> bool:
+        """Whether this is a party's closing statement (no message; see :data:`END_STAGE`)."""
+        return self.stage == END_STAGE and self.form == "protocol" and not self.digest
 
     def form_of(self, name: str) -> str:
         """The form field ``name`` left in: ``noised`` when the client noised it."""
@@ -95,7 +120,8 @@ class Statement:
         return {"run": self.run, "round": self.round, "phase": self.phase,
                 "stage": self.stage, "sender": self.sender, "receiver": self.receiver,
                 "digest": self.digest, "form": self.form, "fields": dict(self.fields),
-                "noised": list(self.noised), "params": dict(self.params)}
+                "noised": list(self.noised), "params": dict(self.params),
+                **({} if self.seq is None else {"seq": self.seq})}
 
     def signed_bytes(self) -> bytes:
         """:data:`DOMAIN` + the canonical JSON of the statement."""
@@ -109,9 +135,17 @@ class Statement:
             AttestationError: keys missing or unexpected.
         """
         try:
-            return cls(**d)
+            st = cls(**d)
         except TypeError as exc:
             raise AttestationError(f"not a statement: {exc}") from None
+        if st.seq is not None and (isinstance(st.seq, bool) or not isinstance(st.seq, int)
+                                   or st.seq < 0):
+            raise AttestationError(f"not a statement: sequence number {st.seq!r}")
+        try:
+            st.signed_bytes()
+        except TypeError as exc:
+            raise AttestationError(f"not a statement: {exc}") from None
+        return st
 
 
 def message_digest(message: bytes | bytearray | Iterable[bytes]) -> str:
@@ -164,27 +198,49 @@ def public_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
-def write_identities(path: str | Path, keys: Mapping[Any, str]) -> Path:
-    """Write ``{party: public key hex}`` as ``identities.json`` (parties as strings)."""
+class Identities(dict):  # type: ignore[type-arg]
+    """``{party (as a string): Ed25519 public key}`` read from outside the transcript, with
+    the attestation ``scheme`` the file names (:data:`SCHEME_V1` when it names none, as a
+    bare PKI mapping) and the ``path`` it came from (None: built in memory)."""
+
+    def __init__(self, keys: Mapping[str, Ed25519PublicKey], *, scheme: str = SCHEME_V1,
+                 path: Path | None = None) -> None:
+        super().__init__(keys)
+        self.scheme = scheme
+        self.path = path
+
+
+def write_identities(path: str | Path, keys: Mapping[Any, str], *,
+                     scheme: str = SCHEME_V1) -> Path:
+    """Write ``{party: public key hex}`` as an identities file (parties as strings), naming
+    ``scheme`` (:data:`SCHEME` when every party signs sequence numbers and a closing
+    statement: the audit then requires them)."""
     p = Path(path)
-    p.write_text(json.dumps({"scheme": SCHEME, "keys": {str(k): v for k, v in keys.items()}},
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"scheme": scheme, "keys": {str(k): v for k, v in keys.items()}},
                             indent=2, sort_keys=True) + "\n")
     return p
 
 
-def read_identities(path: str | Path) -> dict[str, Ed25519PublicKey]:
-    """``{party (as a string): public key}`` from an identities file.
+def read_identities(path: str | Path) -> Identities:
+    """The :class:`Identities` of an identities file.
 
     Raises:
-        AttestationError: not such a file, or a key that is not 32 hex bytes.
+        AttestationError: not such a file, a key that is not 32 hex bytes, or an unknown
+            scheme.
     """
     try:
         doc = json.loads(Path(path).read_text())
         keys = doc["keys"] if isinstance(doc, dict) and "keys" in doc else doc
-        return {str(k): Ed25519PublicKey.from_public_bytes(bytes.fromhex(v))
-                for k, v in keys.items()}
+        scheme = doc.get("scheme", SCHEME_V1) if isinstance(doc, dict) and "keys" in doc \
+            else SCHEME_V1
+        out = {str(k): Ed25519PublicKey.from_public_bytes(bytes.fromhex(v))
+               for k, v in keys.items()}
     except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
         raise AttestationError(f"{path}: not an identities file ({exc})") from None
+    if scheme not in (SCHEME_V1, SCHEME):
+        raise AttestationError(f"{path}: unknown attestation scheme {scheme!r}")
+    return Identities(out, scheme=scheme, path=Path(path))
 
 
 def sign(key: Ed25519PrivateKey, st: Statement) -> dict[str, Any]:
@@ -231,6 +287,74 @@ def _is_signer(party: Any) -> bool:
     return (isinstance(party, int) and not isinstance(party, bool)) or party == "decryptor"
 
 
+def _closes(party: Any, signed: int) -> bool:
+    """Whether ``party`` signs a closing statement: every client; the decryptor only when
+    it took part (a run without a decryptor needs no decryptor key)."""
+    return party != "decryptor" or signed > 0
+
+
+def dp_terms(privacy: Any) -> dict[str, Any]:
+    """The DP terms a privacy ledger (:class:`secagg.privacy.accountant.PrivacyLedger`)
+    holds, as a party signs them in its closing statement: the accountant's settings, each
+    release's mechanism and parameters (noise multiplier, noise share and survivor count,
+    ...) with the fields and phase it covers and why it is not private (a fixed noise seed),
+    the fields released without noise, and every reason the run is not private. The
+    audit's own accountant recomputes every epsilon from these (:func:`recompute_dp`)."""
+    from secagg.errors import PrivacyError
+    from secagg.privacy.client_ledger import event_to_dict
+
+    events = []
+    for e in privacy.events:
+        try:
+            d = event_to_dict(e)
+        except PrivacyError:
+            d = {"mechanism": getattr(e, "mechanism", "?"), "count": e.count,
+                 "unsupported": True}
+        d.update(fields=list(e.fields), phase=e.phase, round=e.round,
+                 not_private_reason=e.not_private_reason)
+        events.append(d)
+    return {"delta": privacy.delta, "accountant": privacy.accountant,
+            "pld_discretization": privacy.pld_discretization, "events": events,
+            "unnoised": [[p, f, why] for (p, f), why in sorted(
+                privacy.unnoised.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))],
+            "not_private": list(privacy.not_private_reasons)}
+
+
+def recompute_dp(terms: Mapping[str, Any]) -> Any:
+    """A fresh :class:`~secagg.privacy.accountant.PrivacyLedger` holding the releases that
+    ``terms`` (:func:`dp_terms`, as signed) describe: the audit's own accountant.
+
+    Raises:
+        AttestationError: terms that no accountant can rebuild (the message says which).
+    """
+    import dataclasses
+
+    from secagg.errors import PrivacyError
+    from secagg.privacy.accountant import PrivacyLedger
+    from secagg.privacy.client_ledger import event_from_dict
+
+    try:
+        led = PrivacyLedger(delta=terms.get("delta"),
+                            accountant=str(terms.get("accountant", "auto")),
+                            pld_discretization=float(terms.get("pld_discretization", 1e-4)))
+        for d in terms.get("events", []):
+            if d.get("unsupported"):
+                raise AttestationError(f"a {d.get('mechanism')!r} release cannot be "
+                                       "recomputed by any accountant")
+            ev = dataclasses.replace(
+                event_from_dict(d), fields=tuple(d.get("fields", ())), phase=d.get("phase"),
+                round=d.get("round"), not_private_reason=str(d.get("not_private_reason", "")))
+            led.extend([ev])
+        for p, f, why in terms.get("unnoised", []):
+            led.mark_unnoised(f, p, why)
+        for why in terms.get("not_private", []):
+            if why not in led.not_private_reasons:
+                led.mark_not_private(why)
+    except (PrivacyError, TypeError, ValueError, AttributeError) as exc:
+        raise AttestationError(f"signed DP terms unreadable: {exc}") from None
+    return led
+
+
 class Signer:
     """The clients' side in one process: one Ed25519 key per client (and the decryptor),
     fresh (or the pinned ``identities`` of ``SecureSum(identities=...)``), and a statement
@@ -255,6 +379,11 @@ class Signer:
         self.params: dict[str, Any] = {"layer": params_digest(layer)}
         if noise is not None:
             self.params["noise"] = noise
+        #: the next sequence number of each party
+        self.seq: dict[Any, int] = dict.fromkeys(self.keys, 0)
+        self._last_round = 0
+
+    scheme = SCHEME
 
     def identities(self) -> dict[str, str]:
         """``{party: public key hex}``."""
@@ -263,6 +392,33 @@ class Signer:
     def header(self) -> dict[str, Any]:
         """The run header's ``attestation`` block."""
         return {"scheme": SCHEME, "run": self.run, "keys": self.identities()}
+
+    def published(self) -> dict[str, str]:
+        """``{party: public key hex}`` of the parties that close their sequence (every
+        client; the decryptor only when it signed something): what the key directory
+        publishes and the audit then requires."""
+        return {str(p): public_hex(k) for p, k in self.keys.items()
+                if _closes(p, self.seq[p])}
+
+    def close(self, transcript: Any, privacy: Any | None = None) -> None:
+        """Every party closes its sequence: one signed closing statement each (stage
+        :data:`END_STAGE`, ``seq`` = how many statements it signed before, ``params``
+        holding that count and the DP terms the run applied: :func:`dp_terms` of
+        ``privacy``), appended to ``transcript``. Not on the cost ledger (one statement,
+        about 500 bytes, per party per run)."""
+        from secagg.privacy.accountant import PrivacyLedger
+
+        params = {**self.params, "statements": 0}
+        if isinstance(privacy, PrivacyLedger):
+            params["dp"] = dp_terms(privacy)
+        for party, key in self.keys.items():
+            if not _closes(party, self.seq[party]):
+                continue
+            n = self.seq[party]
+            st = Statement(run=self.run, round=self._last_round, phase="", stage=END_STAGE,
+                           sender=party, receiver="server", digest="", form="protocol",
+                           params={**params, "statements": n}, seq=n)
+            transcript.records.append(sign(key, st))
 
     def sent(self, ctx: Any, sender: Any, receiver: Any, stage: str, message: Any,
              noised: Iterable[str] = (), digest: str | None = None) -> None:
@@ -273,10 +429,13 @@ class Signer:
             return
         t0 = time.process_time()
         form, fields, mine = classify(message, noised=noised)
+        seq = self.seq[sender]
+        self.seq[sender] = seq + 1
+        self._last_round = max(self._last_round, int(ctx.round))
         st = Statement(run=self.run, round=int(ctx.round), phase=str(ctx.phase), stage=stage,
                        sender=sender, receiver=receiver,
                        digest=digest or message_digest(message),
-                       form=form, fields=fields, noised=mine, params=self.params)
+                       form=form, fields=fields, noised=mine, params=self.params, seq=seq)
         rec, size = _signed(self.keys[sender], st)
         _book(ctx, rec, time.process_time() - t0, size)
 
@@ -291,9 +450,11 @@ class Collector:
         self.keys: dict[str, str] = {}
         self._pool: dict[tuple[str, str], list[tuple[dict[str, Any], float]]] = {}
 
+    scheme = SCHEME_V1
+
     def header(self) -> dict[str, Any]:
         """The run header's ``attestation`` block (the keys the nodes announced)."""
-        return {"scheme": SCHEME, "run": self.run, "keys": self.keys}  # filled in as the
+        return {"scheme": SCHEME_V1, "run": self.run, "keys": self.keys}  # filled in as the
         # decryptor is known (the header is written out at the end of the run)
 
     def received(self, sender: Any, raw: str, cpu_s: float = 0.0) -> None:
@@ -358,17 +519,30 @@ def _same_party(a: Any, b: Any) -> bool:
     return str(a) == str(b)
 
 
-def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519PublicKey]
-           ) -> list[Problem]:
+def _label(st: Statement) -> str:
+    return f"round {st.round}, phase {st.phase!r}, stage {st.stage!r}"
+
+
+def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519PublicKey], *,
+           scheme: str | None = None) -> list[Problem]:
     """Check a transcript's records against public keys held outside it.
 
     Every ``attestation`` record must carry a valid signature by its sender's key in
-    ``identities`` on a statement of this run; the header's keys must be those keys;
-    every message a client or the decryptor sent must have its statement (same round,
-    phase, stage, sender, receiver); and every server observation of something a client
-    sent must agree with that client's statements of the stage: the same form, and for
-    arrays the same digest per field (encrypted: the message's digest).
+    ``identities`` on a statement of this run; the header's keys must be those keys. Then
+    completeness, both ways: every message a client or the decryptor sent has its
+    statement (same round, phase, stage, sender, receiver and digest) and every statement
+    its message; every server observation of something a client sent agrees with the
+    client's statements of the stage (the same form; for arrays the same digest per
+    field, encrypted: the message's digest) and every statement of an upload has its
+    observations (each field it names, in the form it left, with its digest).
+
+    Under ``scheme`` :data:`SCHEME` (default: the scheme ``identities`` names, else
+    :data:`SCHEME_V1`) every party in ``identities`` must also have signed one closing
+    statement, and its statements must be numbered 0 .. n-1 with no gap, no repeat and in
+    file order: a party's records removed whole, a message removed with its statement,
+    or a statement moved, all fail.
     """
+    scheme = scheme or getattr(identities, "scheme", SCHEME_V1)
     problems: list[Problem] = []
     header_i, header = next(((i, r) for i, r in enumerate(records, 1)
                              if r.get("type") == "run"), (0, {}))
@@ -384,6 +558,7 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
                 f"run header: the key of party {party} is not its key in the identities "
                 "file (replaced)")))
     good: dict[tuple[Any, ...], list[Statement]] = {}
+    signed: list[tuple[int, Statement]] = []  # (line, statement), in file order
     for i, r in enumerate(records, 1):
         if r.get("type") != "attestation":
             continue
@@ -402,8 +577,8 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
             key.verify(sig, st.signed_bytes())
         except InvalidSignature:
             problems.append(Problem(line=i, kind="forged", text=(
-                f"the signature of {st.sender}'s statement (round {st.round}, phase "
-                f"{st.phase!r}, stage {st.stage!r}) does not verify")))
+                f"the signature of {st.sender}'s statement ({_label(st)}) does not "
+                "verify")))
             continue
         if st.run != run:
             problems.append(Problem(line=i, kind="forged", text=(
@@ -413,34 +588,64 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
                 st.params["layer"] != params_digest(header["layer"]):
             problems.append(Problem(line=i, kind="contradicted", text=(
                 f"{st.sender} was told other layer parameters than the run header states")))
-        good.setdefault((st.round, st.phase, st.stage, str(st.sender), str(st.receiver)),
-                        []).append(st)
-    # every message a client sent has its statement (as many as messages): the one
-    # with its digest where the record has one, else one with its labels
-    by_digest: dict[tuple[str, str, str], int] = {}
-    for v in good.values():
+        signed.append((i, st))
+        if not st.closing:
+            good.setdefault((st.round, st.phase, st.stage, str(st.sender), str(st.receiver)),
+                            []).append(st)
+    problems += _messages_match(records, good)
+    problems += _observations_match(records, good)
+    problems += _sequences(signed, identities, scheme)
+    problems.sort(key=lambda p: (p.line == 0, p.line))  # records first, then wholes
+    return problems
+
+
+def _messages_match(records: list[dict[str, Any]],
+                    good: Mapping[tuple[Any, ...], list[Statement]]) -> list[Problem]:
+    """Every message a signer sent has its statement and every statement its message,
+    one to one, on (round, phase, stage, sender, receiver, digest)."""
+    problems: list[Problem] = []
+    # a numbered statement (scheme v2) names its message exactly; an unnumbered one (a
+    # Flower node's: it labels an advertise ahead of a phase it does not know yet) by
+    # sender, receiver and digest
+    unmatched: dict[tuple[Any, ...], list[Statement]] = {}
+    for k, v in good.items():
         for st in v:
-            k = (str(st.sender), str(st.receiver), st.digest)
-            by_digest[k] = by_digest.get(k, 0) + 1
-    counts: dict[tuple[Any, ...], int] = {}
+            key = (*k, st.digest) if st.seq is not None else (k[3], k[4], st.digest)
+            unmatched.setdefault(key, []).append(st)
     for i, r in enumerate(records, 1):
         if r.get("type") != "message" or r.get("stage") == STAGE:
             continue
         if not _is_signer(r.get("sender")) or r.get("receiver") != "server" \
                 or str(r.get("stage", "")).startswith("dropped:"):
             continue
+        base = (r.get("round"), r.get("phase"), r.get("stage"), str(r.get("sender")),
+                str(r.get("receiver")))
         if "digest" in r:
-            key = (str(r["sender"]), str(r["receiver"]), str(r["digest"]))
-            have = by_digest.get(key, 0)  # type: ignore[arg-type]
-        else:
-            key = (r["round"], r["phase"], r["stage"], str(r["sender"]), str(r["receiver"]))
-            have = len(good.get(key, []))
-        counts[key] = counts.get(key, 0) + 1
-        if counts[key] > have:
-            problems.append(Problem(line=i, kind="missing", text=(
-                f"message from {r['sender']} to {r['receiver']} (round {r['round']}, phase "
-                f"{r['phase']!r}, stage {r['stage']!r}) has no signed statement")))
-    # every observation of what a client sent agrees with the client's statements
+            pool = unmatched.get((*base, str(r["digest"])), []) or unmatched.get(
+                (*base[3:], str(r["digest"])), [])
+        else:  # a record without a digest: one statement of the same labels
+            pool = next((v for k, v in unmatched.items() if k[:5] == base and v), [])
+        if pool:
+            pool.pop(0)
+            continue
+        problems.append(Problem(line=i, kind="missing", text=(
+            f"message from {r.get('sender')} to {r.get('receiver')} (round {r.get('round')}, "
+            f"phase {r.get('phase')!r}, stage {r.get('stage')!r}) has no signed statement "
+            "(of that round, phase, stage and digest)")))
+    for v in unmatched.values():
+        for st in v:
+            problems.append(Problem(line=0, kind="missing", text=(
+                f"{st.sender} signed a message ({_label(st)}, digest {st.digest[:12]}...) "
+                "that the server's transcript does not record (removed or moved)")))
+    return problems
+
+
+def _observations_match(records: list[dict[str, Any]],
+                        good: Mapping[tuple[Any, ...], list[Statement]]) -> list[Problem]:
+    """Every server observation of what a signer sent agrees with its statements, and
+    every statement of values (clear, noised, encrypted, masked) has its observations."""
+    problems: list[Problem] = []
+    seen: list[dict[str, Any]] = []
     for i, r in enumerate(records, 1):
         if r.get("type") != "observation" or not _is_signer(r.get("sender")):
             continue
@@ -448,34 +653,138 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
             continue  # a node's evaluation reply is a measurement, not a signed message
         if _same_party(r.get("sender"), r.get("party")):
             continue  # a party's view of its own value
-        sts = [s for k, v in good.items() if k[:4] == (r["round"], r["phase"], r["stage"],
-                                                         str(r["sender"])) for s in v]
+        seen.append(r)
+        sts = good.get((r.get("round"), r.get("phase"), r.get("stage"), str(r.get("sender")),
+                        "server"), [])
         sts = [s for s in sts if s.form != "protocol"]
-        what = (f"{r.get('party')} saw {r['form']} {r['field']!r} from {r['sender']} "
-                f"(round {r['round']}, phase {r['phase']!r}, stage {r['stage']!r})")
+        what = (f"{r.get('party')} saw {r.get('form')} {r.get('field')!r} from "
+                f"{r.get('sender')} (round {r.get('round')}, phase {r.get('phase')!r}, stage "
+                f"{r.get('stage')!r})")
         if not sts:
             problems.append(Problem(line=i, kind="missing", text=(
-                f"{what}, but {r['sender']} signed no such message")))
+                f"{what}, but {r.get('sender')} signed no such message")))
             continue
-        name = r["field"]
-        same = [s for s in sts if s.form_of(name) == r["form"]]
+        name = r.get("field")
+        same = [s for s in sts if s.form_of(str(name)) == r.get("form")]
         if not same:
-            forms = sorted({s.form_of(name) for s in sts})
+            forms = sorted({s.form_of(str(name)) for s in sts})
             problems.append(Problem(line=i, kind="contradicted", text=(
-                f"{what}; {r['sender']} signed it as sent {'/'.join(forms)}")))
+                f"{what}; {r.get('sender')} signed it as sent {'/'.join(forms)}")))
             continue
-        if r["form"] == "encrypted":
+        if r.get("form") == "encrypted":
             ok = any(s.digest == r.get("digest") for s in same)
-        elif r["form"] in ("clear", "noised"):
+        elif r.get("form") in ("clear", "noised"):
             # a field the statement does not name (the flat vector a Flower decryptor
             # returns): bound by the message digest only
-            ok = any(s.fields.get(name, r.get("digest")) == r.get("digest") for s in same)
+            ok = any(s.fields.get(str(name), r.get("digest")) == r.get("digest")
+                     for s in same)
         else:
             ok = True  # masked slices: the statement binds the whole MASKED message
         if not ok:
             problems.append(Problem(line=i, kind="contradicted", text=(
-                f"{what}: its digest is not the one {r['sender']} signed")))
+                f"{what}: its digest is not the one {r.get('sender')} signed")))
+    # the other way: what a signer says it sent, the server's transcript shows it saw
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in seen:
+        if r.get("party") != "server":
+            continue
+        by_key.setdefault((r.get("round"), r.get("phase"), r.get("stage"),
+                           str(r.get("sender"))), []).append(r)
+    # (an observation that exists but disagrees is reported above as contradicted)
+    for k, v in good.items():
+        obs = by_key.get(k[:4], [])
+        names = {str(o.get("field")) for o in obs}
+        for st in v:
+            if st.form == "protocol":
+                continue
+            if st.form in ("masked", "encrypted") or not names & set(st.fields):
+                # masked: bound through the whole message; a field the server's record does
+                # not name (a Flower decryptor's flat vector): any observation of the message
+                if not obs:
+                    problems.append(Problem(line=0, kind="missing", text=(
+                        f"{st.sender} signed a {st.form} upload ({_label(st)}) that the "
+                        "server's transcript never records seeing (deleted: the audit would "
+                        "under-report what the server saw)")))
+                continue
+            for name in sorted(set(st.fields) - names):
+                problems.append(Problem(line=0, kind="missing", text=(
+                    f"{st.sender} signed {name!r} as sent {st.form_of(name)} ({_label(st)}); "
+                    "the server's transcript has no observation of it (deleted: the audit "
+                    "would under-report what the server saw)")))
     return problems
+
+
+def _sequences(signed: list[tuple[int, Statement]], identities: Mapping[str, Any],
+               scheme: str) -> list[Problem]:
+    """Per-party sequence numbers (scheme :data:`SCHEME`): each party in ``identities``
+    closes with one statement whose ``seq`` counts those before it, numbered 0 .. n-1,
+    each once, in file order; under :data:`SCHEME_V1`, only the numbers present."""
+    problems: list[Problem] = []
+    by_party: dict[str, list[tuple[int, Statement]]] = {}
+    for i, st in signed:
+        by_party.setdefault(str(st.sender), []).append((i, st))
+    parties = sorted(set(by_party) | (set(map(str, identities)) if scheme == SCHEME
+                                      else set()))
+    for party in parties:
+        mine = by_party.get(party, [])
+        if scheme != SCHEME and all(st.seq is None for _, st in mine):
+            continue
+        if any(st.seq is None for _, st in mine):
+            problems.append(Problem(line=next(i for i, st in mine if st.seq is None),
+                                    kind="forged", text=(
+                f"party {party}: a statement without a sequence number under scheme "
+                f"{scheme}")))
+            continue
+        closes = [(i, st) for i, st in mine if st.closing]
+        if not closes:
+            problems.append(Problem(line=0, kind="missing", text=(
+                f"party {party} signed no closing statement: "
+                + ("all its records were removed" if not mine else
+                   f"its last statements were removed (it has {len(mine)} left)"))))
+            n = 1 + max((st.seq for _, st in mine), default=-1)  # type: ignore[type-var]
+        else:
+            if len(closes) > 1:
+                problems.append(Problem(line=closes[1][0], kind="forged", text=(
+                    f"party {party}: {len(closes)} closing statements (replayed)")))
+            n = int(closes[0][1].seq)  # type: ignore[arg-type]
+            if closes[0][1].params.get("statements") != n:
+                problems.append(Problem(line=closes[0][0], kind="contradicted", text=(
+                    f"party {party}: its closing statement counts "
+                    f"{closes[0][1].params.get('statements')} statements at number {n}")))
+        counts: dict[int, int] = {}
+        for _, st in mine:
+            if not st.closing:
+                counts[int(st.seq)] = counts.get(int(st.seq), 0) + 1  # type: ignore[arg-type]
+        gone = [k for k in range(n) if k not in counts]
+        if gone:
+            problems.append(Problem(line=0, kind="missing", text=(
+                f"party {party}: statements number {_spans(gone)} of its 0-{n - 1} are "
+                "missing (its messages were removed with their statements)")))
+        extra = sorted(k for k, c in counts.items() if c > 1 or k >= n)
+        if extra:
+            problems.append(Problem(line=0, kind="forged", text=(
+                f"party {party}: statements number {_spans(extra)} repeat or lie past its "
+                f"closing count {n} (replayed)")))
+        last = -1
+        for i, st in mine:
+            if st.seq is not None and st.seq < last:  # type: ignore[operator]
+                problems.append(Problem(line=i, kind="contradicted", text=(
+                    f"party {party}: statement number {st.seq} stands after number {last} "
+                    "(records moved)")))
+                break
+            last = max(last, st.seq if st.seq is not None else last)
+    return problems
+
+
+def _spans(nums: list[int]) -> str:
+    """``0-3,7`` of sorted ints."""
+    out: list[str] = []
+    for k in sorted(nums):
+        if out and out[-1].endswith(f"-{k - 1}") or out and out[-1] == str(k - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{k}"
+        else:
+            out.append(str(k))
+    return ",".join(out)
 
 
 def load_pinned(keys: Mapping[Any, Any] | None) -> dict[Any, Ed25519PrivateKey]:

@@ -25,6 +25,7 @@ DP guarantee, and what the traffic cost.
 from __future__ import annotations
 
 import csv
+import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -160,13 +161,146 @@ UNATTESTED = ("transcript: UNATTESTED - checked without the clients' keys (--ide
               "its digest; this audit detects accidental truncation or corruption only")
 
 
-def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None
-          ) -> dict[str, Any]:
+#: relative tolerance between the server's epsilon and the audit's own recomputation
+_EPS_RTOL = 1e-6
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Whether two recorded epsilons agree (None and infinity compare as themselves)."""
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = float(a), float(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= _EPS_RTOL * max(1.0, abs(b))
+
+
+def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any]
+              ) -> tuple[dict[str, Any] | None, list[str], list[str]]:
+    """(the DP terms the parties signed in their closing statements, the parties that
+    signed one, problems): only statements whose signature verifies under ``identities``
+    count; parties that signed different terms are a problem."""
+    from cryptography.exceptions import InvalidSignature
+
+    from secagg.attest import AttestationError, Statement
+
+    terms: dict[str, Any] | None = None
+    first: str | None = None
+    signers: list[str] = []
+    problems: list[str] = []
+    for i, r in enumerate(records, 1):
+        if r.get("type") != "attestation":
+            continue
+        try:
+            st = Statement.from_json(r.get("statement") or {})
+            sig = bytes.fromhex(str(r.get("signature", "")))
+            key = identities.get(str(st.sender))
+            if not st.closing or key is None:
+                continue
+            key.verify(sig, st.signed_bytes())
+        except (AttestationError, ValueError, InvalidSignature):
+            continue  # attest.verify reports it
+        dp = st.params.get("dp")
+        if first is None:
+            terms, first = dp, str(st.sender)
+        elif dp != terms:
+            problems.append(f"record {i}: contradicted: party {st.sender} signed other DP "
+                            f"terms than party {first}")
+        signers.append(str(st.sender))
+    return terms, signers, problems
+
+
+def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any]
+                  ) -> tuple[dict[str, Any] | None, list[str]]:
+    """The audit's own DP figures, recomputed by its own accountant
+    (:func:`secagg.attest.recompute_dp`) from the DP terms the parties signed, and every
+    server-written ``privacy`` record that disagrees with them (epsilon, delta, private)
+    as a problem. (None, []) when no party signed a closing statement (scheme v1): the
+    DP figures are then the server's word, and the report says so."""
+    from secagg.attest import AttestationError, recompute_dp
+
+    terms, signers, problems = signed_dp(records, identities)
+    if not signers:
+        return None, problems
+    claims = [(i, r) for i, r in enumerate(records, 1) if r.get("type") == "privacy"]
+    if terms is None:
+        for i, r in claims:
+            if r.get("epsilon") is not None and r.get("private") is not False \
+                    and not math.isinf(float(r["epsilon"])):
+                problems.append(f"record {i}: contradicted: the server's privacy record "
+                                f"claims eps={r['epsilon']:.4g}, but no party signed any DP "
+                                "terms (no DP noise was applied)")
+        return {"signers": len(signers), "events": 0, "epsilon": None, "fields": {}}, problems
+    try:
+        led = recompute_dp(terms)
+    except AttestationError as exc:
+        return None, [*problems, f"record 0: contradicted: {exc}"]
+    delta = led.delta
+    total = None if delta is None else led.epsilon()
+    fields = {f: led.field_guarantee(f) for f in led.fields}
+    for i, r in claims:
+        f = r.get("field")
+        mine = {"epsilon": total, "private": led.private} if not f else fields.get(f)
+        if mine is None:
+            if r.get("epsilon") is not None and not math.isinf(float(r["epsilon"])):
+                problems.append(f"record {i}: contradicted: the server's privacy record "
+                                f"claims eps={r['epsilon']:.4g} for {f!r}, a field no signed "
+                                "DP release covers")
+            continue
+        what = "in total" if not f else f"for {f!r}"
+        if r.get("delta") != delta:
+            problems.append(f"record {i}: contradicted: the server's privacy record states "
+                            f"delta={r.get('delta')} {what}; the parties signed delta={delta}")
+        if not _close(r.get("epsilon"), mine["epsilon"]):
+            problems.append(
+                f"record {i}: contradicted: the server's privacy record claims eps="
+                f"{r.get('epsilon')} {what}; this audit's accountant, from the DP terms "
+                f"{len(signers)} parties signed, gives eps={mine['epsilon']}")
+        if bool(r.get("private", True)) and not mine["private"]:
+            problems.append(f"record {i}: contradicted: the server's privacy record calls "
+                            f"the release private {what}; the signed terms say it is not: "
+                            f"{mine.get('reason') or '; '.join(led.not_private_reasons)}")
+    return {"signers": len(signers), "events": len(led.events), "delta": delta,
+            "epsilon": total, "private": led.private,
+            "not_private_reasons": list(led.not_private_reasons),
+            "fields": {f: g["epsilon"] for f, g in fields.items()}}, problems
+
+
+def trusted_root(identities: Mapping[str, Any], transcript_path: Path | None
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """What the audit trusts (the identities file, its scheme and parties) and, as a
+    problem, an identities file inside the transcript's own folder: the server writes that
+    folder, so a file there is the server's word, not a trust root."""
+    from secagg.attest import SCHEME
+
+    path = getattr(identities, "path", None)
+    scheme = getattr(identities, "scheme", None)
+    info: dict[str, Any] = {"identities": None if path is None else str(path),
+                            "scheme": scheme, "parties": sorted(map(str, identities)),
+                            "sequenced": scheme == SCHEME}
+    problems = []
+    if path is not None and transcript_path is not None:
+        run_dir = Path(transcript_path).resolve().parent
+        if run_dir == Path(path).resolve().parent or run_dir in Path(path).resolve().parents:
+            problems.append(f"record 0: key: the identities file {path} lies in the run folder "
+                            f"{run_dir}, which the server writes: it is the server's word, "
+                            "not a trust root (use the key directory the clients published, "
+                            "e.g. <run folder>.keys/identities.json, or your PKI's keys)")
+    return info, problems
+
+
+def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None, *,
+          transcript_path: str | Path | None = None) -> dict[str, Any]:
     """Summarise a transcript. Returns a JSON-able dict: ``run`` (the header),
     ``complete`` and ``incomplete_reason``, ``end`` (the closing record), ``traffic``,
     ``fields`` (one entry per (phase, field)), ``privacy`` (the records) and
     ``attestation`` (with ``identities``, party -> Ed25519 public key from outside the
-    transcript: the problems found, as text, each naming its record; else None)."""
+    transcript: the problems found, as text, each naming its record; else None), and with
+    ``identities`` also ``trusted`` (:func:`trusted_root`; ``transcript_path``: where the
+    transcript was read, to refuse keys from its own folder) and ``dp_recomputed``
+    (:func:`check_privacy`: the DP figures of the audit's own accountant from the signed
+    terms, whose disagreements with the server's privacy records are attestation
+    problems)."""
     header = next((r for r in transcript.records if r.get("type") == "run"), {})
     end = next((r for r in transcript.records if r.get("type") == "end"), None)
     reason = transcript.check()
@@ -228,13 +362,19 @@ def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None
         e["notes"] = notes
         out.append(e)
     attestation = None
+    extra: dict[str, Any] = {}
     if identities is not None:
         from secagg.attest import verify
 
-        attestation = [str(p) for p in verify(transcript.records, identities)]
+        trusted, root = trusted_root(identities, None if transcript_path is None
+                                     else Path(transcript_path))
+        dp, wrong = check_privacy(transcript.records, identities)
+        attestation = [*root, *(str(p) for p in verify(transcript.records, identities)),
+                       *wrong]
+        extra = {"trusted": trusted, "dp_recomputed": dp}
     return {"run": header, "complete": reason is None, "incomplete_reason": reason,
             "end": end, "traffic": traffic(transcript), "fields": out, "privacy": privacy,
-            "attestation": attestation}
+            "attestation": attestation, **extra}
 
 
 def _layer_text(desc: dict[str, Any]) -> str:
@@ -259,6 +399,19 @@ def _layer_text(desc: dict[str, Any]) -> str:
     return f"{desc.get('name', '?')}({', '.join(params)})"
 
 
+def _trusted_lines(report: dict[str, Any]) -> list[str]:
+    """The lines saying what an attested audit trusted (the keys and where they came
+    from)."""
+    t = report.get("trusted")
+    if not t:
+        return []
+    where = t.get("identities") or "keys given in memory"
+    return [f"trusted: the public keys in {where} ({len(t['parties'])} parties: "
+            f"{', '.join(t['parties'][:8])}{', ...' if len(t['parties']) > 8 else ''}; "
+            f"scheme {t.get('scheme')}), held outside the transcript; nothing the server "
+            "wrote is taken on its word where a signed statement covers it"]
+
+
 def _saw_text(saw: dict[str, int]) -> str:
     return ", ".join(f"{form} x{n}" for form, n in sorted(saw.items())) or "nothing"
 
@@ -277,9 +430,17 @@ def format_audit(report: dict[str, Any]) -> str:
         lines.extend(f"  {p}" for p in att[:20])
         if len(att) > 20:
             lines.append(f"  ... and {len(att) - 20} more")
-    else:
+    elif (report.get("trusted") or {}).get("sequenced", True):
         lines.append("attestation: verified - every message the clients sent carries their "
-                     "signed statement, and every server record of it agrees (form, digest)")
+                     "signed statement, and every server record of it agrees (form, digest); "
+                     "every party's numbered statements are all there, each matched by the "
+                     "server's records both ways")
+    else:
+        lines.append("attestation: verified (scheme v1: partial) - every message the server "
+                     "recorded carries its sender's signed statement and agrees with it; the "
+                     "statements are not numbered, so a party's records removed whole, or a "
+                     "message removed with its statement, would not show")
+    lines.extend(_trusted_lines(report))
     if report.get("complete"):
         end = report.get("end") or {}
         stopped = f"; stopped early: {end['stopped']}" if end.get("stopped") else ""
@@ -327,6 +488,19 @@ def format_audit(report: dict[str, Any]) -> str:
         for n in e["notes"]:
             lines.append(f"  note         : {n}")
     totals = [p for p in report.get("privacy", []) if not p.get("field")]
+    dp = report.get("dp_recomputed")
+    if dp and dp.get("epsilon") is not None:
+        lines.append(f"\ntotal DP guarantee (recomputed by this audit's accountant from the "
+                     f"DP terms {dp['signers']} parties signed): eps={dp['epsilon']:.4g} at "
+                     f"delta={dp['delta']:.2g} over {dp['events']} releases"
+                     + ("" if dp.get("private") else " - NOT private: "
+                        + "; ".join(dp.get("not_private_reasons", []))))
+    elif dp:
+        lines.append(f"\nDP: no party signed any DP terms ({dp['signers']} closing "
+                     "statements): no DP guarantee")
+    elif report.get("attestation") is not None and totals:
+        lines.append("\nDP: the figures below are the server's word (no party signed DP "
+                     "terms under this scheme)")
     if totals:
         p = totals[-1]
         if p.get("private") is False:

@@ -338,10 +338,12 @@ def _make_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="machine-readable output")
     a.add_argument(
         "--identities", type=Path, default=None, metavar="FILE",
-        help="the clients' public keys (identities.json, or your PKI's): verify every "
-        "client's signed statement and check the server's records against them (exit 4 "
-        "on a missing, forged or contradicted one); without it the transcript is "
-        "unattested: only accidental damage is detected",
+        help="the clients' public keys, from outside the run folder (the key directory a "
+        "simulated run writes, <run>.keys/identities.json, or your PKI's; a file inside the "
+        "run folder is refused): verify every client's signed statement, check the "
+        "server's records against them both ways and recompute the DP figures from the "
+        "signed terms (exit 4 on a missing, forged or contradicted one); without it the "
+        "transcript is unattested: only accidental damage is detected",
     )
     a.add_argument(
         "--node-ledger", action="append", default=[], metavar="CLIENT=PATH",
@@ -652,7 +654,9 @@ def _run(args: argparse.Namespace) -> int:
     paths = result.save(out, args.device_profile)
     print(result.table(args.device_profile))
     print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}"
-          + (f", {paths['identities']}" if "identities" in paths else ""))
+          + (f"; the clients' public keys to {paths['identities']} (apart from the run "
+             "folder: keep them where the server cannot write)"
+             if "identities" in paths else ""))
     print(f"audit with: secagg audit {paths['transcript']}"
           + (f" --identities {paths['identities']}" if "identities" in paths else ""))
     failure = result.failure()
@@ -675,7 +679,7 @@ def _audit(args: argparse.Namespace) -> int:
         from secagg.attest import read_identities
 
         identities = read_identities(args.identities)
-    report = audit(transcript, identities)
+    report = audit(transcript, identities, transcript_path=path)
     costs = path.parent / "costs.csv"
     if costs.exists():
         report["reconcile"] = reconcile(report, costs)

@@ -853,6 +853,9 @@ class Engine:
             bar.close()
         if run.privacy is not None and hasattr(run.privacy, "record_in"):
             run.privacy.record_in(run.transcript)
+        if run.attest is not None and hasattr(run.attest, "close"):
+            # every party closes its signed sequence, with the DP terms the run applied
+            run.attest.close(run.transcript, run.privacy)
         self.privacy = run.privacy
         kind = "mean local test" if getattr(alg, "personalized", False) else "global test"
         return Result(
@@ -862,7 +865,10 @@ class Engine:
             privacy=run.privacy, clips=dict(run.clips.counts), aborted=run.aborted,
             participation=run.participation, measurements=run.measurements,
             n_clients=len(clients), wall_s=time.perf_counter() - t_start,
-            identities=None if run.attest is None else dict(run.attest.header()["keys"]),
+            identities=None if run.attest is None else (
+                run.attest.published() if hasattr(run.attest, "published")
+                else dict(run.attest.header()["keys"])),
+            attest_scheme=None if run.attest is None else run.attest.header()["scheme"],
             client_accounts=self._reported_accounts(run),
         )
 

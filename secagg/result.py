@@ -65,6 +65,8 @@ class Result:
     wall_s: float = 0.0
     #: the signers' public keys (party -> Ed25519 public key, hex) when the run was attested
     identities: dict[str, str] | None = None
+    #: the attestation scheme the signers used (:mod:`secagg.attest`), with ``identities``
+    attest_scheme: str | None = None
     client_accounts: Any | None = None
     _clients_cache: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
@@ -164,12 +166,37 @@ class Result:
         return d
 
     def save(self, out_dir: str | Path,
-             profile: HardwareProfile | str = "phone-wifi") -> dict[str, Path]:
+             profile: HardwareProfile | str = "phone-wifi", *,
+             keys_dir: str | Path | None = None) -> dict[str, Path]:
         """Write ``result.json``, ``costs.csv`` (with the device columns for ``profile``) and
         ``transcript.jsonl`` (closed: see :meth:`secagg.transcript.Transcript.close`) into
-        ``out_dir``, and for an attested run ``identities.json``: the signers' public keys
-        (:mod:`secagg.attest`; what ``secagg audit --identities`` checks against)."""
+        ``out_dir``, and for an attested run ``identities.json``, the signers' public keys
+        (:mod:`secagg.attest`; what ``secagg audit --identities`` checks against), into
+        ``keys_dir``: a key directory apart from the run folder (default: the folder
+        ``<out_dir>.keys`` beside it). The run folder holds what the server wrote; the key
+        directory is what the clients publish, so a server that rewrites its run folder
+        cannot also replace the keys the audit trusts. That holds where the clients' keys
+        were made by the clients themselves in this process (scheme
+        :data:`secagg.attest.SCHEME`); keys the nodes announced to a remote server (Flower,
+        trust on first use) are the server's word, and go in the run folder as
+        ``announced_identities.json`` (path ``"announced_identities"``), which the audit
+        refuses as a trust root.
+
+        Raises:
+            ConfigurationError: ``keys_dir`` is ``out_dir`` or inside it.
+        """
+        from secagg.attest import SCHEME, write_identities
+
         out = Path(out_dir)
+        here = out.resolve()
+        keys = Path(keys_dir) if keys_dir is not None else here.parent / f"{here.name}.keys"
+        own = self.attest_scheme == SCHEME  # the clients' own keys, made in this process
+        if self.identities and own and _inside(keys, out):
+            from secagg.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"keys_dir {keys} is inside the run folder {out}: the clients' keys must be "
+                "kept apart from what the server writes (choose another folder)")
         out.mkdir(parents=True, exist_ok=True)
         paths = {
             "result": out / "result.json",
@@ -186,10 +213,12 @@ class Result:
             with open(paths["client_ledgers"], "w", encoding="utf-8") as fh:
                 for led in self.client_accounts.ledgers.values():
                     fh.write("".join(e.to_json() + "\n" for e in led.events))
-        if self.identities:
-            from secagg.attest import write_identities
-
-            paths["identities"] = write_identities(out / "identities.json", self.identities)
+        if self.identities and own:
+            paths["identities"] = write_identities(keys / "identities.json", self.identities,
+                                                   scheme=SCHEME)
+        elif self.identities:
+            paths["announced_identities"] = write_identities(
+                out / "announced_identities.json", self.identities)
         return paths
 
     def _attest_rows(self, per: int) -> list[tuple[str, str]]:
@@ -292,3 +321,9 @@ def client_rows(clients: dict[str, Any] | None) -> list[tuple[str, str]]:
     if refusals:
         rows.append(("client refusals (budget or policy)", str(refusals)))
     return rows
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (both resolved)."""
+    p, f = path.resolve(), folder.resolve()
+    return p == f or f in p.parents

@@ -9,7 +9,10 @@ from an allow-list by their fields; a PyTorch module is kept as its ``state_dict
 arrays and loaded into a module the reader supplies (never constructed from the file).
 Each stored item carries the SHA-256 of its bytes, checked before anything is decoded.
 
-Files are written with mode 0600 (a temporary file, then an atomic rename).
+Files are written with mode 0600: a temporary file with a random name in the target's
+folder, created with ``O_EXCL | O_NOFOLLOW`` (never an existing file or a planted link),
+then an atomic rename. A target that is a symbolic link is refused (:class:`StoreError`),
+when writing and when reading.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import hashlib
 import io
 import json
 import os
+import secrets
+import stat
 import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -224,17 +229,60 @@ def loads(raw: bytes, module_for: ModuleFor | None = None,
     return decode(meta.get("desc"), _arrays(npz), module_for, classes)
 
 
+#: Attempts at a fresh temporary name before :func:`_write_private` gives up.
+_TEMP_TRIES = 16
+
+
+def _temp_name(path: Path) -> Path:
+    """A temporary name beside ``path``: 128 random bits, so no other user can plant a
+    file or link there in advance."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(16)}.tmp")
+
+
+def _refuse_link(path: Path) -> None:
+    """Raise :class:`StoreError` when ``path`` is a symbolic link (a store never writes or
+    reads through one: a planted link would redirect it to another file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreError(f"{path} is a symbolic link: refused (a store writes and reads "
+                         "only its own regular files; remove the link)")
+
+
 def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write ``data`` to ``path`` with mode 0600: into a fresh temporary file in the same
+    folder (random name, opened with ``O_CREAT | O_EXCL | O_NOFOLLOW``, so neither a file
+    nor a link planted there is followed or truncated), then renamed over ``path``.
+
+    Raises:
+        StoreError: ``path`` is a symbolic link, or no fresh temporary name was found.
+    """
+    _refuse_link(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_TEMP_TRIES):
+        tmp = _temp_name(path)
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileExistsError:
+            continue  # something is already there (a planted file or link): another name
+        break
+    else:
+        raise StoreError(f"{path.parent}: no fresh temporary name in {_TEMP_TRIES} tries "
+                         "(the folder is full of planted names?)")
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _refuse_link(path)  # a link planted while we wrote
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)
 
 
 def save(path: str | os.PathLike[str], obj: Any) -> tuple[Path, Path]:
@@ -265,9 +313,12 @@ def load(path: str | os.PathLike[str], module_for: ModuleFor | None = None,
     the modules to load into exist).
 
     Raises:
-        StoreError: a file missing, unreadable, or not matching its digest.
+        StoreError: a file missing, unreadable, a symbolic link, or not matching its
+            digest.
     """
     base = Path(path)
+    for p in (base.with_suffix(".json"), base.with_suffix(".npz")):
+        _refuse_link(p)
     try:
         meta = json.loads(base.with_suffix(".json").read_text())
         npz = base.with_suffix(".npz").read_bytes()

@@ -123,13 +123,19 @@ def test_lr_local_epochs_and_accuracy_curve(tmp_path, capsys):
     assert "final" in out and "best" in out
 
 
+def _run_folders(runs):
+    """The run folders under ``runs`` (not the clients' key directories, ``<run>.keys``,
+    written beside each)."""
+    return [p for p in runs.iterdir() if not p.name.endswith(".keys")]
+
+
 def test_default_output_folder_names_group_layers_and_is_not_overwritten(
         tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = ["run", "--layer", "secure-sum", "--group-layer", "default=plaintext", *FAST]
     rc, out, _ = _main(argv, capsys)
     assert rc == 0
-    (folder,) = (tmp_path / "runs").iterdir()
+    (folder,) = _run_folders(tmp_path / "runs")
     assert "secure-sum" in folder.name and "default=plaintext" in folder.name
     before = (folder / "result.json").read_text()
     rc, _, err = _main([*argv, "--seed", "0"], capsys)
@@ -207,7 +213,7 @@ def test_argument_errors_are_reported_in_a_folder_holding_the_default_run(tmp_pa
     assert Path.cwd() == tmp_path  # conftest runs every test in its own directory
     rc, _, err = _main(["run", *FAST], capsys)  # FAST changes no part of the default folder
     assert rc == 0, err
-    (folder,) = (tmp_path / "runs").iterdir()
+    (folder,) = _run_folders(tmp_path / "runs")
     assert folder.name == "fedlog-plaintext-digits-seed0"
     for argv, needle in (
             (["--arg", "no_such=1"], "no_such"),

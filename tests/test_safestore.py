@@ -81,3 +81,78 @@ def test_files_are_written_0600_and_digests_are_checked(tmp_path):
         safestore.load(base)
     safestore.remove(base)
     assert not safestore.exists(base)
+
+
+# -- planted links (issue 33, item 7): the writer never follows one ------------------------
+
+def _victim(tmp_path):
+    """A file another user owns in spirit: its content and mode must survive any save."""
+    v = tmp_path / "elsewhere" / "victim.txt"
+    v.parent.mkdir()
+    v.write_text("precious")
+    v.chmod(0o644)
+    return v
+
+
+def _intact(v):
+    return v.read_text() == "precious" and v.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_link_planted_at_the_old_predictable_temporary_name_is_not_followed(tmp_path):
+    # the name the writer used before (".<name>.tmp<pid>"): a link there was opened with
+    # O_TRUNC and chmod-ed, overwriting its target
+    import os
+
+    v = _victim(tmp_path)
+    base = tmp_path / "store" / "state"
+    base.parent.mkdir()
+    for suffix in (".npz", ".json"):
+        (base.parent / f".state{suffix}.tmp{os.getpid()}").symlink_to(v)
+    safestore.save(base, {"a": np.arange(3)})
+    assert _intact(v)
+    np.testing.assert_array_equal(safestore.load(base)["a"], np.arange(3))
+
+
+def test_a_link_planted_at_the_next_random_name_is_skipped_not_followed(tmp_path, monkeypatch):
+    # the attacker guesses the random name (here: told it): O_EXCL | O_NOFOLLOW refuses
+    # the planted link and the writer takes a fresh name
+    v = _victim(tmp_path)
+    base = tmp_path / "state"
+    names = iter(["guessed", "guessed", "fresh1", "fresh2"])
+    monkeypatch.setattr(safestore.secrets, "token_hex", lambda n: next(names))
+    (tmp_path / ".state.npz.guessed.tmp").symlink_to(v)
+    (tmp_path / ".state.json.guessed.tmp").symlink_to(tmp_path / "elsewhere" / "new")
+    safestore.save(base, {"a": np.arange(3)})
+    assert _intact(v) and not (tmp_path / "elsewhere" / "new").exists()
+    assert (tmp_path / ".state.npz.guessed.tmp").is_symlink()  # left alone
+    np.testing.assert_array_equal(safestore.load(base)["a"], np.arange(3))
+
+
+def test_only_planted_names_is_a_typed_error_not_a_write_through(tmp_path, monkeypatch):
+    v = _victim(tmp_path)
+    monkeypatch.setattr(safestore.secrets, "token_hex", lambda n: "always")
+    (tmp_path / ".state.npz.always.tmp").symlink_to(v)
+    with pytest.raises(safestore.StoreError, match="no fresh temporary name"):
+        safestore.save(tmp_path / "state", {"a": np.arange(3)})
+    assert _intact(v)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".json"])
+def test_a_symlinked_target_is_refused_on_write_and_on_read(tmp_path, suffix):
+    v = _victim(tmp_path)
+    base = tmp_path / "state"
+    safestore.save(base, {"a": np.arange(3)})
+    target = base.with_suffix(suffix)
+    target.unlink()
+    target.symlink_to(v)
+    with pytest.raises(safestore.StoreError, match="symbolic link"):
+        safestore.save(base, {"a": np.arange(4)})
+    with pytest.raises(safestore.StoreError, match="symbolic link"):
+        safestore.load(base)
+    assert _intact(v) and target.is_symlink()
+
+
+def test_no_temporary_file_is_left_behind(tmp_path):
+    safestore.save(tmp_path / "state", {"a": np.arange(3)})
+    safestore.save(tmp_path / "state", {"a": np.arange(5)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json", "state.npz"]
