@@ -74,7 +74,8 @@ TAG_BYTES = 16
 SHARE_CIPHERTEXT_BYTES = SHARE_PLAINTEXT_BYTES + TAG_BYTES
 MAX_ID = SERVER_ID - 1
 COMMITMENT_BYTES = 32
-TAG_HMAC_BYTES = 32
+MASKED_TAG_BYTES = SIGNATURE_BYTES  # the MASKED integrity tag: its sender's Ed25519 signature
+TAG_HMAC_BYTES = MASKED_TAG_BYTES  # the former name (the tag was an HMAC)
 FORWARD_ENTRY_BYTES = SHARE_CIPHERTEXT_BYTES + SIGNATURE_BYTES
 """A forwarded share: the ciphertext and its sender's signature."""
 SHARES_ENTRY_BYTES = FORWARD_ENTRY_BYTES + COMMITMENT_BYTES
@@ -418,8 +419,8 @@ def masked_parts(
 ) -> list[bytes | memoryview]:
     """MASKED body, as parts for :func:`encode`: ring_bits, length, the tag, the packed
     vector."""
-    if len(tag) != TAG_HMAC_BYTES:
-        raise ValueError("masked-input tags are 32 bytes")
+    if len(tag) != MASKED_TAG_BYTES:
+        raise ValueError(f"masked-input tags are {MASKED_TAG_BYTES} bytes")
     return [struct.pack(">BI", ring_bits, length), tag, data]
 
 
@@ -434,7 +435,7 @@ def parse_masked(
         raise MalformedMessage(
             f"MASKED: vector of {n} elements mod 2^{rb}, expected {length} mod 2^{ring_bits}"
         )
-    tag = bytes(r.take(TAG_HMAC_BYTES))
+    tag = bytes(r.take(MASKED_TAG_BYTES))
     w = packed_width(ring_bits)
     raw = r.take(w * n)
     r.done()
