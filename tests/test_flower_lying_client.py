@@ -168,10 +168,11 @@ def test_a_wrong_dealt_share_on_flower_is_corrected(monkeypatch, honest):
 
 
 def test_a_wrong_unmask_response_on_flower_is_corrected(monkeypatch, honest):
-    _, agg = _flower(monkeypatch, {5: liar(wrong_unmask(), "unmask")})
+    """Node 4 is in every window of t_k = 5 contiguous holders (the old server's fallback)."""
+    _, agg = _flower(monkeypatch, {4: liar(wrong_unmask(), "unmask")})
     assert agg.contributors == tuple(range(N))
     np.testing.assert_array_equal(agg["stats"], honest["stats"])
-    assert {h for _, h, _ in agg.notes["secure_sum"]["disputes"]} == {5}
+    assert {h for _, h, _ in agg.notes["secure_sum"]["disputes"]} == {4}
 
 
 def test_a_node_reply_rewritten_after_the_real_step_is_corrected(monkeypatch, honest):
@@ -179,7 +180,7 @@ def test_a_node_reply_rewritten_after_the_real_step_is_corrected(monkeypatch, ho
     rewritten (every share of owner 0 changed) before it leaves the node."""
 
     def fault(step, cid, rep):
-        if step == "unmask" and cid == 2:
+        if step == "unmask" and cid == 3:  # in every window of 5 contiguous holders
             rec = dict(read(rep))
             msg = rec["msg"]
             pos = wire.HEADER_BYTES + 4 + 4  # owner 0's first share element
@@ -190,4 +191,4 @@ def test_a_node_reply_rewritten_after_the_real_step_is_corrected(monkeypatch, ho
     result, agg = _flower(monkeypatch, fault=fault)
     np.testing.assert_array_equal(agg["stats"], honest["stats"])
     assert agg.contributors == tuple(range(N)) and result.aborted == []
-    assert agg.notes["secure_sum"]["disputes"] == [[0, 2, "self-mask seed"]]
+    assert agg.notes["secure_sum"]["disputes"] == [[0, 3, "self-mask seed"]]
