@@ -24,8 +24,7 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
 from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
 from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
-from test_flower_runtime import task_identity  # noqa: E402,F401
-from test_secure_sum_lying_client import (  # noqa: E402
+from lying_clients import (  # noqa: E402
     bad_commitment,
     bad_tag,
     liar,
@@ -33,6 +32,7 @@ from test_secure_sum_lying_client import (  # noqa: E402
     wrong_share_to,
     wrong_unmask,
 )
+from test_flower_runtime import task_identity  # noqa: E402,F401
 
 import secagg.secure_sum.node as node_mod  # noqa: E402
 from algorithms import FedLog  # noqa: E402
