@@ -226,3 +226,43 @@ def test_federation_skip_records_liars_past_the_bound_and_goes_on(digits_clients
     assert [(r, why.startswith("secure sum aborted at stage 'unmask'")) for r, _, why
             in res.aborted] == [(1, True)]
     assert [(r, got) for r, _, got, _ in res.participation] == [(0, 10), (1, 0), (2, 10)]
+
+
+# ------------------------------------------------------------------ the decoder itself
+
+@pytest.mark.parametrize("h,t", [(10, 7), (9, 4), (12, 5), (30, 20)])
+def test_decode_corrects_up_to_the_bound_names_the_rows_and_refuses_past_it(h, t):
+    """floor((h - t) / 2) wrong shares per column corrected and located (some columns with
+    every wrong row, some with a subset, one clean); one more is refused."""
+    import random
+
+    from secagg.secure_sum import shamir
+
+    rnd = random.Random(h * 100 + t)
+    xs = [rnd.randrange(1, 2**32) for _ in range(h)]
+    secrets_ = [rnd.randrange(shamir.P) for _ in range(5)]
+    sh = shamir.share(secrets_, t, xs, rand=lambda k: rnd.randbytes(k))
+    e = shamir.max_errors(h, t)
+    assert e == (h - t) // 2
+    bad = rnd.sample(range(h), e)
+    for c in (0, 1, 3):
+        for i in bad if c != 3 else bad[:1]:
+            sh[i, c] = (sh[i, c] + rnd.randrange(1, shamir.P)) % shamir.P
+    got, errors = shamir.decode(xs, sh, t)
+    assert got == secrets_
+    assert errors == [set(bad), set(bad), set(), set(bad[:1]), set()]
+    spare = next(i for i in range(h) if i not in bad)
+    sh[spare, 1] = (sh[spare, 1] + 1) % shamir.P
+    with pytest.raises(shamir.DecodingError) as info:
+        shamir.decode(xs, sh, t)
+    assert (info.value.column, info.value.holders, info.value.max_errors) == (1, h, e)
+
+
+def test_a_commitment_lie_with_a_corrected_share_as_well_aborts_rather_than_guess(monkeypatch):
+    """Client 4's commitment lies and client 6 reports a wrong share of 4's seed: a seed that
+    needed correcting and still misses its commitment could be more liars than the bound, so
+    the round aborts with the reason instead of trusting the decoded seed."""
+    bad = {4: liar(bad_commitment), 6: liar(wrong_unmask({4}), "unmask")}
+    with pytest.raises(UnrecoverableSecret, match="inconsistent with its commitment") as info:
+        _run(monkeypatch, bad)
+    assert info.value.owner == 4

@@ -49,10 +49,12 @@ A lying client excludes only itself, at every stage:
   in :attr:`Server.disputes` as (owner, holder, secret): its dealer dealt it wrong or its
   holder reported it wrong -- the server cannot tell which without evidence, so it excludes
   no one for it (the sum is exact either way);
-* a rebuilt self-mask seed that does not match its owner's commitment, when the shares
-  decoded, is the owner's own lie (its commitment contradicts the polynomial its holders
-  agree on): recorded in :attr:`Server.faults`, and the decoded seed -- the one its shares
-  encode -- is used;
+* a rebuilt self-mask seed that does not match its owner's commitment while all of its
+  h > t_k shares agree is the owner's own lie (its commitment contradicts the polynomial every
+  holder agrees on; only h - t_k + 1 liars agreeing on another polynomial could explain it
+  otherwise): recorded in :attr:`Server.faults`, and the seed the shares encode is used. With
+  a mismatch and a corrected share as well, the round aborts (more liars than the bound
+  could explain it);
 * past the bound -- more wrong shares than the code corrects, or a mask key that decodes to
   a key other than the advertised one -- the round aborts with
   :class:`~.errors.UnrecoverableSecret` naming the owner, the counts and the bound, never a
@@ -530,7 +532,8 @@ class Server:
                 kind, owner = items[exc.column // _K]
                 raise UnrecoverableSecret(
                     owner, "mask key" if kind == "sk" else "self-mask seed", len(holders), tk,
-                    "its shares are inconsistent: more wrong shares than the code corrects") from None
+                    "its shares are inconsistent: more wrong shares than the code corrects",
+                ) from None
             for j, (kind, owner) in enumerate(items):
                 what = "mask key" if kind == "sk" else "self-mask seed"
                 wrong = sorted({holders[i] for c in range(_K * j, _K * j + _K)
@@ -541,12 +544,20 @@ class Server:
                     raise UnrecoverableSecret(owner, what, len(holders), tk,
                                               "the decoded value is not a key") from None
                 if not self._verify(kind, owner, secret):
-                    if kind == "sk" or len(holders) == tk:
+                    if kind == "sk":
                         raise UnrecoverableSecret(
                             owner, what, len(holders), tk,
-                            "it decodes to a key other than the advertised one" if kind == "sk"
-                            else "its t_k shares are inconsistent with its commitment, and no spare "
-                            "share is left to correct them")
+                            "it decodes to a key other than the advertised one")
+                    if len(holders) == tk or wrong:
+                        # only when every one of more than t_k shares agrees is the seed
+                        # surely the one the owner dealt (its commitment the only lie);
+                        # with a correction too, more liars than the bound could explain it
+                        raise UnrecoverableSecret(
+                            owner, what, len(holders), tk,
+                            "its shares are inconsistent with its commitment" + (
+                                ", and no spare share is left to correct them"
+                                if len(holders) == tk else
+                                f" even after correcting {len(wrong)} share(s)"))
                     self.faults.setdefault(owner, (
                         "unmask: its seed commitment contradicts the seed its shares encode "
                         f"({len(holders) - len(wrong)} of {len(holders)} holders agree)"))

@@ -294,6 +294,7 @@ def decode(
                                            dtype=object).dot(arr[head])] if cols else []
     errors: list[set[int]] = [set() for _ in range(cols)]
     known: set[int] = set()
+    sub_weights: dict[tuple[int, ...], np.ndarray] = {}
     for c in range(cols):
         if ok[c]:
             continue
@@ -301,9 +302,10 @@ def decode(
         if known and len(known) <= max_errors(h, threshold):
             keep = [i for i in range(h) if i not in known]
             sub = tuple(pts[i] for i in keep)
-            w = _parity_weights(sub, threshold, rand) if len(sub) > threshold else None
-            if w is not None and int(w.dot(np.array([column[i] for i in keep],
-                                                     dtype=object))) % P == 0:
+            if sub not in sub_weights:  # one parity check per set of rows left
+                sub_weights[sub] = _parity_weights(sub, threshold, rand)
+            w = sub_weights[sub]
+            if int(w.dot(np.array([column[i] for i in keep], dtype=object))) % P == 0:
                 values[c] = reconstruct(sub[:threshold],
                                         np.array([[column[i]] for i in keep[:threshold]],
                                                  dtype=object))[0]
