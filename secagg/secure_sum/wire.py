@@ -28,10 +28,11 @@ Bodies:
   evidence the server checks, see :mod:`secagg.secure_sum.server`); kind 1, the share does
   not carry the sender's signature (key and commitment all zero: nothing is revealed). An
   ACK without complaints is 4 zero bytes
-* MASKED (client -> server): ring_bits u8 | length u32 | tag 32 | length x ceil(ring_bits/8)
-  bytes (little-endian ring elements, packed); tag = HMAC-SHA256 under a key derived from
-  b_u of SHA-256(packed bytes): the server checks it once it has rebuilt b_u, so a vector
-  altered in transit is detected (the server hashes on receipt and keeps only the digest)
+* MASKED (client -> server): ring_bits u8 | length u32 | tag 64 | length x ceil(ring_bits/8)
+  bytes (little-endian ring elements, packed); tag = the sender's Ed25519 signature (the key
+  it advertised with) over session, round, sender and SHA-256(packed bytes): the server checks
+  it on receipt, so a vector altered in transit, or tagged for another round, is refused and
+  its sender counts as dropped
 * SURVIVORS (server -> client): count u32 | count x (id u32)  -- U3, the clients whose
   masked input the server holds (the consistency round)
 * SIGNATURE (client -> server): Ed25519 signature (64) of
