@@ -49,6 +49,7 @@ from secagg.errors import (
     ConfigurationError,
     InadmissibleField,
     PrivacyError,
+    ProtocolError,
     SecaggError,
     SecureSumAborted,
 )
@@ -141,21 +142,29 @@ def run_spec(phase: _Phase, layer: Layer, max_records: int, checked: set[str]) -
     return spec
 
 
+ROUND_FAILURES = (SecureSumAborted, ProtocolError)
+"""The typed failures that end one round's phase (not the run): a secure sum that lost too
+many clients, or any protocol error it raised. ``on_abort="skip"`` records each and goes on."""
+
+
 def guard_phase(
     step: Callable[[], int], round: int, phase: str, cohort: int, on_abort: str,
     aborted: list[tuple[int, str, str]], participation: list[tuple[int, str, int, int]],
 ) -> bool:
     """Run one phase's ``step`` (which returns how many uploads its aggregate holds) and
-    book the outcome, as every runtime does: its participation; or, for an aborted secure
-    sum, the abort (re-raised when ``on_abort="raise"``, else recorded with 0 uploads); or,
+    book the outcome, as every runtime does: its participation; or, for a round that failed
+    with a typed round failure (:data:`ROUND_FAILURES`: an aborted secure sum, or a
+    protocol error no party could be blamed for), the failure (re-raised when
+    ``on_abort="raise"``, else recorded with its type and 0 uploads, and the run goes on); or,
     when the privacy guard refused a release before it happened, the refusal. Returns False
     when the run must stop there (the refusal), True otherwise."""
     try:
         got = step()
-    except SecureSumAborted as exc:
+    except ROUND_FAILURES as exc:
         if on_abort == "raise":
             raise
-        aborted.append((round, phase, str(exc)))
+        why = str(exc) if isinstance(exc, SecureSumAborted) else f"{type(exc).__name__}: {exc}"
+        aborted.append((round, phase, why))
         participation.append((round, phase, 0, cohort))
         return True
     except BudgetExceeded as exc:
@@ -432,8 +441,9 @@ class Transport(Protocol):
         """A round ended."""
         ...
 
-    def aborted(self, exc: SecureSumAborted) -> None:
-        """A phase over the link aborted (the runtime may annotate ``exc``)."""
+    def aborted(self, exc: SecaggError) -> None:
+        """A phase over the link failed (an abort or a protocol error; the runtime may
+        annotate ``exc``)."""
         ...
 
     def close(self, run: RunState) -> None:
@@ -464,7 +474,7 @@ class TransportHooks:
     def round_ends(self, round: int) -> None:
         """Nothing to do."""
 
-    def aborted(self, exc: SecureSumAborted) -> None:
+    def aborted(self, exc: SecaggError) -> None:
         """Nothing to add."""
 
     def close(self, run: RunState) -> None:
@@ -994,7 +1004,7 @@ class Engine:
                          instruction=instruction, clips=run.clips, upcoming=upcoming)
         try:
             agg = self.server.aggregate(call, self.transport.link)
-        except SecureSumAborted as exc:
+        except ROUND_FAILURES as exc:
             self.transport.aborted(exc)
             raise
         return rel.end(agg, ctx)

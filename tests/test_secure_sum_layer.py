@@ -86,7 +86,7 @@ def test_ring_is_the_smallest_whole_number_of_bytes_and_the_wire_packs_it():
         assert agg.notes["secure_sum"]["ring_bits"] == ring
         masked = [r.wire_bytes for r in ctx.ledger.rows
                   if r.stage == "masked-input" and r.receiver == "server" and r.wire_bytes > m]
-        assert masked == [HEADER_BYTES + 5 + 32 + width * m] * 5
+        assert masked == [HEADER_BYTES + 5 + 64 + width * m] * 5  # 64: the signed tag
     # a cap below what the plan needs is refused, naming the field
     with pytest.raises(EncodingOverflow, match="'x'"):
         SecureSum(precision=1e-9, ring_bits=32).aggregate(ups, spec, _ctx())

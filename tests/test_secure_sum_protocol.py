@@ -155,7 +155,7 @@ def test_ledger_has_one_row_per_message_with_true_bytes_and_transcript_shows_mas
     assert len(rows) == 59
     masked = [r for r in ctx.ledger.rows
               if r.stage == "masked-input" and r.receiver == "server" and r.wire_bytes > 100]
-    assert {r.wire_bytes for r in masked} == {wire.HEADER_BYTES + 5 + 32 + 4 * 100}
+    assert {r.wire_bytes for r in masked} == {wire.HEADER_BYTES + 5 + wire.MASKED_TAG_BYTES + 4 * 100}
     obs = list(ctx.transcript.observations())
     assert [(o["field"], o["form"], o["what"]) for o in obs[-2:]] == [
         ("a", "clear", "sum"), ("b", "clear", "sum")]
@@ -398,6 +398,9 @@ def test_corrupted_unmasking_share_is_detected_never_a_wrong_sum():
 
 
 def test_masked_vector_altered_in_transit_is_detected():
+    """Its integrity tag (the sender's signature over the vector) no longer verifies: the
+    vector is refused on arrival and its sender counts as dropped (issue 33; it used to
+    abort the whole round at unmasking)."""
     vecs = _vectors(5, 50, 32, seed=7)
 
     def flip(stage, sender, receiver, msg):
@@ -405,8 +408,10 @@ def test_masked_vector_altered_in_transit_is_detected():
             return msg[:-1] + bytes([msg[-1] ^ 0x80])  # last element, top bit
         return msg
 
-    with pytest.raises(ProtocolError, match="altered in transit"):
-        run_secure_sum(vecs, 32, _ctx(), threshold=3, entropy_seed=7, tamper=flip)
+    rep = run_secure_sum(vecs, 32, _ctx(), threshold=3, entropy_seed=7, tamper=flip)
+    assert rep.contributors == (0, 1, 2, 4) and 3 in rep.faults
+    assert [(st, u) for st, u, _ in rep.failures] == [("masked-input", 3)]
+    assert np.array_equal(rep.total, _ring_sum(vecs, (0, 1, 2, 4), 32))
 
 
 def test_random_corruption_of_any_message_is_a_typed_error_or_the_exact_sum():
@@ -490,7 +495,9 @@ def test_random_corruption_of_any_message_is_a_typed_error_or_the_exact_sum():
             outcomes.add("sum")
         except (ProtocolError, SecureSumAborted):
             outcomes.add("refused")
-    assert outcomes == {"sum", "refused"}
+    # every outcome is exact or typed; since issue 33 one corrupted message is absorbed
+    # (its sender dropped, a wrong share corrected), so the exact sum may be every outcome
+    assert "sum" in outcomes and outcomes <= {"sum", "refused"}
 
 
 # --------------------------------------------------------------------------- request size

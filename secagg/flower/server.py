@@ -52,7 +52,7 @@ from secagg.engine import (
     is_dp,
     node_release_event,
 )
-from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
+from secagg.errors import ConfigurationError, ProtocolError, SecaggError
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
 from secagg.layers.base import Aggregate, Layer, RoundContext
@@ -489,8 +489,8 @@ class FlowerFederation(TransportHooks):
         """Record the round's wall seconds."""
         self.round_wall_s.append(time.perf_counter() - self._t_round)
 
-    def aborted(self, exc: SecureSumAborted) -> None:
-        """Name the nodes lost on the aborted session's error."""
+    def aborted(self, exc: SecaggError) -> None:
+        """Name the nodes lost on the failed session's error (an abort or a protocol error)."""
         if self._last_drops and hasattr(exc, "add_note"):  # Python >= 3.11
             exc.add_note(f"nodes lost (stage -> client -> why): {self._last_drops}")
 

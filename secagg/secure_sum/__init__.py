@@ -11,6 +11,7 @@ state machines), :mod:`.protocol` (one session end to end) and :mod:`.layer` (th
 
 from secagg.secure_sum.errors import (
     AuthenticationFailed,
+    BadIntegrityTag,
     InconsistentView,
     MalformedMessage,
     MisaddressedMessage,
@@ -20,6 +21,7 @@ from secagg.secure_sum.errors import (
     TooFewShares,
     TruncatedMessage,
     UnmaskingRefused,
+    UnrecoverableSecret,
     UnsafeThreshold,
 )
 from secagg.secure_sum.layer import SecureSum
@@ -27,6 +29,7 @@ from secagg.secure_sum.protocol import SessionReport, run_secure_sum
 
 __all__ = [
     "AuthenticationFailed",
+    "BadIntegrityTag",
     "InconsistentView",
     "MalformedMessage",
     "MisaddressedMessage",
@@ -38,6 +41,7 @@ __all__ = [
     "TooFewShares",
     "TruncatedMessage",
     "UnmaskingRefused",
+    "UnrecoverableSecret",
     "UnsafeThreshold",
     "run_secure_sum",
 ]

@@ -15,7 +15,8 @@ A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, i
    a share it cannot use is a *complaint* against its sender, sent back in the ACK with its
    evidence (below).
 4. :meth:`masked_input` -- y_u = x_u + PRG(b_u) + sum_{v accepted, u<v} PRG(s_uv)
-   - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag keyed by b_u.
+   - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag: its Ed25519 signature
+   over the vector's digest, session and round (checked by the server on arrival).
 5. :meth:`sign_survivors` -- the consistency round of Bonawitz et al.'s active variant: signs
    the survivor set U3 the server showed it (which must contain it and have >= t members).
 6. :meth:`unmask` -- answers one unmasking request; refuses one that asks for both the
@@ -89,7 +90,6 @@ Any step out of order raises :class:`StageOrderError`; a bad message raises a ty
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import struct
 from collections.abc import Callable, Mapping
@@ -111,7 +111,6 @@ from secagg.secure_sum.errors import (
     UnsafeThreshold,
 )
 from secagg.secure_sum.keys import (
-    PURPOSE_MASKED_TAG,
     PURPOSE_PAIR_MASK,
     PURPOSE_SELF_MASK,
     KeyPairs,
@@ -176,11 +175,14 @@ def commit_seed(session: bytes, round: int, cid: int, b: bytes) -> bytes:
     return h.digest()
 
 
-def masked_tag(b: bytes, session: bytes, round: int, cid: int, digest: bytes) -> bytes:
-    """Integrity tag of a masked vector: HMAC-SHA256, under a key derived from the self-mask
-    seed b_u (which the server learns only when it unmasks), of the SHA-256 of its bytes."""
-    key = derive(b, PURPOSE_MASKED_TAG, session, round, cid, cid)
-    return hmac.new(key, digest, hashlib.sha256).digest()
+def masked_statement(session: bytes, round: int, cid: int, digest: bytes) -> bytes:
+    """What a client's integrity tag on its masked vector signs (Ed25519, under the key it
+    advertised with): session, round, the client and the SHA-256 of the packed vector. The
+    server checks it on arrival, so a vector altered on its way, or tagged for another round,
+    is refused before the survivor set is fixed and its sender counts as dropped."""
+    h = hashlib.sha256(b"secagg/secure-sum/v1|masked-tag|" + session)
+    h.update(struct.pack(">QI", round & (2**64 - 1), cid) + digest)
+    return h.digest()
 
 
 class Client:
@@ -438,7 +440,9 @@ class Client:
             np.bitwise_and(acc, acc.dtype.type((1 << r.ring_bits) - 1), out=acc)
         self.stage = "masked"
         data = wire.pack_ring(acc, r.ring_bits)
-        tag = masked_tag(self._b, self.session, self.round, self.cid, hashlib.sha256(data).digest())
+        assert self._sign is not None
+        tag = self._sign.sign(masked_statement(self.session, self.round, self.cid,
+                                               hashlib.sha256(data).digest()))
         parts = wire.masked_parts(r.ring_bits, r.length, tag, data)
         return wire.encode(MsgType.MASKED, self.session, self.cid, SERVER_ID, parts)
 

@@ -132,3 +132,52 @@ class TooFewShares(SecureSumAborted):
             f"{secret} reached the server, t_k = {threshold} are needed (its other holders "
             "dropped, were excluded, or rejected its shares)",
         )
+
+
+class BadIntegrityTag(MalformedMessage):
+    """A MASKED vector's integrity tag (its sender's Ed25519 signature over session, round,
+    sender and the vector's SHA-256) does not verify: the vector was altered, or the tag was
+    made for another round or session. The vector is refused and its sender treated as
+    dropped; the others go on.
+
+    Attributes:
+        sender: the client whose vector was refused.
+    """
+
+    def __init__(self, sender: int) -> None:
+        self.sender = sender
+        super().__init__(
+            f"MASKED from client {sender}: integrity tag does not verify for this session and "
+            "round; its vector is refused and the client counts as dropped"
+        )
+
+
+class UnrecoverableSecret(SecureSumAborted, ProtocolError):
+    """A secret the server must rebuild does not decode: more of its h shares are wrong than
+    the Reed-Solomon code corrects (floor((h - t_k) / 2)), or it decodes to a mask key other
+    than its owner advertised. The round aborts rather than return a wrong sum. (Both an
+    abort and a protocol error: the shares that arrived are inconsistent.)
+
+    Attributes:
+        owner: whose secret it is.
+        secret: "self-mask seed" or "mask key".
+        holders: h, the shares that arrived.
+        max_errors: the bound floor((h - t_k) / 2).
+        reason: what did not check out.
+        (and :class:`SecureSumAborted`'s ``stage`` = "unmask", ``survivors`` = h,
+        ``threshold`` = t_k.)
+    """
+
+    def __init__(self, owner: int, secret: str, holders: int, threshold: int,
+                 reason: str) -> None:
+        super().__init__("unmask", holders, threshold)
+        self.owner = owner
+        self.secret = secret
+        self.holders = holders
+        self.max_errors = max(0, (holders - threshold) // 2)
+        self.reason = reason
+        self.args = (
+            f"secure sum aborted at stage 'unmask': client {owner}'s {secret} cannot be "
+            f"rebuilt from its {holders} shares (t_k = {threshold}, at most {self.max_errors} "
+            f"wrong shares correctable): {reason}",
+        )

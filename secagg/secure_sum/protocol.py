@@ -62,6 +62,12 @@ class SessionReport:
             pair digests, complaint verdicts).
         failures: (stage, client, error text) for every message that could not be processed.
         refused: client -> why the server refused its ADVERTISE (it was left out).
+        faults: client -> the lie the server attributed to it from evidence (a masked input
+            whose integrity tag does not verify: refused, the client counted as dropped; a
+            seed commitment its own shares contradict: named, its decoded seed used).
+        disputes: (owner, holder, secret) for every share the server's Reed-Solomon decoding
+            corrected: dealt wrong by the owner or reported wrong by the holder; no one is
+            excluded for it and the sum is exact.
         pinned: whether the clients checked keys and signatures against pinned keys (the
             run then resists an actively malicious server; see :mod:`.client`).
         bytes_up, bytes_down: wire bytes per client, sent and received.
@@ -85,6 +91,8 @@ class SessionReport:
     cut: tuple[tuple[int, int], ...] = ()
     cut_off: dict[int, str] = field(default_factory=dict)
     check_cpu_s: dict[str, float] = field(default_factory=dict)
+    faults: dict[int, str] = field(default_factory=dict)
+    disputes: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def run_secure_sum(
@@ -170,7 +178,8 @@ def run_secure_sum(
                 "every client of the cohort"
             )
         pins = {u: sign_public(identities[u]) for u in cohort}
-    server = Server(session, rnd, g, ring_bits, length, forward_all_signatures=pins is not None)
+    server = Server(session, rnd, g, ring_bits, length, forward_all_signatures=pins is not None,
+                    pinned=pins)
     segs = dict(segments) if segments is not None else {label: slice(0, length)}
     report = SessionReport(np.zeros(0, np.uint64), (), g, ring_bits, server.live, (),
                            refused=server.refused, pinned=pins is not None)
@@ -307,4 +316,6 @@ def run_secure_sum(
     report.cut = tuple(sorted(server.cut))
     report.cut_off = dict(server.cut_off)
     report.check_cpu_s = dict(server.check_cpu_s)
+    report.faults = dict(server.faults)
+    report.disputes = list(server.disputes)
     return report

@@ -33,16 +33,38 @@ the session for everyone. Between masked input and unmasking it runs the consist
 it shows the survivor set U3 to every member, collects their Ed25519 signatures of it, and
 forwards them all with each unmasking request (clients check them, see
 :mod:`secagg.secure_sum.client`).
-Every rebuilt secret is verified before use (a mask key against its advertised public key, a
-seed against its owner's commitment; another t_k-subset of shares is tried on a mismatch), and
-every masked vector against its integrity tag, so a corrupted message ends in a
-:class:`~secagg.errors.ProtocolError`, never in a wrong sum.
+With ``pinned`` identities (client -> Ed25519 public key, known from outside the protocol)
+an ADVERTISE signed by any other key is refused there, so a client with an unpinned key is
+left out before any roster lists it (else every honest client would refuse the roster).
+
+A lying client excludes only itself, at every stage:
+
+* its MASKED vector carries its Ed25519 signature over (session, round, sender, SHA-256 of
+  the vector) -- the integrity tag -- checked on arrival: a wrong tag, or one made for
+  another round or session, refuses the vector (:class:`~.errors.BadIntegrityTag`), and the
+  sender is then treated as dropped (its mask key is rebuilt, its pairwise masks removed);
+* each secret is rebuilt from all the shares that arrived by Reed-Solomon decoding
+  (:func:`secagg.secure_sum.shamir.decode`): with h shares and threshold t_k up to
+  floor((h - t_k) / 2) wrong shares are corrected and located. A corrected share is recorded
+  in :attr:`Server.disputes` as (owner, holder, secret): its dealer dealt it wrong or its
+  holder reported it wrong -- the server cannot tell which without evidence, so it excludes
+  no one for it (the sum is exact either way);
+* a rebuilt self-mask seed that does not match its owner's commitment while all of its
+  h > t_k shares agree is the owner's own lie (its commitment contradicts the polynomial every
+  holder agrees on; only h - t_k + 1 liars agreeing on another polynomial could explain it
+  otherwise): recorded in :attr:`Server.faults`, and the seed the shares encode is used. With
+  a mismatch and a corrected share as well, the round aborts (more liars than the bound
+  could explain it);
+* past the bound -- more wrong shares than the code corrects, or a mask key that decodes to
+  a key other than the advertised one -- the round aborts with
+  :class:`~.errors.UnrecoverableSecret` naming the owner, the counts and the bound, never a
+  wrong sum. The decoding relies on at most that many wrong shares per secret (the
+  protocol's bound on corrupt clients).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import time
 from collections.abc import Sequence
 
@@ -51,22 +73,24 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from secagg.errors import ProtocolError, SecureSumAborted
+from secagg.errors import SecureSumAborted
 from secagg.secure_sum import shamir, wire
 from secagg.secure_sum.client import (
     commit_seed,
     decode_share,
-    masked_tag,
+    masked_statement,
     share_aad,
     share_nonce,
 )
 from secagg.secure_sum.errors import (
+    BadIntegrityTag,
     MalformedMessage,
     MisaddressedMessage,
     RejectedKey,
     ReplayedMessage,
     StageOrderError,
     TooFewShares,
+    UnrecoverableSecret,
 )
 from secagg.secure_sum.graph import Graph
 from secagg.secure_sum.keys import (
@@ -107,12 +131,15 @@ class Server:
             closed neighbourhood's signatures, the ones a client without pinned keys can
             check at all (it knows only its neighbours' signing keys, from the roster), so
             the request is O(k) bytes and what the client verifies is unchanged.
+        pinned: client -> its pinned Ed25519 public key (32 bytes); an ADVERTISE signed by
+            another key, or from a client with none, is refused. None: any key is taken.
     """
 
     def __init__(
         self, session: bytes, round: int, graph: Graph, ring_bits: int, length: int,
-        *, forward_all_signatures: bool = False,
+        *, forward_all_signatures: bool = False, pinned: dict[int, bytes] | None = None,
     ) -> None:
+        self.pinned = dict(pinned) if pinned is not None else None
         self.session = session
         self.forward_all_signatures = forward_all_signatures
         self.round = round
@@ -150,6 +177,8 @@ class Server:
         self.cut: set[tuple[int, int]] = set()
         self.cut_off: dict[int, str] = {}
         self.verdicts: list[tuple[int, int, str]] = []
+        self.faults: dict[int, str] = {}
+        self.disputes: list[tuple[int, int, str]] = []
         self.check_cpu_s: dict[str, float] = {"signatures": 0.0, "digests": 0.0,
                                               "complaints": 0.0}
 
@@ -187,7 +216,10 @@ class Server:
             raise ReplayedMessage(f"second ADVERTISE from client {u}")
         enc, msk, spk, sig = wire.parse_advertise(body)
         reason = ""
-        if is_low_order(enc) or is_low_order(msk):
+        if self.pinned is not None and self.pinned.get(u) != spk:
+            reason = ("a signing key that is not its pinned identity" if u in self.pinned
+                      else "no pinned identity")
+        elif is_low_order(enc) or is_low_order(msk):
             reason = "a low-order X25519 public key (its shared secrets would be public)"
         elif enc == msk:
             reason = "the same X25519 key for share encryption and masking"
@@ -350,8 +382,13 @@ class Server:
         if u not in self.rejected:
             raise StageOrderError(f"MASKED from {u} before its ACK")
         tag, raw, y = wire.parse_masked(body, self.ring_bits, self.length)
+        digest = hashlib.sha256(raw).digest()
+        if not verify_signature(self.signing[u][0], tag,
+                                masked_statement(self.session, self.round, u, digest)):
+            self.faults[u] = "masked-input: integrity tag does not verify for this round"
+            raise BadIntegrityTag(u)
         self.masked_from.add(u)
-        self.tags[u] = (tag, hashlib.sha256(raw).digest())
+        self.tags[u] = (tag, digest)
         if u not in self.excluded:
             if self.total is None:
                 self.total = np.array(y, dtype=word_dtype(self.ring_bits))
@@ -460,37 +497,19 @@ class Server:
             return public_bytes(pub) == self.keys[owner][1]
         return commit_seed(self.session, self.round, owner, secret) == self.commitments[owner]
 
-    def _combine(
-        self, holders: tuple[int, ...], items: list[tuple[str, int]]
-    ) -> list[bytes | None]:
-        """Rebuild the secrets of ``items`` from the shares of ``holders`` (one batched
-        Lagrange product); None where a result is not a valid, verified secret."""
-        tk = len(holders)
-        mat = np.empty((tk, _K * len(items)), dtype=object)
-        for j, (kind, owner) in enumerate(items):
-            pool = (self.b_shares if kind == "b" else self.sk_shares)[owner]
-            for i, h in enumerate(holders):
-                mat[i, _K * j : _K * j + _K] = pool[h]
-        flat = shamir.reconstruct([h + 1 for h in holders], mat)
-        out: list[bytes | None] = []
-        for j, (kind, owner) in enumerate(items):
-            try:
-                secret = shamir.elements_to_key(flat[_K * j : _K * j + _K])
-            except ValueError:
-                out.append(None)
-                continue
-            out.append(secret if self._verify(kind, owner, secret) else None)
-        return out
-
     def _rebuild(self, wanted: Sequence[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
-        """Rebuild 32-byte secrets from t_k shares each, batching owners with equal holders.
+        """Rebuild 32-byte secrets from every share that arrived, with error correction
+        (:func:`shamir.decode`; owners with equal holders are decoded in one batch).
 
-        Every rebuilt secret is verified; when a holder set gives a wrong secret (a corrupted
-        share), other t_k-subsets of the available shares are tried.
+        Every rebuilt secret is verified: a mask key against its advertised public key, a
+        self-mask seed against its owner's commitment (a mismatch there, once the shares
+        decoded, is the owner's fault: recorded in :attr:`faults`, the decoded seed kept).
+        Corrected shares are recorded in :attr:`disputes`.
 
         Raises:
             TooFewShares: fewer than t_k shares of a needed secret arrived.
-            ProtocolError: no t_k-subset of the shares rebuilds a verified secret.
+            UnrecoverableSecret: more wrong shares than the code corrects, or a mask key
+                that decodes to another key than the advertised one.
         """
         tk = self.graph.share_threshold
         groups: dict[tuple[int, ...], list[tuple[str, int]]] = {}
@@ -499,25 +518,51 @@ class Server:
             if len(pool) < tk:
                 raise TooFewShares(owner, "mask key" if kind == "sk" else "self-mask seed",
                                    len(pool), tk)
-            groups.setdefault(tuple(sorted(pool)[:tk]), []).append((kind, owner))
+            groups.setdefault(tuple(sorted(pool)), []).append((kind, owner))
         out: dict[tuple[str, int], bytes] = {}
         for holders, items in groups.items():
-            for item, secret in zip(items, self._combine(holders, items), strict=True):
-                if secret is not None:
-                    out[item] = secret
-                    continue
-                pool = sorted((self.b_shares if item[0] == "b" else self.sk_shares)[item[1]])
-                for start in range(1, len(pool) - tk + 1):  # other holder windows
-                    secret = self._combine(tuple(pool[start : start + tk]), [item])[0]
-                    if secret is not None:
-                        out[item] = secret
-                        break
-                else:
-                    what = "mask key" if item[0] == "sk" else "self-mask seed"
-                    raise ProtocolError(
-                        f"the shares of client {item[1]}'s {what} are inconsistent "
-                        "(corrupted in transit?); refusing to unmask"
-                    )
+            mat = np.empty((len(holders), _K * len(items)), dtype=object)
+            for j, (kind, owner) in enumerate(items):
+                pool = (self.b_shares if kind == "b" else self.sk_shares)[owner]
+                for i, h in enumerate(holders):
+                    mat[i, _K * j : _K * j + _K] = pool[h]
+            try:
+                flat, errors = shamir.decode([h + 1 for h in holders], mat, tk)
+            except shamir.DecodingError as exc:
+                kind, owner = items[exc.column // _K]
+                raise UnrecoverableSecret(
+                    owner, "mask key" if kind == "sk" else "self-mask seed", len(holders), tk,
+                    "its shares are inconsistent: more wrong shares than the code corrects",
+                ) from None
+            for j, (kind, owner) in enumerate(items):
+                what = "mask key" if kind == "sk" else "self-mask seed"
+                wrong = sorted({holders[i] for c in range(_K * j, _K * j + _K)
+                                for i in errors[c]})
+                try:
+                    secret = shamir.elements_to_key(flat[_K * j : _K * j + _K])
+                except ValueError:
+                    raise UnrecoverableSecret(owner, what, len(holders), tk,
+                                              "the decoded value is not a key") from None
+                if not self._verify(kind, owner, secret):
+                    if kind == "sk":
+                        raise UnrecoverableSecret(
+                            owner, what, len(holders), tk,
+                            "it decodes to a key other than the advertised one")
+                    if len(holders) == tk or wrong:
+                        # only when every one of more than t_k shares agrees is the seed
+                        # surely the one the owner dealt (its commitment the only lie);
+                        # with a correction too, more liars than the bound could explain it
+                        raise UnrecoverableSecret(
+                            owner, what, len(holders), tk,
+                            "its shares are inconsistent with its commitment" + (
+                                ", and no spare share is left to correct them"
+                                if len(holders) == tk else
+                                f" even after correcting {len(wrong)} share(s)"))
+                    self.faults.setdefault(owner, (
+                        "unmask: its seed commitment contradicts the seed its shares encode "
+                        f"({len(holders) - len(wrong)} of {len(holders)} holders agree)"))
+                self.disputes.extend((owner, w, what) for w in wrong)
+                out[(kind, owner)] = secret
         return out
 
     def finish(self) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -531,14 +576,6 @@ class Server:
         self._check("unmask", set(self.responders))
         wanted = [("b", u) for u in sorted(live)] + [("sk", v) for v in sorted(self.dropped)]
         secrets_ = self._rebuild(wanted)
-        for u in sorted(live):
-            tag, digest = self.tags[u]
-            want = masked_tag(secrets_[("b", u)], self.session, self.round, u, digest)
-            if not hmac.compare_digest(tag, want):
-                raise ProtocolError(
-                    f"the masked input of client {u} was altered in transit (integrity tag "
-                    "mismatch); refusing to unmask"
-                )
         assert self.total is not None
         masks = MaskAccumulator(self.total)
         for u in sorted(live):

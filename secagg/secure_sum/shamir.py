@@ -6,6 +6,14 @@ the secrets, the shares are V @ C mod p (one numpy object-array product; every e
 exact Python int). Reconstruction multiplies the shares by Lagrange coefficients at zero,
 computed once per holder set and cached. Shares of 32-byte secrets are carried as three field
 elements (11 + 11 + 10 bytes, each < p).
+
+Decoding with error correction (:func:`decode`). The h shares of one secret, shared with
+threshold t, are a codeword of the Reed-Solomon code of length h and dimension t (the values at
+the holders' points of a polynomial of degree <= t - 1); its minimum distance is h - t + 1, so
+up to ``max_errors(h, t)`` = floor((h - t) / 2) wrong shares can be corrected, and their
+holders located. :func:`decode` first checks every column at once against one random
+combination of the dual code's parity checks (a numpy product; a wrong column passes with
+probability 1/p), and runs Berlekamp-Welch only on the columns that fail it.
 """
 
 from __future__ import annotations
@@ -120,6 +128,212 @@ def reconstruct(xs: Sequence[int], shares: np.ndarray) -> list[int]:
     if arr.ndim != 2 or arr.shape[0] != len(lam):
         raise ValueError(f"need a ({len(lam)}, n_secrets) array of shares, got {arr.shape}")
     return [int(v) % P for v in lam.dot(arr)]
+
+
+def max_errors(holders: int, threshold: int) -> int:
+    """The most wrong shares :func:`decode` corrects among ``holders`` shares of a secret
+    shared with ``threshold`` t: floor((h - t) / 2) (half the code's distance h - t + 1,
+    rounded down); 0 when h <= t + 1 (errors are then at best detected)."""
+    return max(0, (holders - threshold) // 2)
+
+
+class DecodingError(ValueError):
+    """The shares of a column are not within :func:`max_errors` of any polynomial of degree
+    below the threshold: more wrong shares than the code corrects (or fewer shares than the
+    threshold).
+
+    Attributes:
+        column: the first column that did not decode.
+        holders, threshold, max_errors: h, t and the bound floor((h - t) / 2).
+    """
+
+    def __init__(self, column: int, holders: int, threshold: int) -> None:
+        self.column = column
+        self.holders = holders
+        self.threshold = threshold
+        self.max_errors = max_errors(holders, threshold)
+        super().__init__(
+            f"column {column}: {holders} shares with threshold {threshold} are not within "
+            f"{self.max_errors} errors of a polynomial of degree < {threshold}"
+        )
+
+
+def _parity_weights(xs: tuple[int, ...], threshold: int, rand: Callable[[int], bytes]
+                    ) -> np.ndarray:
+    """c_i = w_i g(x_i), w_i = 1 / prod_{k != i}(x_i - x_k), g a random polynomial of degree
+    below h - t: sum_i c_i y_i = 0 for every codeword y (the dual code of a Reed-Solomon
+    code is a generalised Reed-Solomon code with the column multipliers w_i)."""
+    h = len(xs)
+    g = random_elements(h - threshold, rand)
+    out = []
+    for i, xi in enumerate(xs):
+        den = 1
+        for k, xk in enumerate(xs):
+            if k != i:
+                den = den * (xi - xk) % P
+        gx = 0
+        for c in reversed(g):
+            gx = (gx * xi + c) % P
+        out.append(gx * pow(den, P - 2, P) % P)
+    return np.array(out, dtype=object)
+
+
+def _solve(rows: list[list[int]], rhs: list[int], unknowns: int) -> list[int] | None:
+    """One solution of the linear system over F_p (free variables 0), None if inconsistent."""
+    m = [r[:] + [b] for r, b in zip(rows, rhs, strict=True)]
+    pivots: list[int] = []
+    row = 0
+    for col in range(unknowns):
+        piv = next((i for i in range(row, len(m)) if m[i][col]), None)
+        if piv is None:
+            continue
+        m[row], m[piv] = m[piv], m[row]
+        inv = pow(m[row][col], P - 2, P)
+        m[row] = [v * inv % P for v in m[row]]
+        for i in range(len(m)):
+            if i != row and m[i][col]:
+                f = m[i][col]
+                m[i] = [(a - f * b) % P for a, b in zip(m[i], m[row], strict=True)]
+        pivots.append(col)
+        row += 1
+        if row == len(m):
+            break
+    if any(all(v == 0 for v in r[:unknowns]) and r[unknowns] for r in m[row:]):
+        return None
+    sol = [0] * unknowns
+    for i, col in enumerate(pivots):
+        sol[col] = m[i][unknowns]
+    return sol
+
+
+def _divide(num: list[int], den: list[int]) -> tuple[list[int], bool]:
+    """num / den over F_p (coefficients lowest first, den monic): (quotient, exact?)."""
+    num = num[:]
+    q = [0] * max(1, len(num) - len(den) + 1)
+    for i in range(len(num) - len(den), -1, -1):
+        c = num[i + len(den) - 1]
+        q[i] = c
+        if c:
+            for j, d in enumerate(den):
+                num[i + j] = (num[i + j] - c * d) % P
+    return q, not any(num)
+
+
+def _evaluate(coeffs: list[int], x: int) -> int:
+    acc = 0
+    for c in reversed(coeffs):
+        acc = (acc * x + c) % P
+    return acc
+
+
+def _berlekamp_welch(xs: tuple[int, ...], ys: list[int], threshold: int) -> tuple[int, set[int]]:
+    """Decode one column: (f(0), the rows where f disagrees), for the polynomial f of degree
+    < t within max_errors of ``ys``; raises ValueError when there is none."""
+    h, e = len(xs), max_errors(len(xs), threshold)
+    n_q = threshold + e
+    rows, rhs = [], []
+    for x, y in zip(xs, ys, strict=True):
+        powers = [1]
+        for _ in range(n_q):
+            powers.append(powers[-1] * x % P)
+        # Q(x) - y E(x) = y x^e, E monic of degree e
+        rows.append(powers[:n_q] + [(-y * powers[k]) % P for k in range(e)])
+        rhs.append(y * powers[e] % P)
+    sol = _solve(rows, rhs, n_q + e)
+    if sol is None:
+        raise ValueError("no polynomial within the error bound")
+    f, exact = _divide(sol[:n_q], sol[n_q:] + [1])
+    f = f[:threshold] if len(f) > threshold else f
+    if not exact:
+        raise ValueError("no polynomial within the error bound")
+    bad = {i for i in range(h) if _evaluate(f, xs[i]) != ys[i] % P}
+    if len(bad) > e:
+        raise ValueError("no polynomial within the error bound")
+    return f[0] % P, bad
+
+
+def decode(
+    xs: Sequence[int], shares: np.ndarray, threshold: int,
+    rand: Callable[[int], bytes] = os.urandom,
+) -> tuple[list[int], list[set[int]]]:
+    """Recover secrets from h >= t holders' shares, correcting wrong ones.
+
+    Each column of ``shares`` is decoded on its own as a Reed-Solomon codeword of length h and
+    dimension t: up to :func:`max_errors` (h, t) = floor((h - t) / 2) wrong shares per column
+    are corrected and located. All columns are first checked together against a random
+    parity check (drawn from ``rand``, default the OS CSPRNG, so that no share can be chosen
+    to pass it); only a failing column is decoded with Berlekamp-Welch, after trying it
+    without the rows already found wrong in another column (one liar usually spoils every
+    column it holds a share of).
+
+    Args:
+        xs: the h holders' distinct evaluation points.
+        shares: object array (h, n_secrets) (or a list of rows).
+        threshold: t, the number of shares that reconstruct.
+
+    Returns:
+        (the secrets, and per column the set of row indices whose share was wrong).
+
+    Raises:
+        DecodingError: a column has more wrong shares than the bound (or h < t).
+    """
+    pts = tuple(int(x) for x in xs)
+    arr = np.asarray(shares, dtype=object)
+    h = len(pts)
+    if arr.ndim != 2 or arr.shape[0] != h:
+        raise ValueError(f"need a ({h}, n_secrets) array of shares, got {arr.shape}")
+    if h < threshold:
+        raise DecodingError(0, h, threshold)
+    cols = arr.shape[1]
+    if h == threshold:  # no redundancy: nothing to check or correct
+        return reconstruct(pts, arr), [set() for _ in range(cols)]
+    weights = _parity_weights(pts, threshold, rand)
+    ok = [int(v) % P == 0 for v in weights.dot(arr)]
+    head = list(range(threshold))
+    values = [int(v) % P for v in np.array(lagrange_at_zero(pts[:threshold]),
+                                           dtype=object).dot(arr[head])] if cols else []
+    errors: list[set[int]] = [set() for _ in range(cols)]
+    known: set[int] = set()
+    sub_weights: dict[tuple[int, ...], np.ndarray] = {}
+    for c in range(cols):
+        if ok[c]:
+            continue
+        column = [int(v) % P for v in arr[:, c]]
+        if known and len(known) <= max_errors(h, threshold):
+            keep = [i for i in range(h) if i not in known]
+            sub = tuple(pts[i] for i in keep)
+            if sub not in sub_weights:  # one parity check per set of rows left
+                sub_weights[sub] = _parity_weights(sub, threshold, rand)
+            w = sub_weights[sub]
+            if int(w.dot(np.array([column[i] for i in keep], dtype=object))) % P == 0:
+                values[c] = reconstruct(sub[:threshold],
+                                        np.array([[column[i]] for i in keep[:threshold]],
+                                                 dtype=object))[0]
+                errors[c] = {i for i in known
+                             if _lagrange_at(sub[:threshold], [column[j] for j in
+                                                               keep[:threshold]], pts[i])
+                             != column[i]}
+                if len(errors[c]) <= max_errors(h, threshold):
+                    continue
+        try:
+            values[c], errors[c] = _berlekamp_welch(pts, column, threshold)
+        except ValueError:
+            raise DecodingError(c, h, threshold) from None
+        known |= errors[c]
+    return values, errors
+
+
+def _lagrange_at(xs: tuple[int, ...], ys: list[int], x: int) -> int:
+    """The value at ``x`` of the polynomial of degree < len(xs) through (xs, ys)."""
+    total = 0
+    for i, (xi, yi) in enumerate(zip(xs, ys, strict=True)):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if j != i:
+                num = num * (x - xj) % P
+                den = den * (xi - xj) % P
+        total = (total + yi * num * pow(den, P - 2, P)) % P
+    return total
 
 
 def key_to_elements(key: bytes) -> list[int]:

@@ -28,10 +28,11 @@ Bodies:
   evidence the server checks, see :mod:`secagg.secure_sum.server`); kind 1, the share does
   not carry the sender's signature (key and commitment all zero: nothing is revealed). An
   ACK without complaints is 4 zero bytes
-* MASKED (client -> server): ring_bits u8 | length u32 | tag 32 | length x ceil(ring_bits/8)
-  bytes (little-endian ring elements, packed); tag = HMAC-SHA256 under a key derived from
-  b_u of SHA-256(packed bytes): the server checks it once it has rebuilt b_u, so a vector
-  altered in transit is detected (the server hashes on receipt and keeps only the digest)
+* MASKED (client -> server): ring_bits u8 | length u32 | tag 64 | length x ceil(ring_bits/8)
+  bytes (little-endian ring elements, packed); tag = the sender's Ed25519 signature (the key
+  it advertised with) over session, round, sender and SHA-256(packed bytes): the server checks
+  it on receipt, so a vector altered in transit, or tagged for another round, is refused and
+  its sender counts as dropped
 * SURVIVORS (server -> client): count u32 | count x (id u32)  -- U3, the clients whose
   masked input the server holds (the consistency round)
 * SIGNATURE (client -> server): Ed25519 signature (64) of
@@ -74,7 +75,8 @@ TAG_BYTES = 16
 SHARE_CIPHERTEXT_BYTES = SHARE_PLAINTEXT_BYTES + TAG_BYTES
 MAX_ID = SERVER_ID - 1
 COMMITMENT_BYTES = 32
-TAG_HMAC_BYTES = 32
+MASKED_TAG_BYTES = SIGNATURE_BYTES  # the MASKED integrity tag: its sender's Ed25519 signature
+TAG_HMAC_BYTES = MASKED_TAG_BYTES  # the former name (the tag was an HMAC)
 FORWARD_ENTRY_BYTES = SHARE_CIPHERTEXT_BYTES + SIGNATURE_BYTES
 """A forwarded share: the ciphertext and its sender's signature."""
 SHARES_ENTRY_BYTES = FORWARD_ENTRY_BYTES + COMMITMENT_BYTES
@@ -418,8 +420,8 @@ def masked_parts(
 ) -> list[bytes | memoryview]:
     """MASKED body, as parts for :func:`encode`: ring_bits, length, the tag, the packed
     vector."""
-    if len(tag) != TAG_HMAC_BYTES:
-        raise ValueError("masked-input tags are 32 bytes")
+    if len(tag) != MASKED_TAG_BYTES:
+        raise ValueError(f"masked-input tags are {MASKED_TAG_BYTES} bytes")
     return [struct.pack(">BI", ring_bits, length), tag, data]
 
 
@@ -434,7 +436,7 @@ def parse_masked(
         raise MalformedMessage(
             f"MASKED: vector of {n} elements mod 2^{rb}, expected {length} mod 2^{ring_bits}"
         )
-    tag = bytes(r.take(TAG_HMAC_BYTES))
+    tag = bytes(r.take(MASKED_TAG_BYTES))
     w = packed_width(ring_bits)
     raw = r.take(w * n)
     r.done()

@@ -1,0 +1,194 @@
+"""A lying client excludes only itself on the Flower runtime too (issue 33).
+
+The Flower driver (:mod:`secagg.secure_sum.remote`) and the node code a SuperNode runs
+(:mod:`secagg.flower.client` / :mod:`secagg.secure_sum.node`), over an in-process Grid that
+hands each Flower Message to the addressed node's ClientApp logic (as
+tests/test_flower_runtime.py does). One node lies: its party is the lying
+:class:`~secagg.secure_sum.client.Client` of tests/test_secure_sum_lying_client.py inside the
+real node step (so the node signs and attests its lie as an honest node would its message),
+or -- the last case -- the node's reply is rewritten after the real step. Every sum must
+equal the embedded engine's: the honest run's, or the run where the liar drops at the stage
+the server refuses it.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
+    pytest.skip("needs flwr: pip install 'secagg[flower]' (always runs under CI=true)",
+                allow_module_level=True)
+
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from lying_clients import (  # noqa: E402
+    bad_commitment,
+    bad_tag,
+    liar,
+    other_round_tag,
+    wrong_share_to,
+    wrong_unmask,
+)
+from test_flower_runtime import task_identity  # noqa: E402,F401
+
+import secagg.secure_sum.node as node_mod  # noqa: E402
+from algorithms import FedLog  # noqa: E402
+from secagg import Federation, ScheduledDropouts, SecureSum  # noqa: E402
+from secagg.data import dirichlet_split, load_dataset  # noqa: E402
+from secagg.flower import FlowerFederation  # noqa: E402
+from secagg.flower.client import _Node, node_partition_loader  # noqa: E402
+from secagg.flower.records import RECORD, read  # noqa: E402
+from secagg.secure_sum import wire  # noqa: E402
+from secagg.secure_sum.client import Client  # noqa: E402
+
+N, T = 8, 5  # complete graph: h = 8 shares, t_k = 5, one wrong share corrected per secret
+
+
+def _partition():
+    return dirichlet_split(load_dataset("digits"), N, 0.5, seed=1, local_test_fraction=0.2)
+
+
+def _algo():
+    return FedLog(feature_dim=4, local_epochs=1)
+
+
+class NodesGrid(Grid):
+    """Delivers each message to its node's ClientApp logic in this process;
+    ``fault(step, cid, reply) -> reply`` may rewrite a reply."""
+
+    def __init__(self, fault=None):
+        self.node = _Node(_algo, node_partition_loader(_partition))
+        self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
+                                          node_config={"partition-id": i},
+                                          state=RecordDict(), run_config={})
+                         for i in range(N)}
+        self.fault = fault or (lambda step, cid, rep: rep)
+        self.replies = []
+
+    def set_run(self, run):
+        raise NotImplementedError
+
+    @property
+    def run(self):
+        raise NotImplementedError
+
+    def create_message(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id
+            try:
+                rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
+            except Exception as exc:  # as Flower's ClientApp runtime: an error reply
+                rep = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                    reason=f"{type(exc)}:<'{exc}'>"), reply_to=m)
+            rep = self.fault(read(m)["step"], m.metadata.dst_node_id - 100, rep)
+            ids.append(m.metadata.message_id)
+            self.replies.append(rep)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = [r for r in self.replies if r.metadata.reply_to_message_id in message_ids]
+        self.replies = [r for r in self.replies if r not in out]
+        return out
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise NotImplementedError
+
+
+def _flower(monkeypatch, bad=None, fault=None):
+    """One round on the Flower runtime with ``bad`` (client -> lying Client class) as those
+    nodes' parties; returns (result, the aggregate)."""
+    if bad:
+        real_thaw = node_mod.thaw
+
+        def thaw(raw):  # the node restores its party before every protocol step
+            party = real_thaw(raw)
+            party.__class__ = bad.get(party.cid, Client)
+            return party
+
+        monkeypatch.setattr(node_mod, "thaw", thaw)
+    aggs = {}
+    fed = FlowerFederation(_algo(), SecureSum(threshold=T), load_dataset("digits"), rounds=1,
+                           seed=0, min_nodes=N, stage_timeout=0.5)
+    result = fed.run(NodesGrid(fault), on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    return result, aggs[0]
+
+
+def _embedded(schedule=None):
+    seen = {}
+    layer = SecureSum(threshold=T)
+    inner = layer.aggregate
+
+    def aggregate(uploads, spec, ctx):
+        seen[ctx.round] = agg = inner(uploads, spec, ctx)
+        return agg
+
+    layer.aggregate = aggregate
+    Federation(_algo(), layer, _partition(), rounds=1, seed=0,
+               dropout=ScheduledDropouts(schedule or {}), progress=False).run()
+    return seen[0]
+
+
+@pytest.fixture(scope="module")
+def honest():
+    return _embedded()
+
+
+@pytest.mark.parametrize("lie", [bad_tag, other_round_tag], ids=["wrong", "other-round"])
+def test_a_bad_tag_on_flower_drops_only_its_node(monkeypatch, lie):
+    result, agg = _flower(monkeypatch, {3: liar(lie)})
+    want = _embedded({"masked-input": [3]})
+    assert agg.contributors == want.contributors == (0, 1, 2, 4, 5, 6, 7)
+    np.testing.assert_array_equal(agg["stats"], want["stats"])
+    assert "integrity tag" in agg.notes["secure_sum"]["faults"][3]
+    assert agg.notes["secure_sum"]["recovered"] == [3]
+    assert result.aborted == []
+
+
+def test_a_bad_commitment_on_flower_is_named_and_the_sum_exact(monkeypatch, honest):
+    _, agg = _flower(monkeypatch, {3: liar(bad_commitment)})
+    assert agg.contributors == honest.contributors == tuple(range(N))
+    np.testing.assert_array_equal(agg["stats"], honest["stats"])
+    assert "commitment" in agg.notes["secure_sum"]["faults"][3]
+
+
+def test_a_wrong_dealt_share_on_flower_is_corrected(monkeypatch, honest):
+    _, agg = _flower(monkeypatch, {3: liar(wrong_share_to([4]), "share_keys")})
+    np.testing.assert_array_equal(agg["stats"], honest["stats"])
+    assert agg.notes["secure_sum"]["disputes"] == [[3, 4, "self-mask seed"]]
+
+
+def test_a_wrong_unmask_response_on_flower_is_corrected(monkeypatch, honest):
+    """Node 4 is in every window of t_k = 5 contiguous holders (the old server's fallback)."""
+    _, agg = _flower(monkeypatch, {4: liar(wrong_unmask(), "unmask")})
+    assert agg.contributors == tuple(range(N))
+    np.testing.assert_array_equal(agg["stats"], honest["stats"])
+    assert {h for _, h, _ in agg.notes["secure_sum"]["disputes"]} == {4}
+
+
+def test_a_node_reply_rewritten_after_the_real_step_is_corrected(monkeypatch, honest):
+    """A tampering ClientApp: the real node step runs, then its unmask reply's message is
+    rewritten (every share of owner 0 changed) before it leaves the node."""
+
+    def fault(step, cid, rep):
+        if step == "unmask" and cid == 3:  # in every window of 5 contiguous holders
+            rec = dict(read(rep))
+            msg = rec["msg"]
+            pos = wire.HEADER_BYTES + 4 + 4  # owner 0's first share element
+            rec["msg"] = msg[:pos] + bytes([msg[pos] ^ 1]) + msg[pos + 1:]
+            rep.content = RecordDict({RECORD: type(read(rep))(rec)})
+        return rep
+
+    result, agg = _flower(monkeypatch, fault=fault)
+    np.testing.assert_array_equal(agg["stats"], honest["stats"])
+    assert agg.contributors == tuple(range(N)) and result.aborted == []
+    assert agg.notes["secure_sum"]["disputes"] == [[0, 3, "self-mask seed"]]

@@ -1,0 +1,268 @@
+"""A lying client excludes only itself, at every stage (issue 33), on the embedded runtime.
+
+Each attacker is a real :class:`Client` subclass that runs the real cryptography and lies at one
+step, signing its lie where the protocol has it sign (so the lie, not a broken signature, is
+what the server must catch). n = 10, threshold 7 unless a case says otherwise. On the code
+before issue 33 every single-liar case here aborted the round (a bad tag or commitment, a wrong
+share: "refusing to unmask"; a wrong unmask response blamed honest client 0), the unpinned key
+aborted it at 'share' and ``on_abort="skip"`` crashed on the ProtocolError.
+
+The Flower runtime's cases (the same liars inside the node code) are in
+tests/test_flower_lying_client.py.
+"""
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from lying_clients import (
+    bad_commitment,
+    bad_tag,
+    liar,
+    other_round_tag,
+    tag_for_round,
+    wrong_share_to,
+    wrong_unmask,
+)
+
+import secagg.secure_sum.protocol as protocol
+from secagg.dropouts import ScheduledDropouts
+from secagg.engine import guard_phase
+from secagg.errors import ProtocolError, SecureSumAborted
+from secagg.layers.base import RoundContext
+from secagg.secure_sum import UnrecoverableSecret, run_secure_sum
+from secagg.secure_sum.client import Client
+
+BITS, M, N, T = 24, 6, 10, 7
+
+
+def _ctx(round=2):
+    return RoundContext(round=round, phase="t", seed=0, dropouts=ScheduledDropouts({}))
+
+
+def _vectors(n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    return {u: rng.integers(0, 2**BITS, M, dtype=np.uint64) for u in range(n)}
+
+
+def _ring_sum(vecs, ids):
+    return (sum(vecs[u].astype(object) for u in ids) % (1 << BITS)).astype(np.uint64)
+
+
+def _run(monkeypatch, bad, n=N, t=T, identities=None, seed=1):
+    """One session where ``bad`` maps client ids to their lying Client subclass."""
+
+    def make(cid, *args, **kwargs):
+        return bad.get(cid, Client)(cid, *args, **kwargs)
+
+    monkeypatch.setattr(protocol, "Client", make)
+    vecs = _vectors(n)
+    rep = run_secure_sum(vecs, BITS, _ctx(), threshold=t, entropy_seed=seed,
+                         identities=identities)
+    return vecs, rep
+
+
+def _exact(vecs, rep, contributors):
+    assert rep.contributors == tuple(sorted(contributors))
+    assert np.array_equal(rep.total, _ring_sum(vecs, contributors))
+
+
+# ------------------------------------------------------------------ one liar: item 3's ways
+
+@pytest.mark.parametrize("lie", [bad_tag, other_round_tag], ids=["wrong", "other-round"])
+def test_a_bad_integrity_tag_drops_only_its_sender(monkeypatch, lie):
+    vecs, rep = _run(monkeypatch, {4: liar(lie)})
+    _exact(vecs, rep, set(range(N)) - {4})
+    assert [(st, u) for st, u, _ in rep.failures] == [("masked-input", 4)]
+    assert "integrity tag" in rep.faults[4] and set(rep.faults) == {4}
+    assert rep.disputes == []
+
+
+def test_an_inconsistent_seed_commitment_is_its_senders_fault_and_the_sum_stays_exact(
+        monkeypatch):
+    """Its shares decode (all ten agree) to a seed its commitment contradicts: the server names
+    the sender, uses the seed the shares encode, and the sum is exact."""
+    vecs, rep = _run(monkeypatch, {4: liar(bad_commitment)})
+    _exact(vecs, rep, range(N))
+    assert set(rep.faults) == {4} and "commitment" in rep.faults[4]
+    assert rep.failures == [] and rep.disputes == []
+
+
+def test_one_wrong_share_inside_a_signed_ciphertext_is_corrected(monkeypatch):
+    """Client 4 deals client 5 a wrong share of its seed (encrypted and signed as any other;
+    every window of 7 contiguous holders holds it, so the old server gave up)."""
+    vecs, rep = _run(monkeypatch, {4: liar(wrong_share_to([5]), "share_keys")})
+    _exact(vecs, rep, range(N))
+    assert rep.disputes == [(4, 5, "self-mask seed")]
+    assert rep.faults == {} and rep.failures == []
+
+
+def test_wrong_values_in_an_unmask_response_blame_no_honest_client(monkeypatch):
+    """Client 6 changes every share in its unmask response: each is corrected, and the only
+    party every dispute names on both sides of is client 6 (the old code blamed client 0)."""
+    vecs, rep = _run(monkeypatch, {6: liar(wrong_unmask(), "unmask")})
+    _exact(vecs, rep, range(N))
+    assert {h for _, h, _ in rep.disputes} == {6}
+    assert sorted(o for o, _, _ in rep.disputes) == list(range(N))
+    assert rep.faults == {}
+
+
+def test_an_unpinned_key_is_refused_at_advertise_and_no_roster_is_poisoned(monkeypatch):
+    """With pinned identities, client 3 advertises under a key that is not pinned: refused at
+    advertise, the other nine finish exactly (the old server rostered it, and every honest
+    client then refused the roster: 'stage share: 1 live clients')."""
+    ids = {u: Ed25519PrivateKey.from_private_bytes(bytes([u + 1]) * 32) for u in range(N)}
+
+    class Unpinned(Client):
+        def __init__(self, cid, *args, **kwargs):
+            super().__init__(cid, *args, **kwargs)
+            self._sign = Ed25519PrivateKey.from_private_bytes(b"\x99" * 32)  # not pinned
+
+    vecs, rep = _run(monkeypatch, {3: Unpinned}, identities=ids)
+    _exact(vecs, rep, set(range(N)) - {3})
+    assert "pinned identity" in rep.refused[3]
+    assert rep.live["share"] == N - 1 and rep.pinned
+
+
+# ------------------------------------------------------------------ our variants
+
+def test_two_colluding_liars_within_the_bound_are_corrected_exactly(monkeypatch):
+    """threshold 6: h = 10 shares, t_k = 6, floor((10 - 6) / 2) = 2 wrong shares corrected
+    per secret. Clients 1 and 8 both lie in every share of their unmask responses: two wrong
+    shares of every seed, within the bound."""
+    bad = {1: liar(wrong_unmask(), "unmask"), 8: liar(wrong_unmask(), "unmask")}
+    vecs, rep = _run(monkeypatch, bad, t=6)
+    _exact(vecs, rep, range(N))
+    assert {h for _, h, _ in rep.disputes} == {1, 8}
+
+
+def test_liars_past_the_bound_abort_exactly_with_the_reason(monkeypatch):
+    """threshold 7: one wrong share per secret is corrected; two liars' responses (on the
+    same owner's seed) are past it: UnrecoverableSecret names the owner, the counts and the
+    bound -- and on_abort="skip" would record it (it is an abort)."""
+    bad = {1: liar(wrong_unmask({5}), "unmask"), 8: liar(wrong_unmask({5}), "unmask")}
+    with pytest.raises(UnrecoverableSecret) as info:
+        _run(monkeypatch, bad)
+    err = info.value
+    assert (err.owner, err.secret, err.holders, err.threshold, err.max_errors) == (
+        5, "self-mask seed", 10, 7, 1)
+    assert err.stage == "unmask" and isinstance(err, SecureSumAborted)
+    assert isinstance(err, ProtocolError)
+
+
+def test_a_liar_that_lies_to_some_peers_only_is_corrected(monkeypatch):
+    """Client 0 deals wrong shares to clients 3 and 7 only (two wrong shares of its seed;
+    threshold 6: h = 10, t_k = 6, within the bound of 2): corrected, the sum exact."""
+    vecs, rep = _run(monkeypatch, {0: liar(wrong_share_to([3, 7]), "share_keys")}, t=6)
+    _exact(vecs, rep, range(N))
+    assert sorted(rep.disputes) == [(0, 3, "self-mask seed"), (0, 7, "self-mask seed")]
+
+
+def test_a_share_liar_and_a_tag_liar_together(monkeypatch):
+    """Client 0 deals client 3 a wrong share, client 9 tags its vector for another round:
+    9 is dropped (its mask key rebuilt from its holders, each of its pairwise masks removed),
+    0's seed is corrected from the 9 remaining holders (bound 1), the other nine sum exactly."""
+    bad = {0: liar(wrong_share_to([3]), "share_keys"), 9: liar(other_round_tag)}
+    vecs, rep = _run(monkeypatch, bad, t=6)
+    _exact(vecs, rep, set(range(N)) - {9})
+    assert rep.disputes == [(0, 3, "self-mask seed")]
+    assert set(rep.faults) == {9}
+
+
+def test_a_replayed_tag_of_the_previous_round_is_refused(monkeypatch):
+    """Client 2 sends, in round 2, a tag as it would have made it in round 1 for the same
+    vector digest: bound to round 1, refused; client 2 dropped; the rest exact."""
+    vecs, rep = _run(monkeypatch, {2: liar(tag_for_round(-1), "masked_input")})
+    _exact(vecs, rep, set(range(N)) - {2})
+    assert "integrity tag" in rep.faults[2]
+
+
+# ------------------------------------------------------------------ item 4: on_abort="skip"
+
+def test_on_abort_skip_records_a_protocol_error_and_goes_on():
+    aborted, participation = [], []
+
+    def step():
+        raise ProtocolError("a message nobody can be blamed for")
+
+    assert guard_phase(step, 2, "train", 10, "skip", aborted, participation)
+    assert aborted == [(2, "train", "ProtocolError: a message nobody can be blamed for")]
+    assert participation == [(2, "train", 0, 10)]
+    with pytest.raises(ProtocolError):
+        guard_phase(step, 2, "train", 10, "raise", [], [])
+
+
+@pytest.fixture
+def fed_liars(monkeypatch):
+    def install(bad):
+        def make(cid, *args, **kwargs):
+            return bad.get(cid, Client)(cid, *args, **kwargs)
+        monkeypatch.setattr(protocol, "Client", make)
+    return install
+
+
+def _federation(clients, on_abort="skip"):
+    from algorithms.fedlog import FedLog
+    from secagg.federation import Federation
+    from secagg.secure_sum import SecureSum
+    return Federation(FedLog(local_epochs=1, feature_dim=4), SecureSum(threshold=7), clients,
+                      rounds=3,
+                      seed=0, on_abort=on_abort, progress=False).run()
+
+
+def test_federation_survives_a_liar_in_round_1_with_every_round_exact(digits_clients,
+                                                                      fed_liars):
+    """One liar in round 1 (a wrong unmask response): every round completes and equals the
+    honest run (the old run crashed: 'WHOLE RUN CRASHED in round 2: ProtocolError')."""
+    honest = _federation(digits_clients)
+    fed_liars({6: liar(wrong_unmask(), "unmask", rounds={1})})
+    lied = _federation(digits_clients)
+    assert lied.aborted == [] and lied.history == honest.history
+
+
+def test_federation_skip_records_liars_past_the_bound_and_goes_on(digits_clients, fed_liars):
+    fed_liars({1: liar(wrong_unmask({5}), "unmask", rounds={1}),
+               8: liar(wrong_unmask({5}), "unmask", rounds={1})})
+    res = _federation(digits_clients)
+    assert [(r, why.startswith("secure sum aborted at stage 'unmask'")) for r, _, why
+            in res.aborted] == [(1, True)]
+    assert [(r, got) for r, _, got, _ in res.participation] == [(0, 10), (1, 0), (2, 10)]
+
+
+# ------------------------------------------------------------------ the decoder itself
+
+@pytest.mark.parametrize("h,t", [(10, 7), (9, 4), (12, 5), (30, 20)])
+def test_decode_corrects_up_to_the_bound_names_the_rows_and_refuses_past_it(h, t):
+    """floor((h - t) / 2) wrong shares per column corrected and located (some columns with
+    every wrong row, some with a subset, one clean); one more is refused."""
+    import random
+
+    from secagg.secure_sum import shamir
+
+    rnd = random.Random(h * 100 + t)
+    xs = [rnd.randrange(1, 2**32) for _ in range(h)]
+    secrets_ = [rnd.randrange(shamir.P) for _ in range(5)]
+    sh = shamir.share(secrets_, t, xs, rand=lambda k: rnd.randbytes(k))
+    e = shamir.max_errors(h, t)
+    assert e == (h - t) // 2
+    bad = rnd.sample(range(h), e)
+    for c in (0, 1, 3):
+        for i in bad if c != 3 else bad[:1]:
+            sh[i, c] = (sh[i, c] + rnd.randrange(1, shamir.P)) % shamir.P
+    got, errors = shamir.decode(xs, sh, t)
+    assert got == secrets_
+    assert errors == [set(bad), set(bad), set(), set(bad[:1]), set()]
+    spare = next(i for i in range(h) if i not in bad)
+    sh[spare, 1] = (sh[spare, 1] + 1) % shamir.P
+    with pytest.raises(shamir.DecodingError) as info:
+        shamir.decode(xs, sh, t)
+    assert (info.value.column, info.value.holders, info.value.max_errors) == (1, h, e)
+
+
+def test_a_commitment_lie_with_a_corrected_share_as_well_aborts_rather_than_guess(monkeypatch):
+    """Client 4's commitment lies and client 6 reports a wrong share of 4's seed: a seed that
+    needed correcting and still misses its commitment could be more liars than the bound, so
+    the round aborts with the reason instead of trusting the decoded seed."""
+    bad = {4: liar(bad_commitment), 6: liar(wrong_unmask({4}), "unmask")}
+    with pytest.raises(UnrecoverableSecret, match="inconsistent with its commitment") as info:
+        _run(monkeypatch, bad)
+    assert info.value.owner == 4
