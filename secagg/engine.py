@@ -543,9 +543,10 @@ def _servers() -> dict[type, Callable[..., LayerServer]]:
     from secagg.secure_sum.layer import SecureSum
     from secagg.secure_sum.remote import SecureSumServer
 
-    return {Plaintext: lambda layer, decryptor=None: PlaintextServer(layer=layer),
-            SecureSum: lambda layer, decryptor=None: SecureSumServer(layer=layer),
-            Homomorphic: lambda layer, decryptor=None: HomomorphicServer(
+    return {Plaintext: lambda layer, decryptor=None, pinned=None: PlaintextServer(layer=layer),
+            SecureSum: lambda layer, decryptor=None, pinned=None: SecureSumServer(
+                layer=layer, pinned=pinned),
+            Homomorphic: lambda layer, decryptor=None, pinned=None: HomomorphicServer(
                 layer=layer, decryptor=decryptor)}
 
 
@@ -587,9 +588,11 @@ def check_remote(layer: Layer) -> None:
         )
     if getattr(layer, "identities", None) is not None:
         raise ConfigurationError(
-            "SecureSum(identities=...) does not run on Flower yet: each node would need its "
-            "own long-term Ed25519 key and every other node's public key pinned from outside "
-            "the protocol; without identities the layer runs (honest-but-curious server model)"
+            "SecureSum(identities=...) holds the simulated clients' private keys and does not "
+            "run on Flower: there each node pins identities itself (node config identity-key "
+            "and pinned-keys) and the ServerApp takes the operator's copy of the public keys "
+            "(FlowerFederation(pinned_keys=...)); without pins the server model is "
+            "honest-but-curious"
         )
     if getattr(layer, "key_holder", "decryptor") != "decryptor":
         raise ConfigurationError(
@@ -621,15 +624,18 @@ def is_dp(layer: Layer) -> bool:
     return type(layer) in _wrappers()
 
 
-def layer_server(layer: Layer, *, decryptor: int | None = None
+def layer_server(layer: Layer, *, decryptor: int | None = None,
+                 pinned: Mapping[int, bytes] | None = None,
                  ) -> tuple[DPWrapper | None, LayerServer]:
     """(the DP wrapper or None, the server side of the layer that carries the uploads) for
     a remote runtime (:func:`check_remote` first). ``decryptor``: Homomorphic's decryptor
-    client id (None: the smallest connected)."""
+    client id (None: the smallest connected). ``pinned``: the nodes' pinned public keys
+    (client id -> 32 bytes), which SecureSum's server checks every ADVERTISE against."""
     check_remote(layer)
     dp = layer if is_dp(layer) else None
     carrier = layer.inner if dp is not None else layer  # type: ignore[attr-defined]
-    return dp, _servers()[type(carrier)](carrier, decryptor=decryptor)  # type: ignore[return-value]
+    return dp, _servers()[type(carrier)](  # type: ignore[return-value]
+        carrier, decryptor=decryptor, pinned=pinned)
 
 
 # ---------------------------------------------------------------- the engine
@@ -648,6 +654,8 @@ class Engine:
         progress: show a progress bar.
         on_aggregate: called with (round, phase, Aggregate) after each phase's solve.
         decryptor: remote Homomorphic: the decryptor node's client id.
+        pinned: remote SecureSum: the nodes' pinned Ed25519 public keys (client id -> 32
+            bytes; :func:`layer_server`).
         attest: every client (and the decryptor) signs a statement per message it sends
             (:mod:`secagg.attest`); in one process the engine holds their keys, remotely
             the transport's ``collector`` gathers what the nodes signed.
@@ -679,7 +687,8 @@ class Engine:
         max_records: int | None = None, privacy: Any | None = None,
         threat: Any | None = None, allow_leaks: bool = False, progress: bool = False,
         on_aggregate: Callable[[int, str, Aggregate], None] | None = None,
-        decryptor: int | None = None, attest: bool = True,
+        decryptor: int | None = None, pinned: Mapping[int, bytes] | None = None,
+        attest: bool = True,
         sampling: Literal["fixed", "poisson"] = "fixed", client_ledgers: Any | None = None,
         client_budget: Any | None = None, client_policy: Any | None = None,
         colluders: int = 0, individual_filter: Any | None = None, stream: bool = True,
@@ -715,7 +724,8 @@ class Engine:
                 raise ConfigurationError(
                     "Poisson sampling and the engine's client ledgers and budgets run in "
                     "one process; on Flower each node keeps its own ledger")
-            self.dp, self.server = layer_server(layer, decryptor=decryptor)
+            self.dp, self.server = layer_server(layer, decryptor=decryptor,
+                                                pinned=pinned)
         elif sampling == "poisson" and getattr(layer, "tree", False):
             raise ConfigurationError(
                 "Poisson sampling with CentralDP(tree=True): the tree's noise is shared "

@@ -192,3 +192,59 @@ def test_a_node_reply_rewritten_after_the_real_step_is_corrected(monkeypatch, ho
     np.testing.assert_array_equal(agg["stats"], honest["stats"])
     assert agg.contributors == tuple(range(N)) and result.aborted == []
     assert agg.notes["secure_sum"]["disputes"] == [[0, 3, "self-mask seed"]]
+
+
+def _pin_files(root, liar_cid):
+    """Each node's identity key and the operator's pins (``pins/ID.pub``); the liar signs
+    with a key that is not pinned, and pins it for itself (``liar-pins/``) so that its own
+    node-side check lets it advertise it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    (root / "pins").mkdir()
+    (root / "liar-pins").mkdir()
+    for i in range(N):
+        k = Ed25519PrivateKey.generate()
+        (root / f"node{i}.key").write_bytes(k.private_bytes_raw())
+        pub = k.public_key().public_bytes_raw().hex()
+        (root / "pins" / f"{i}.pub").write_text(pub)
+        (root / "liar-pins" / f"{i}.pub").write_text(pub)
+    other = Ed25519PrivateKey.generate()
+    (root / "liar.key").write_bytes(other.private_bytes_raw())
+    (root / "liar-pins" / f"{liar_cid}.pub").write_text(
+        other.public_key().public_bytes_raw().hex())
+
+
+def _pinned_round(root, liar_cid, server_pins):
+    grid = NodesGrid()
+    for cid, ctx in ((c - 100, x) for c, x in grid.contexts.items()):
+        mine = cid != liar_cid
+        ctx.node_config.update({
+            "identity-key": str(root / (f"node{cid}.key" if mine else "liar.key")),
+            "pinned-keys": str(root / ("pins" if mine else "liar-pins"))})
+    aggs = {}
+    fed = FlowerFederation(_algo(), SecureSum(threshold=T), load_dataset("digits"), rounds=1,
+                           seed=0, min_nodes=N, stage_timeout=0.5, on_abort="skip",
+                           pinned_keys=server_pins)
+    result = fed.run(grid, on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
+    return result, aggs.get(0)
+
+
+def test_an_unpinned_key_on_flower_excludes_only_its_node(tmp_path):
+    """Issue 33, item 4 on Flower: node 3 advertises under a key that is not pinned. With the
+    operator's pins the server refuses its ADVERTISE, and the pinned nodes' round completes
+    with exactly the sum of the others (the embedded run where node 3 drops at advertise)."""
+    _pin_files(tmp_path, 3)
+    result, agg = _pinned_round(tmp_path, 3, tmp_path / "pins")
+    want = _embedded({"advertise": [3]})
+    assert result.aborted == [] and agg is not None
+    assert agg.contributors == want.contributors == (0, 1, 2, 4, 5, 6, 7)
+    np.testing.assert_array_equal(agg["stats"], want["stats"])
+
+
+def test_without_the_operators_pins_the_unpinned_key_spoils_the_round(tmp_path):
+    """The attack as it stood: a server without the pins puts node 3 in every roster, and
+    every pinned node refuses the roster, so the round is lost (here recorded, on_abort
+    'skip'): the pins at the server are what keeps the liar's damage to itself."""
+    _pin_files(tmp_path, 3)
+    result, agg = _pinned_round(tmp_path, 3, None)
+    assert agg is None and [r for r, _, _ in result.aborted] == [0]

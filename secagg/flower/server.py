@@ -147,6 +147,13 @@ class FlowerFederation(TransportHooks):
         decryptor: Homomorphic: the client id of the node that generates the keys, keeps
             the secret context and decrypts the sum (default: the smallest id). It must
             not collude with the server (as the embedded layer's decryptor).
+        pinned_keys: SecureSum with pinned node identities: the operator's copy of the public
+            keys the nodes pin (node config ``pinned-keys``): a JSON file ``{"ID": HEX}``, a
+            directory of ``ID.pub`` files, or a mapping client id -> 32 raw bytes. The
+            server then refuses an ADVERTISE signed by any other key (one node advertising
+            an unpinned key excludes only itself) and forwards every survivor signature, so
+            the nodes can count the pinned signers on any graph. Without it a node that
+            advertises an unpinned key makes every pinned node refuse the roster.
         hold: test hook: (stage, directory): after closing that secure-sum stage in round 0
             write ``reached`` into the directory and wait (up to 60 s) for a ``go`` file.
 
@@ -186,6 +193,7 @@ class FlowerFederation(TransportHooks):
         connect_timeout: float = 60.0,
         stage_timeout: float = 60.0,
         hold: tuple[str, str] | None = None,
+        pinned_keys: str | Path | Mapping[int, bytes] | None = None,
         decryptor: int | None = None,
         poll_interval: float = 0.2,
         node_evaluation: bool | None = None,
@@ -233,6 +241,12 @@ class FlowerFederation(TransportHooks):
         self.stage_timeout, self.poll_interval = stage_timeout, poll_interval
         self.step_timeout = step_timeout
         self.hold = hold
+        if pinned_keys is None or isinstance(pinned_keys, Mapping):
+            self.pinned_keys = dict(pinned_keys) if pinned_keys is not None else None
+        else:
+            from secagg.flower.client import load_pinned_keys
+
+            self.pinned_keys = load_pinned_keys(pinned_keys)
         self.dropouts = DropoutModel(0.0, seed).for_stages(layer.dropout_stages())
         self.transport = _Transport()
         self.nodes: dict[int, int] = {}  # client id -> Flower node id
@@ -527,7 +541,7 @@ class FlowerFederation(TransportHooks):
             fraction=self.fraction, seed=self.seed, dropouts=self.dropouts,
             on_violation=self.on_violation, on_abort=self.on_abort,
             include_values=self.include_values, max_records=self.max_records,
-            on_aggregate=on_aggregate, decryptor=self.decryptor)
+            on_aggregate=on_aggregate, decryptor=self.decryptor, pinned=self.pinned_keys)
         self.layer_server = engine.server
         result = engine.run()
         trusting = sorted(self._sizings.get("server", ()))

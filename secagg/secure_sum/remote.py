@@ -92,12 +92,19 @@ class SecureSumServer:
     :class:`~secagg.link.LayerServer`); see the module docstring.
 
     Args:
-        layer: the SecureSum layer (without pinned identities: a node would need its own
-            long-term key and every other node's public key pinned from outside).
+        layer: the SecureSum layer (its ``identities``, private keys, never run here: a
+            node holds its own key, and its peers' public keys, from its node config).
+        pinned: client id -> its pinned Ed25519 public key (32 bytes), the operator's copy
+            of the keys the nodes pin (``FlowerFederation(pinned_keys=...)``). With them the
+            server refuses an ADVERTISE signed by any other key (so one client advertising
+            an unpinned key excludes only itself, where every pinned node would otherwise
+            refuse the whole roster) and forwards every consistency signature, so a node
+            can count the distinct pinned signers of the survivor set on any graph.
     """
 
-    def __init__(self, *, layer: SecureSum) -> None:
+    def __init__(self, *, layer: SecureSum, pinned: Mapping[int, bytes] | None = None) -> None:
         self.layer = layer
+        self.pinned = dict(pinned) if pinned is not None else None
         self._ahead: _PreAdvertised | None = None  # the first session's, on the hello
         self._pre: _PreAdvertised | None = None  # the next session's, advertised ahead
 
@@ -240,7 +247,8 @@ class SecureSumServer:
         else:
             session = pre.session
             adverts = survive("advertise", pre.adverts, dict(pre.failed))
-        server = Server(session, ctx.round, g, bits, off)
+        server = Server(session, ctx.round, g, bits, off, pinned=self.pinned,
+                        forward_all_signatures=self.pinned is not None)
         for u, (msg, cpu) in adverts.items():
             to_server(u, "advertise", msg, server.receive_advertise, cpu,
                       flops=secure_sum_client_flops("advertise", len(g.neighbours[u])))
