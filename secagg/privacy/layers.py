@@ -562,8 +562,11 @@ class LocalDP(_DPLayer):
 
     name: ClassVar[str] = "local-dp"
     holds_against: ClassVar[tuple[str, ...]] = (
-        "observers of the releases", "the server, which sees only noised uploads (it "
-        "knows the cohort; no amplification is claimed)")
+        "observers of the releases", "a server that follows the protocol, which sees "
+        "only noised uploads (it knows the cohort; no amplification is claimed); against "
+        "a server that lies about the noise terms only where each client holds its own "
+        "floor (a Flower node's NodePolicy; in one process the clients are this library's "
+        "code)")
     allow_non_additive: ClassVar[bool] = True
 
     def _wide_spec(self, spec: UploadSpec, sigmas: Mapping[str, float]) -> UploadSpec:
@@ -711,9 +714,11 @@ class DistributedDP(_DPLayer):
 
     name: ClassVar[str] = "distributed-dp"
     holds_against: ClassVar[tuple[str, ...]] = (
-        "observers of the releases", "the server, which sees only the noised sum (it "
-        "knows the cohort; no amplification is claimed), as long as no more clients "
-        "collude with it than the secure sum's threshold tolerates")
+        "observers of the releases", "a server that follows the protocol, which sees "
+        "only the noised sum (it knows the cohort; no amplification is claimed), as long "
+        "as no more clients collude with it than the secure sum's threshold tolerates; "
+        "against a server that lies about the cohort only where the nodes pin identities "
+        "or add their whole noise alone (docs/PRIVACY.md)")
 
     def __init__(self, inner: Layer, *, mechanism: Literal["discrete_gaussian", "skellam"] =
                  "discrete_gaussian", precision: float = 1e-6, **kwargs: Any) -> None:
