@@ -351,8 +351,16 @@ def _accuracy_label(rows: Iterable[Mapping[str, Any]]) -> str:
     return f"accuracy ({', '.join(kinds)})" if kinds else "accuracy"
 
 
-def _save(fig: Any, out: Path, stem: str, formats: Sequence[str]) -> dict[str, Path]:
+def _save(fig: Any, out: Path, stem: str, formats: Sequence[str],
+          inline: dict[str, str] | None = None) -> dict[str, Path]:
     paths = {}
+    if inline is not None:  # the SVG as text, for the HTML report (secagg.report)
+        import io
+
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        text = buf.getvalue()
+        inline[stem] = text[text.index("<svg"):]
     for fmt in formats:
         paths[f"{stem}.{fmt}"] = out / f"{stem}.{fmt}"
         fig.savefig(paths[f"{stem}.{fmt}"], dpi=PNG_DPI if fmt == "png" else "figure")
@@ -365,7 +373,8 @@ def _layer_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[str],
-                 formats: Sequence[str] = ("png", "svg")) -> dict[str, Path]:
+                 formats: Sequence[str] = ("png", "svg"),
+                 inline: dict[str, str] | None = None) -> dict[str, Path]:
     """Draw the sweep's figures into ``out_dir``: ``privacy_utility`` and
     ``cost_utility``, and ``client_epsilon`` (:func:`plot_client_epsilons`) when some
     row carries per-client epsilons.
@@ -377,7 +386,8 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
     accuracy measured (``accuracy_kind``).
 
     Returns the written paths by file name (``privacy_utility.png``, ...); the series ids
-    drawn are those :func:`series_ids` lists.
+    drawn are those :func:`series_ids` lists. ``inline``, when given, receives each
+    figure's SVG as text by stem (``privacy_utility``, ...), for the HTML report.
 
     Raises:
         DataError: no finished row to plot.
@@ -387,14 +397,15 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
     rows = [r for r in rows if r.get("accuracy") is not None]
     if not rows:
         raise DataError("no finished sweep cell to plot")
-    paths = _plot_privacy_utility(rows, out, formats)
-    paths.update(_plot_cost_utility(rows, out, formats))
-    paths.update(plot_client_epsilons(rows, out, formats))
+    paths = _plot_privacy_utility(rows, out, formats, inline)
+    paths.update(_plot_cost_utility(rows, out, formats, inline))
+    paths.update(plot_client_epsilons(rows, out, formats, inline))
     return paths
 
 
 def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
-                          formats: Sequence[str]) -> dict[str, Path]:
+                          formats: Sequence[str],
+        inline: dict[str, str] | None = None) -> dict[str, Path]:
     from matplotlib.patches import Patch
 
     algos = sorted({r["algorithm"] for r in rows})
@@ -454,7 +465,7 @@ def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
     fig.suptitle(f"accuracy vs epsilon\nline: mean over {seeds} seed(s); band: their min "
                  "to max", fontsize=9)
     _fit_ticks(fig, plans)
-    paths = _save(fig, out, "privacy_utility", formats)
+    paths = _save(fig, out, "privacy_utility", formats, inline)
     return paths
 
 
@@ -464,7 +475,8 @@ def _kinds(rows: Iterable[Mapping[str, Any]]) -> list[str | None]:
 
 
 def _plot_cost_utility(rows: Sequence[Mapping[str, Any]], out: Path,
-                       formats: Sequence[str]) -> dict[str, Path]:
+                       formats: Sequence[str],
+        inline: dict[str, str] | None = None) -> dict[str, Path]:
     """Accuracy against uplink bytes and against estimated client energy: one row of two
     panels per kind of accuracy (global test, mean local test: never mixed on one axis),
     one series per layer, markers per algorithm; plaintext (the non-private reference)
@@ -511,11 +523,12 @@ def _plot_cost_utility(rows: Sequence[Mapping[str, Any]], out: Path,
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     _fit_ticks(fig, plans)
-    return _save(fig, out, "cost_utility", formats)
+    return _save(fig, out, "cost_utility", formats, inline)
 
 
 def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[str],
-                         formats: Sequence[str] = ("png", "svg")) -> dict[str, Path]:
+                         formats: Sequence[str] = ("png", "svg"),
+                         inline: dict[str, str] | None = None) -> dict[str, Path]:
     """Draw ``client_epsilon.{png,svg}``: histograms of the clients' own epsilons, from
     the rows that carry them (``client_epsilons``, recorded by the sweep from
     ``result.json``'s ``privacy.clients``; see :func:`secagg.sweep.report.client_spread`).
@@ -610,7 +623,7 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
         plans.append(_AxisTicks(ax.yaxis, [0.0] + [p.get_height() for p in ax.patches],
                                 integer=True))
     _fit_ticks(fig, plans)
-    return _save(fig, Path(out_dir), "client_epsilon", formats)
+    return _save(fig, Path(out_dir), "client_epsilon", formats, inline)
 
 
 def series_ids(rows: Sequence[Mapping[str, Any]]) -> list[str]:
