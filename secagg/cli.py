@@ -667,15 +667,19 @@ def _run(args: argparse.Namespace) -> int:
     paths = result.save(out, args.device_profile)
     data = {k: getattr(args, k) for k in ("dataset", "split", "alpha", "shards_per_client")}
     print(result.table(args.device_profile, data))
-    from secagg.report import command_from_args, save_run_report
-
-    paths["report"] = save_run_report(out, command=command_from_args(_make_parser(), args),
-                                      data=data, fed=fed)
-    print(f"\nreport: {paths['report']}")
     print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}"
           + (f", {paths['identities']}" if "identities" in paths else ""))
     print(f"audit with: secagg audit {paths['transcript']}"
           + (f" --identities {paths['identities']}" if "identities" in paths else ""))
+    from secagg.report import command_from_args, save_run_report
+
+    try:  # the run's outputs are saved: a report that cannot be written does not undo them
+        report = save_run_report(out, command=command_from_args(_make_parser(), args),
+                                 data=data, fed=fed)
+        print(f"report: {report}")
+    except Exception as exc:  # noqa: BLE001
+        print(f"secagg run: report.html not written: {type(exc).__name__}: {exc} (retry with "
+              f"secagg report {out})", file=sys.stderr)
     failure = result.failure()
     if failure:
         print(f"secagg run: no usable model: {failure}", file=sys.stderr)
