@@ -360,8 +360,7 @@ def _privacy_section(result: Mapping[str, Any], info: Mapping[str, Any]) -> list
     return out
 
 
-def _audit_section(run_dir: Path, identities: Path | None, threat: str | None
-                   ) -> tuple[list[str], list[str]]:
+def _audit_section(run_dir: Path, identities: Path | None) -> tuple[list[str], list[str]]:
     """The audit section and the failure lines for the banner."""
     from secagg.audit import UNATTESTED, audit, reconcile
     from secagg.transcript import Transcript
@@ -437,19 +436,29 @@ def _audit_section(run_dir: Path, identities: Path | None, threat: str | None
                    + "</p>")
         if not rec["match"]:
             failures.append("The transcript's traffic disagrees with costs.csv.")
-    if threat:
-        out.append(f"<h2 id=\"threat\">Threat: {_e(threat)}</h2>")
-        try:
-            from threat_models.audit import threat_audit
-        except ImportError as exc:
-            out.append(f"<p>The threat section needs the threat_models package: {_e(exc)}</p>")
-        else:
-            text, leaks = threat_audit(transcript, threat)
-            out.append(("<p class=\"banner fail\">The coalition can read some field beyond "
-                        "what the layer promises.</p>" if leaks else
-                        "<p class=\"banner ok\">The coalition reads nothing beyond what the "
-                        "layer promises.</p>") + f"<pre>{_e(text)}</pre>")
     return out, failures
+
+
+def _threat_section(run_dir: Path, threat: str) -> list[str]:
+    """The threat views of a coalition over the transcript (``secagg audit --threat``),
+    with the attacks' results where the transcript holds values."""
+    from secagg.transcript import Transcript
+
+    out = [f"<h2 id=\"threat\">Threat: {_e(threat)}</h2>"]
+    path = run_dir / "transcript.jsonl"
+    if not path.exists():
+        return out + ["<p class=\"muted\">No transcript.jsonl in this folder.</p>"]
+    transcript = Transcript.read(path)
+    try:
+        from threat_models.audit import threat_audit
+    except ImportError as exc:
+        return out + [f"<p>The threat section needs the threat_models package: {_e(exc)}</p>"]
+    text, leaks = threat_audit(transcript, threat)
+    out.append(("<p class=\"banner fail\">The coalition can read some field beyond what the "
+                "layer promises.</p>" if leaks else
+                "<p class=\"banner ok\">The coalition reads nothing beyond what the layer "
+                "promises.</p>") + f"<pre>{_e(text)}</pre>")
+    return out
 
 
 def _senders(ids: Sequence[int]) -> str:
@@ -526,7 +535,7 @@ def render_run_report(run_dir: str | os.PathLike[str], *, threat: str | None = N
     ran = what_ran(str(algo.get("name", "?")), _layer_name(layer),
                    int(result.get("n_clients", 0)), int(result.get("rounds", 0)),
                    int(result.get("seed", 0)), info.get("data"))
-    audit_html, failures = _audit_section(d, Path(identities) if identities else None, threat)
+    audit_html, failures = _audit_section(d, Path(identities) if identities else None)
     if result.get("failure"):
         failures.append(f"No usable model: {result['failure']}")
     priv = result.get("privacy") or {}
@@ -565,6 +574,11 @@ def render_run_report(run_dir: str | os.PathLike[str], *, threat: str | None = N
     body += _privacy_section(result, info)
     body += audit_html
     body += _costs_section(d, result)
+    cmd = info.get("command") or []
+    if threat is None and "--threat" in cmd[:-1]:  # the run was judged against one
+        threat = cmd[cmd.index("--threat") + 1]
+    if threat:
+        body += _threat_section(d, threat)
     body.append(f"<p class=\"muted\">Written by secagg report at "
                 f"{_e(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}.</p>")
     return _page(f"secagg run report: {ran}", body)

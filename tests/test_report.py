@@ -395,3 +395,26 @@ if __name__ == "__main__":  # screenshots for docs/
         b.open(swp / "report.html", "1", screenshot=out / "report_sweep.png")
     finally:
         b.close()
+
+
+def test_threat_section_follows_the_costs_with_the_threat_audits_verdict(run_dirs, tmp_path):
+    """``secagg report RUN --threat COALITION``: the coalition's views and verdict, as
+    ``secagg audit --threat`` gives them, after the costs."""
+    from secagg.transcript import Transcript
+    from threat_models.audit import threat_audit
+
+    d = run_dirs["distributed-dp"]
+    transcript = Transcript.read(d / "transcript.jsonl")
+    verdicts = set()
+    for coalition in ("server", "server+2"):
+        out = tmp_path / f"{coalition}.html"
+        assert main(["report", str(d), "--threat", coalition, "--out", str(out)]) == 0
+        html = out.read_text()
+        assert html.index('<h2 id="costs">') < html.index('<h2 id="threat">')
+        text, leaks = threat_audit(transcript, coalition)
+        import html as h
+
+        assert h.escape(text, quote=True) in html
+        assert ("can read some field beyond" in html) == leaks
+        verdicts.add(leaks)
+    assert verdicts == {False, True}  # 2 of 3 clients with the server read the third's upload
