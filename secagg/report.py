@@ -70,6 +70,7 @@ white-space:pre-wrap}
 .ok{background:#e7f6ec;border:1px solid #2f8a4c;color:#1b4f2c}
 .muted{color:#5b6670}figure{margin:.6em 0}figure svg{max-width:100%;height:auto}
 figcaption{color:#5b6670;font-size:12.5px}.kv th{width:17em}
+.wide{overflow-x:auto}.wide td,.wide th{white-space:nowrap}
 """
 _CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
         "font-src data:; form-action 'none'; base-uri 'none'")
@@ -667,7 +668,12 @@ def render_sweep_report(sweep_dir: str | os.PathLike[str],
         body.append("<p>No cell reports per-client epsilons.</p>")
     body.append("<h2 id=\"cells\">Every cell</h2>")
     trs = []
-    for r in sorted(rows, key=lambda r: tuple(str(r.get(k)) for k, _ in _CELL_COLUMNS[:7])):
+    def order(r: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (str(r["algorithm"]), str(r["layer"]),
+                *(-1.0 if r.get(k) is None else float(r[k])
+                  for k in ("epsilon", "delta", "clip", "dropout")), str(r.get("seed")))
+
+    for r in sorted(rows, key=order):
         cells = []
         for key, _ in _CELL_COLUMNS:
             v = r.get(key)
@@ -678,8 +684,9 @@ def render_sweep_report(sweep_dir: str | os.PathLike[str],
         link = (f'<a href="{_e(Path(str(run)).as_posix())}/{REPORT}">run report</a>'
                 if run and (d / str(run) / REPORT).exists() else "not kept")
         trs.append((*cells, link))
-    body.append(_table([h for _, h in _CELL_COLUMNS] + ["run"], trs,
-                       numeric=(2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14)))
+    body.append("<div class=\"wide\" id=\"cells-table\">"
+                + _table([h for _, h in _CELL_COLUMNS] + ["run"], trs,
+                         numeric=(2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14)) + "</div>")
     body.append(f"<p class=\"muted\">Written by secagg report at "
                 f"{_e(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}.</p>")
     return _page(f"secagg sweep report: {name}", body)
