@@ -174,11 +174,13 @@ def command_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return words + positional
 
 
-def plan_rows(fed: Any) -> list[dict[str, Any]]:
+def plan_rows(fed: Any, with_epsilon: bool = False) -> list[dict[str, Any]]:
     """The privacy plan of a (run) :class:`~secagg.federation.Federation`: per DP release
-    and field, the noise per entry and its norm, the largest sum the cohort could upload,
-    their ratio and the planned epsilon after the round
-    (:func:`secagg.privacy.plan.plan_run`), as dicts; empty without DP noise."""
+    and field, the noise per entry and its norm, the largest sum the cohort could upload
+    and their ratio (:func:`secagg.privacy.plan.plan_run`), as dicts; empty without DP
+    noise. The planned epsilon after each round only ``with_epsilon`` (NaN otherwise: it
+    costs an accountant call per round, minutes over a hundred rounds; the run's spent
+    epsilon is in ``result.json``)."""
     from dataclasses import asdict
 
     from secagg.engine import cohort_size
@@ -187,7 +189,7 @@ def plan_rows(fed: Any) -> list[dict[str, Any]]:
 
     rows = plan_run(fed.algorithm, fed.layer, fed.rounds,
                     cohort_size(len(fed.partition), fed.fraction),
-                    fed.max_records or DEFAULT_MAX_RECORDS)
+                    fed.max_records or DEFAULT_MAX_RECORDS, with_epsilon=with_epsilon)
     return [asdict(r) for r in rows]
 
 
@@ -339,16 +341,19 @@ def _privacy_section(result: Mapping[str, Any], info: Mapping[str, Any]) -> list
     plan = info.get("plan")
     out.append("<h3>The privacy plan: noise against signal per release</h3>")
     if plan:
-        rows = [(_e(p["round"] + 1), _e(p["phase"]), _e(p["field"]), _e(p["layer"]),
-                 _e(p["adjacency"]), _e(_fmt(p["cohort"])), _e(_fmt(p["sigma"])),
-                 _e(_fmt(p["noise_norm"])), _e(_fmt(p["signal_bound"])),
-                 ("<b>" + _e(_fmt(p["snr"], 3)) + " (noise swamps the signal)</b>"
-                  if p["snr"] < 1 else _e(_fmt(p["snr"], 3))),
-                 _e(_fmt(p["epsilon_after_round"]))) for p in plan]
-        out.append(_table(("round", "phase", "field", "layer", "adjacency", "cohort",
+        # releases that differ only in their round share a row (rounds 1-100)
+        same: dict[tuple[Any, ...], list[int]] = {}
+        for p in plan:
+            key = tuple(p[k] for k in ("phase", "field", "layer", "adjacency", "cohort",
+                                       "sigma", "noise_norm", "signal_bound", "snr"))
+            same.setdefault(key, []).append(int(p["round"]) + 1)
+        rows = [(_e(_round_ranges(r)), _e(k[0]), _e(k[1]), _e(k[2]), _e(k[3]),
+                 _e(_fmt(k[4])), _e(_fmt(k[5])), _e(_fmt(k[6])), _e(_fmt(k[7])),
+                 ("<b>" + _e(_fmt(k[8], 3)) + " (noise swamps the signal)</b>"
+                  if k[8] < 1 else _e(_fmt(k[8], 3)))) for k, r in same.items()]
+        out.append(_table(("rounds", "phase", "field", "layer", "adjacency", "cohort",
                            "noise std / entry", "noise norm", "largest sum norm",
-                           "signal / noise", "epsilon after round"), rows,
-                          numeric=(0, 5, 6, 7, 8, 9, 10)))
+                           "signal / noise"), rows, numeric=(5, 6, 7, 8, 9)))
         out.append("<p class=\"muted\">signal / noise below 1: the noise is larger than "
                    "any sum the cohort could upload, even with every client at its bound.</p>")
     elif info.get("plan_error"):
@@ -359,6 +364,17 @@ def _privacy_section(result: Mapping[str, Any], info: Mapping[str, Any]) -> list
         out.append("<p class=\"muted\">Not recorded (this folder has no run.json; "
                    "<code>secagg run --dry-run</code> with the command above prints it).</p>")
     return out
+
+
+def _round_ranges(rounds: Sequence[int]) -> str:
+    """1, 2, 3, 5 -> ``1-3, 5``."""
+    spans: list[list[int]] = []
+    for r in sorted(rounds):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _audit_section(run_dir: Path, identities: Path | None) -> tuple[list[str], list[str]]:
