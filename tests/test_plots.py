@@ -406,7 +406,7 @@ def test_an_epsilon_grid_one_decade_wide_gets_a_log_axis(tmp_path, monkeypatch):
 def test_png_exports_are_at_least_1000_pixels_wide_at_150_dpi(tmp_path):
     """Every PNG, the one-panel privacy-utility plot included (345 x 259 px before)."""
     rows = _client_rows(tmp_path)
-    paths = plot_results(rows, tmp_path)
+    paths = plot_results(rows, tmp_path, formats=("png",))
     pngs = [p for n, p in paths.items() if n.endswith(".png")]
     assert {p.name for p in pngs} == {"privacy_utility.png", "cost_utility.png",
                                       "client_epsilon.png"}

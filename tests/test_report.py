@@ -199,6 +199,12 @@ def _check_page(got: dict, n_figures: int) -> dict:
 # -- fixtures: a real run (two layers) and a real sweep, made once ---------------------------
 
 @pytest.fixture(scope="module")
+def chromium() -> str:
+    """The browser (skips, or fails under CI=true, before the runs are made)."""
+    return _need_chromium()
+
+
+@pytest.fixture(scope="module")
 def run_dirs(tmp_path_factory):
     """Two runs of the README's command, as `secagg run` writes them: plaintext and
     distributed DP (3 clients, 1 round, digits)."""
@@ -231,10 +237,10 @@ def sweep_dir(tmp_path_factory):
 
 # -- the reports, in the browser --------------------------------------------------------------
 
-def test_run_report_in_a_real_browser(run_dirs):
+def test_run_report_in_a_real_browser(chromium, run_dirs):
     """Loads without console error, makes no request but the file itself, renders its
     figures at a readable size, and every number tagged from result.json equals it."""
-    browser = Browser(_need_chromium())
+    browser = Browser(chromium)
     try:
         for layer, d in run_dirs.items():
             report = d / "report.html"
@@ -301,10 +307,10 @@ def test_a_tampered_transcript_is_reported_at_the_top_in_words(run_dirs, tmp_pat
     assert "The audit FAILED" in page["banners"][0]["text"]
 
 
-def test_sweep_report_in_a_real_browser(sweep_dir):
+def test_sweep_report_in_a_real_browser(chromium, sweep_dir):
     """The sweep report: both figures render, no request, and every accuracy in the
     table equals its row of results.jsonl."""
-    browser = Browser(_need_chromium())
+    browser = Browser(chromium)
     try:
         report = sweep_dir / "report.html"
         got = browser.open(report, PAGE_SCRIPT)
@@ -352,7 +358,8 @@ def test_closing_table_says_what_ran_and_has_a_privacy_row(run_dirs, capsys):
 
 def test_report_of_a_10000_client_run_takes_under_10_seconds(tmp_path):
     """A synthetic result of 10,000 clients with differing epsilons and a costs.csv of
-    10,000 clients x 2 rounds: the report is written in well under 10 s."""
+    10,000 clients x 2 rounds (no transcript): the report is written in well under 10 s of
+    CPU time."""
     import random
 
     rng = random.Random(0)
@@ -378,11 +385,11 @@ def test_report_of_a_10000_client_run_takes_under_10_seconds(tmp_path):
         for r in range(2) for c in range(n)))
     from secagg.report import write_report
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     path = write_report(tmp_path)
-    took = time.perf_counter() - t0
-    print(f"report of a {n:,}-client run: {took:.2f} s")
-    assert took < 10
+    took, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(f"report of a {n:,}-client run: {took:.2f} s wall, {cpu:.2f} s CPU")
+    assert cpu < 10  # CPU time: the wall clock of a shared CI machine measures the others
     html = path.read_text()
     assert 'id="fig-client-eps"' in html and "10,000 clients" in html
 
