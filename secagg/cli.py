@@ -4,6 +4,7 @@
 ``secagg audit`` read a transcript and print what the server saw, per phase and field.
 ``secagg check`` verify that an algorithm's additive fields are sums over records.
 ``secagg sweep`` run or resume a privacy-utility sweep; ``secagg plot`` redraws its plots.
+``secagg report`` write a run's or a sweep's report.html (one self-contained page).
 ``secagg dp-audit`` measure a lower bound on each DP mechanism's epsilon (threat_models).
 
 Algorithms are found through the ``secagg.algorithms`` entry-point group (the ``algorithms``
@@ -400,6 +401,20 @@ def _make_parser() -> argparse.ArgumentParser:
                     help="results.jsonl/.csv or the sweep's directory (repeatable)")
     pl.add_argument("--out", type=Path, default=None,
                     help="where to draw (default: beside the first results)")
+    rp = sub.add_parser(
+        "report", help="write report.html: one self-contained page for a run or a sweep",
+        description="Write DIR/report.html, one self-contained HTML page (inline SVG "
+        "figures, no script, no network access): for a run folder (result.json) what ran, "
+        "accuracy, privacy, what each party saw (the audit), costs; for a sweep folder "
+        "(results.jsonl/.csv) its figures and every cell. secagg run and secagg sweep write "
+        "it when they finish.")
+    rp.add_argument("dir", type=Path, help="a run's or a sweep's output folder")
+    rp.add_argument("--out", type=Path, default=None, help="where to write (DIR/report.html)")
+    rp.add_argument("--identities", type=Path, default=None, metavar="FILE",
+                    help="the clients' public keys to check the transcript against (default: "
+                    "the identities.json the run wrote, which proves less: the report says so)")
+    rp.add_argument("--threat", default=None, metavar="COALITION",
+                    help="also judge every field against a coalition (as secagg audit --threat)")
     _add_dp_audit_parser(sub)
     return p
 
@@ -652,13 +667,23 @@ def _run(args: argparse.Namespace) -> int:
     out = _out_dir(args)
     result = fed.run()
     paths = result.save(out, args.device_profile)
-    print(result.table(args.device_profile))
+    data = {k: getattr(args, k) for k in ("dataset", "split", "alpha", "shards_per_client")}
+    print(result.table(args.device_profile, data))
     print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}"
           + (f"; the clients' public keys to {paths['identities']} (apart from the run "
              "folder: keep them where the server cannot write)"
              if "identities" in paths else ""))
     print(f"audit with: secagg audit {paths['transcript']}"
           + (f" --identities {paths['identities']}" if "identities" in paths else ""))
+    from secagg.report import command_from_args, save_run_report
+
+    try:  # the run's outputs are saved: a report that cannot be written does not undo them
+        report = save_run_report(out, command=command_from_args(_make_parser(), args),
+                                 data=data, fed=fed)
+        print(f"report: {report}")
+    except Exception as exc:  # noqa: BLE001
+        print(f"secagg run: report.html not written: {type(exc).__name__}: {exc} (retry with "
+              f"secagg report {out})", file=sys.stderr)
     failure = result.failure()
     if failure:
         print(f"secagg run: no usable model: {failure}", file=sys.stderr)
@@ -759,6 +784,16 @@ def _sweep(args: argparse.Namespace) -> int:
           f"{res.jsonl} and {res.csv}")
     for name, path in res.plots.items():
         print(f"plot: {path}" if name.endswith(".png") else f"      {path}")
+    if res.report is not None:
+        print(f"report: {res.report}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from secagg.report import write_report
+
+    print(write_report(args.dir, threat=args.threat, identities=args.identities,
+                       out=args.out))
     return 0
 
 
@@ -779,7 +814,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit,
                                                                  "check": _check}
-    commands.update(sweep=_sweep, plot=_plot)
+    commands.update(sweep=_sweep, plot=_plot, report=_report)
     commands["dp-audit"] = _dp_audit
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -9,7 +9,12 @@
 * ``cost_utility.{png,svg}`` -- accuracy against uplink bytes and against estimated client
   energy, one series per layer;
 * ``client_epsilon.{png,svg}`` (:func:`plot_client_epsilons`), only when some row carries
-  per-client epsilons -- their histogram per observer.
+  per-client epsilons that differ between clients -- their histogram per observer.
+
+PNG exports are at least 1000 pixels wide (``MIN_WIDTH_IN`` inches at ``PNG_DPI``); an
+epsilon axis is logarithmic from one decade up (``EPSILON_LOG_DECADES``); kinds of accuracy
+(global test, mean local test) never share an axis; the non-private reference is drawn
+above the other series.
 
 Every series carries the SVG id ``series-ALGORITHM-LAYER`` (cost plot:
 ``cost-bytes-LAYER`` and ``cost-energy-LAYER``), so a reader or a test can find it in the
@@ -100,6 +105,15 @@ def _series(rows: Iterable[Mapping[str, Any]], x: str) -> dict[float, list[float
 
 #: A positive data range this many decades wide (max/min >= 10**LOG_DECADES) gets a log axis.
 LOG_DECADES = 1.5
+#: An epsilon axis goes logarithmic from one decade up: a grid of epsilons (1, 4, 16) is
+#: read by ratios, and a linear axis crushes its private end.
+EPSILON_LOG_DECADES = 1.0
+#: Resolution of the PNG exports, and the least width of a figure (inches): at least
+#: MIN_WIDTH_IN * PNG_DPI = 1050 pixels wide.
+PNG_DPI = 150
+MIN_WIDTH_IN = 7.0
+#: Drawn above every other series, so that a reference is never hidden under them.
+REFERENCE_ZORDER = 5
 _PREFIXES = ((1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T"))
 _GAP_PX = 3.0  # the least gap between two tick labels, in pixels
 
@@ -201,10 +215,11 @@ def _finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(float(v))]
 
 
-def _is_wide(values: Sequence[float]) -> bool:
-    """Whether ``values`` go on a log axis: all positive and spanning LOG_DECADES decades."""
+def _is_wide(values: Sequence[float], decades: float = LOG_DECADES) -> bool:
+    """Whether ``values`` go on a log axis: all positive and spanning ``decades`` decades
+    (LOG_DECADES; EPSILON_LOG_DECADES for epsilons)."""
     return (bool(values) and min(values) > 0
-            and math.log10(max(values) / min(values)) >= LOG_DECADES)
+            and math.log10(max(values) / min(values)) >= decades - 1e-12)
 
 
 class _AxisTicks:
@@ -324,7 +339,7 @@ def _figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=72, layout="constrained")
+    fig = Figure(figsize=(max(width, MIN_WIDTH_IN), height), dpi=72, layout="constrained")
     FigureCanvasAgg(fig)  # a renderer, to measure the tick labels (_fit_ticks)
     return fig
 
@@ -336,11 +351,19 @@ def _accuracy_label(rows: Iterable[Mapping[str, Any]]) -> str:
     return f"accuracy ({', '.join(kinds)})" if kinds else "accuracy"
 
 
-def _save(fig: Any, out: Path, stem: str, formats: Sequence[str]) -> dict[str, Path]:
+def _save(fig: Any, out: Path, stem: str, formats: Sequence[str],
+          inline: dict[str, str] | None = None) -> dict[str, Path]:
     paths = {}
+    if inline is not None:  # the SVG as text, for the HTML report (secagg.report)
+        import io
+
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        text = buf.getvalue()
+        inline[stem] = text[text.index("<svg"):]
     for fmt in formats:
         paths[f"{stem}.{fmt}"] = out / f"{stem}.{fmt}"
-        fig.savefig(paths[f"{stem}.{fmt}"])
+        fig.savefig(paths[f"{stem}.{fmt}"], dpi=PNG_DPI if fmt == "png" else "figure")
     return paths
 
 
@@ -350,7 +373,8 @@ def _layer_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[str],
-                 formats: Sequence[str] = ("png", "svg")) -> dict[str, Path]:
+                 formats: Sequence[str] = ("png", "svg"),
+                 inline: dict[str, str] | None = None) -> dict[str, Path]:
     """Draw the sweep's figures into ``out_dir``: ``privacy_utility`` and
     ``cost_utility``, and ``client_epsilon`` (:func:`plot_client_epsilons`) when some
     row carries per-client epsilons.
@@ -362,7 +386,8 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
     accuracy measured (``accuracy_kind``).
 
     Returns the written paths by file name (``privacy_utility.png``, ...); the series ids
-    drawn are those :func:`series_ids` lists.
+    drawn are those :func:`series_ids` lists. ``inline``, when given, receives each
+    figure's SVG as text by stem (``privacy_utility``, ...), for the HTML report.
 
     Raises:
         DataError: no finished row to plot.
@@ -372,14 +397,15 @@ def plot_results(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[s
     rows = [r for r in rows if r.get("accuracy") is not None]
     if not rows:
         raise DataError("no finished sweep cell to plot")
-    paths = _plot_privacy_utility(rows, out, formats)
-    paths.update(_plot_cost_utility(rows, out, formats))
-    paths.update(plot_client_epsilons(rows, out, formats))
+    paths = _plot_privacy_utility(rows, out, formats, inline)
+    paths.update(_plot_cost_utility(rows, out, formats, inline))
+    paths.update(plot_client_epsilons(rows, out, formats, inline))
     return paths
 
 
 def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
-                          formats: Sequence[str]) -> dict[str, Path]:
+                          formats: Sequence[str],
+        inline: dict[str, str] | None = None) -> dict[str, Path]:
     from matplotlib.patches import Patch
 
     algos = sorted({r["algorithm"] for r in rows})
@@ -406,6 +432,7 @@ def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
                 line = ax.axhline(sum(accs) / len(accs), color=color,
                                   ls="--" if layer == reference else ":",
                                   lw=1.4 if layer == reference else 1.0,
+                                  zorder=REFERENCE_ZORDER,
                                   label=f"{name}{layer} (mean of {n} seed(s))")
                 line.set_gid(f"series-{algo}-{layer}")
                 continue
@@ -425,7 +452,8 @@ def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
             labels.append(f"band: min-max over {seeds} seeds")
         eps = sorted({float(r["epsilon"]) for r in mine if r.get("epsilon") is not None})
         if eps:
-            plans.append(_AxisTicks(ax.xaxis, eps, fixed=eps))
+            plans.append(_AxisTicks(ax.xaxis, eps, fixed=eps,
+                                    log=_is_wide(eps, EPSILON_LOG_DECADES)))
         else:
             ax.set_xticks([])  # no DP cell: no epsilon to mark
         ax.set_xlabel("total epsilon")
@@ -437,47 +465,70 @@ def _plot_privacy_utility(rows: Sequence[Mapping[str, Any]], out: Path,
     fig.suptitle(f"accuracy vs epsilon\nline: mean over {seeds} seed(s); band: their min "
                  "to max", fontsize=9)
     _fit_ticks(fig, plans)
-    paths = _save(fig, out, "privacy_utility", formats)
+    paths = _save(fig, out, "privacy_utility", formats, inline)
     return paths
 
 
+def _kinds(rows: Iterable[Mapping[str, Any]]) -> list[str | None]:
+    """The accuracy kinds of ``rows`` (``accuracy_kind``; None where a row does not say)."""
+    return sorted({r.get("accuracy_kind") or None for r in rows}, key=lambda k: (k is None, k))
+
+
 def _plot_cost_utility(rows: Sequence[Mapping[str, Any]], out: Path,
-                       formats: Sequence[str]) -> dict[str, Path]:
+                       formats: Sequence[str],
+        inline: dict[str, str] | None = None) -> dict[str, Path]:
+    """Accuracy against uplink bytes and against estimated client energy: one row of two
+    panels per kind of accuracy (global test, mean local test: never mixed on one axis),
+    one series per layer, markers per algorithm; plaintext (the non-private reference)
+    drawn hollow above the others so that it is never hidden."""
     from matplotlib.markers import MarkerStyle
 
     algos = sorted({r["algorithm"] for r in rows})
-    fig = _figure(8.4, 3.4)
-    ax_b, ax_e = fig.subplots(1, 2)
-    for layer in _layer_order(rows):
-        sel = [r for r in rows if r["layer"] == layer and r.get("uplink_bytes") is not None]
-        for ax, key, name in ((ax_b, "uplink_bytes", "bytes"), (ax_e, "energy_j", "energy")):
-            have = [r for r in sel if r.get(key) is not None and math.isfinite(float(r[key]))]
-            if not have:
-                continue
-            coll = ax.scatter([float(r[key]) for r in have],
-                              [float(r["accuracy"]) for r in have], s=16,
-                              color=_STYLE.get(layer), label=layer, alpha=0.8)
-            marks = [MarkerStyle(_MARKERS[algos.index(r["algorithm"]) % len(_MARKERS)])
-                     for r in have]
-            coll.set_paths([m.get_path().transformed(m.get_transform()) for m in marks])
-            coll.set_gid(f"cost-{name}-{layer}")
-    ax_b.set_title("markers: " + ", ".join(
-        f"{_MARKERS[i % len(_MARKERS)]} {a}" for i, a in enumerate(algos)), fontsize=8)
-    ax_b.set_xlabel("uplink bytes (total)")
-    ax_e.set_xlabel(f"est. client energy, J ({rows[0].get('device_profile', '?')})")
+    kinds = _kinds(rows)
+    fig = _figure(8.4, 3.4 * len(kinds))
+    grid = fig.subplots(len(kinds), 2, squeeze=False)
     plans = []
-    for ax, key in ((ax_b, "uplink_bytes"), (ax_e, "energy_j")):
-        plans.append(_AxisTicks(ax.xaxis, [r[key] for r in rows if r.get(key) is not None]))
-        plans.append(_AxisTicks(ax.yaxis, [r["accuracy"] for r in rows]))
-        ax.set_ylabel(_accuracy_label(rows))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    for (ax_b, ax_e), kind in zip(grid, kinds, strict=True):
+        mine = [r for r in rows if (r.get("accuracy_kind") or None) == kind]
+        for layer in _layer_order(mine):
+            sel = [r for r in mine if r["layer"] == layer and r.get("uplink_bytes") is not None]
+            ref = layer == "plaintext"
+            for ax, key, name in ((ax_b, "uplink_bytes", "bytes"), (ax_e, "energy_j", "energy")):
+                have = [r for r in sel if r.get(key) is not None
+                        and math.isfinite(float(r[key]))]
+                if not have:
+                    continue
+                color = _STYLE.get(layer)
+                coll = ax.scatter([float(r[key]) for r in have],
+                                  [float(r["accuracy"]) for r in have],
+                                  s=40 if ref else 16, label=layer,
+                                  facecolors="none" if ref else color,
+                                  edgecolors=color, linewidths=1.3 if ref else 0.0,
+                                  alpha=1.0 if ref else 0.8,
+                                  zorder=REFERENCE_ZORDER if ref else 2)
+                marks = [MarkerStyle(_MARKERS[algos.index(r["algorithm"]) % len(_MARKERS)])
+                         for r in have]
+                coll.set_paths([m.get_path().transformed(m.get_transform()) for m in marks])
+                coll.set_gid(f"cost-{name}-{layer}" + ("" if len(kinds) == 1 or kind is None
+                                                       else f"-{kind.replace(' ', '_')}"))
+        ax_b.set_title("markers: " + ", ".join(
+            f"{_MARKERS[i % len(_MARKERS)]} {a}" for i, a in enumerate(algos)
+            if any(r["algorithm"] == a for r in mine)), fontsize=8)
+        ax_b.set_xlabel("uplink bytes (total)")
+        ax_e.set_xlabel(f"est. client energy, J ({rows[0].get('device_profile', '?')})")
+        for ax, key in ((ax_b, "uplink_bytes"), (ax_e, "energy_j")):
+            plans.append(_AxisTicks(ax.xaxis, [r[key] for r in mine if r.get(key) is not None]))
+            plans.append(_AxisTicks(ax.yaxis, [r["accuracy"] for r in mine]))
+            ax.set_ylabel(_accuracy_label(mine))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
     _fit_ticks(fig, plans)
-    return _save(fig, out, "cost_utility", formats)
+    return _save(fig, out, "cost_utility", formats, inline)
 
 
 def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike[str],
-                         formats: Sequence[str] = ("png", "svg")) -> dict[str, Path]:
+                         formats: Sequence[str] = ("png", "svg"),
+                         inline: dict[str, str] | None = None) -> dict[str, Path]:
     """Draw ``client_epsilon.{png,svg}``: histograms of the clients' own epsilons, from
     the rows that carry them (``client_epsilons``, recorded by the sweep from
     ``result.json``'s ``privacy.clients``; see :func:`secagg.sweep.report.client_spread`).
@@ -492,8 +543,13 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
     as a number. Each panel's SVG id is ``clients-ALGORITHM-LAYER-EPSILON-OBSERVER``
     (``...-EPSILON-clip1-OBSERVER`` and so on where clip, delta or dropout vary).
 
+    Only the (group, observer) pairs whose clients' epsilons differ get a panel: a panel
+    of one bar (every client the same figure) or of none (no guarantee against that
+    observer) tells nothing the sweep's table does not (``client_eps_*`` columns; the
+    report, :mod:`secagg.report`, states them in words), so it is left out.
+
     Returns the written paths by file name; empty (nothing drawn) when no row carries
-    per-client epsilons.
+    per-client epsilons, or no group's clients differ.
     """
     have = [r for r in rows if r.get("client_epsilons")]
     if not have:
@@ -510,10 +566,22 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
                                          [(n, -1.0 if v is None else v) for n, v in k[3]]))
     found = {o for r in have for o in r["client_epsilons"]}
     observers = [o for o in _OBSERVERS if o in found] + sorted(found - set(_OBSERVERS))
-    fig = _figure(3.8 * len(observers) + 0.4, 2.6 * len(keys) + 0.4)
-    grid = fig.subplots(len(keys), len(observers), squeeze=False)
+    panels = []  # (key, observer) whose clients' figures differ: the others carry one value
+    for key in keys:
+        for obs in observers:
+            vals = _finite(v for r in groups[key] for v in (r["client_epsilons"].get(obs) or []))
+            if len(set(vals)) > 1:
+                panels.append((key, obs))
+    if not panels:
+        return {}
+    ncols = min(len(observers), len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig = _figure(3.8 * ncols + 0.4, 2.6 * nrows + 0.4)
+    grid = list(fig.subplots(nrows, ncols, squeeze=False).flat)
+    for ax in grid[len(panels):]:
+        ax.remove()
     plans = []
-    for row_axes, key in zip(grid, keys, strict=True):
+    for ax, (key, obs) in zip(grid, panels, strict=False):
         algo, layer, eps, extra = key
         name = "-".join([algo, layer, "none" if eps is None else f"{eps:g}"]
                         + [f"{n}{'none' if v is None else f'{v:g}'}" for n, v in extra])
@@ -522,48 +590,40 @@ def plot_client_epsilons(rows: Sequence[Mapping[str, Any]], out_dir: str | os.Pa
         seeds = len({r.get("seed") for r in members})
         spent = _finite(r.get("client_eps_global") for r in members)
         delta = next((r["delta"] for r in members if r.get("delta") is not None), None)
-        for ax, obs in zip(row_axes, observers, strict=True):
-            ax.set_gid(f"clients-{name}-{obs}")
-            allv = [v for r in members for v in (r["client_epsilons"].get(obs) or [])]
-            vals = _finite(allv)
-            missing = len(allv) - len(vals)
-            head = f"{algo}, {layer}" + ("" if eps is None else f", epsilon {eps:g}") + also
-            ax.set_title(f"{head}\nagainst {_OBSERVER_NAMES.get(obs, obs)}", fontsize=8)
-            ax.set_xlabel("client's epsilon" + ("" if delta is None else
-                                                f" (delta {float(delta):g})"))
-            ax.set_ylabel("clients" + (f" ({seeds} seeds pooled)" if seeds > 1 else ""))
-            if not vals:
-                ax.text(0.5, 0.5, f"no figure for any of {len(allv)} client(s):\n"
-                        "no guarantee against this observer", ha="center", va="center",
-                        transform=ax.transAxes, fontsize=8)
-                ax.set_xticks([])
-                ax.set_yticks([])
-                continue
-            xs = vals + spent
-            log = _is_wide(xs)
-            if log:
-                lo, hi = math.log10(min(vals)), math.log10(max(vals))
-                n = max(1, min(30, int(math.sqrt(len(vals))) + 1))
-                bins: Any = [10 ** (lo + (hi - lo) * i / n) for i in range(n + 1)]
-                if hi == lo:
-                    bins = 1
-            else:
-                bins = max(1, min(30, int(math.sqrt(len(vals))) + 1))
-            ax.hist(vals, bins=bins, color=_STYLE.get(layer, "tab:blue"), alpha=0.8,
-                    label=f"{len(vals)} client(s)" if seeds == 1
-                    else f"{len(vals)} (client, seed) figures")
-            if spent:
-                ax.axvline(max(spent), color="k", ls="--", lw=1.2,
-                           label=f"run's global epsilon {max(spent):.3g}")
-            if missing:
-                ax.plot([], [], " ", label=f"{missing} without a figure (no guarantee)")
-            ax.legend(fontsize=7)
-            ax.grid(alpha=0.3)
-            plans.append(_AxisTicks(ax.xaxis, xs, log=log))
-            plans.append(_AxisTicks(ax.yaxis, [0.0] + [p.get_height() for p in ax.patches],
-                                    integer=True))
+        ax.set_gid(f"clients-{name}-{obs}")
+        allv = [v for r in members for v in (r["client_epsilons"].get(obs) or [])]
+        vals = _finite(allv)
+        missing = len(allv) - len(vals)
+        head = f"{algo}, {layer}" + ("" if eps is None else f", epsilon {eps:g}") + also
+        ax.set_title(f"{head}\nagainst {_OBSERVER_NAMES.get(obs, obs)}", fontsize=8)
+        ax.set_xlabel("client's epsilon" + ("" if delta is None else
+                                            f" (delta {float(delta):g})"))
+        ax.set_ylabel("clients" + (f" ({seeds} seeds pooled)" if seeds > 1 else ""))
+        xs = vals + spent
+        log = _is_wide(xs, EPSILON_LOG_DECADES)
+        if log:
+            lo, hi = math.log10(min(vals)), math.log10(max(vals))
+            n = max(1, min(30, int(math.sqrt(len(vals))) + 1))
+            bins: Any = [10 ** (lo + (hi - lo) * i / n) for i in range(n + 1)]
+            if hi == lo:
+                bins = 1
+        else:
+            bins = max(1, min(30, int(math.sqrt(len(vals))) + 1))
+        ax.hist(vals, bins=bins, color=_STYLE.get(layer, "tab:blue"), alpha=0.8,
+                label=f"{len(vals)} client(s)" if seeds == 1
+                else f"{len(vals)} (client, seed) figures")
+        if spent:
+            ax.axvline(max(spent), color="k", ls="--", lw=1.2,
+                       label=f"run's global epsilon {max(spent):.3g}")
+        if missing:
+            ax.plot([], [], " ", label=f"{missing} without a figure (no guarantee)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        plans.append(_AxisTicks(ax.xaxis, xs, log=log))
+        plans.append(_AxisTicks(ax.yaxis, [0.0] + [p.get_height() for p in ax.patches],
+                                integer=True))
     _fit_ticks(fig, plans)
-    return _save(fig, Path(out_dir), "client_epsilon", formats)
+    return _save(fig, Path(out_dir), "client_epsilon", formats, inline)
 
 
 def series_ids(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -221,6 +222,12 @@ class Result:
                 out / "announced_identities.json", self.identities)
         return paths
 
+    def what_ran(self, data: Mapping[str, Any] | None = None) -> str:
+        """One line: algorithm, layer, data set, clients and split, rounds and seed
+        (``data`` as for :meth:`table`; without it the data set reads "not recorded")."""
+        return what_ran(self.algorithm.get("name", "?"), _layer_name(self.layer),
+                        self.n_clients, self.rounds, self.seed, data)
+
     def _attest_rows(self, per: int) -> list[tuple[str, str]]:
         """The clients' signed statements (ledger stage ``attest``), per client per round:
         bytes (in the uplink figures above) and signing CPU."""
@@ -232,19 +239,26 @@ class Result:
         return [("signed statements / client / round",
                  f"{nbytes / per:,.0f} B, {1e3 * cpu / per:.3f} ms CPU (Ed25519)")]
 
-    def table(self, profile: HardwareProfile | str = "phone-wifi") -> str:
-        """The closing table: final and best-round accuracy, bytes per client per round,
-        the client's compute (FLOPs) and its deterministic device time and energy on
-        ``profile``, internal traffic, and the measured host CPU seconds apart."""
+    def table(self, profile: HardwareProfile | str = "phone-wifi",
+              data: Mapping[str, Any] | None = None) -> str:
+        """The closing table: what ran (algorithm, layer, data set, clients and split,
+        from ``data``: ``dataset``, ``split``, ``alpha``, ``shards_per_client``, as
+        ``secagg run`` passes them), final and best-round accuracy (the best round is
+        picked on the same test accuracy, and the table says so), bytes per client per
+        round, the client's compute (FLOPs) and its deterministic device time and energy on
+        ``profile``, internal traffic, the measured host CPU seconds apart, and the privacy
+        rows (``DP: none`` for a run without DP noise)."""
         prof = get_profile(profile) if isinstance(profile, str) else profile
         up, down = self.costs.total("up"), self.costs.total("down")
         internal = self.costs.total("internal")
         per = max(1, self.costs.client_rounds())  # clients only: server/decryptor never count
         est = self.costs.estimate(prof)
         rows = [
+            ("ran", self.what_ran(data)),
             (f"accuracy ({self.accuracy_kind}), final", f"{self.accuracy:.4f}"),
-            ("accuracy, best round", f"{self.best_accuracy:.4f} after round "
-             f"{self.best_round + 1} of {self.rounds} (curve in result.json: history)"),
+            ("accuracy, best round (picked on test data)", f"{self.best_accuracy:.4f} after "
+             f"round {self.best_round + 1} of {self.rounds}: the round whose {self.accuracy_kind}"
+             " accuracy is highest, so optimistic (curve in result.json: history)"),
             ("rounds", str(self.rounds) if self.rounds == self.planned_rounds
              else f"{self.rounds} of {self.planned_rounds}"),
             ("uplink bytes / client / round", f"{up['wire_bytes'] / per:,.0f}"),
@@ -266,6 +280,8 @@ class Result:
         ]
         if self.privacy is not None and hasattr(self.privacy, "summary_rows"):
             rows.extend(self.privacy.summary_rows())
+        else:
+            rows.append(("DP", "none: no noise is added, no epsilon holds against anyone"))
         rows.extend(client_rows(self.client_privacy()))
         if self.clips:
             rows.append(("clipped uploads", json.dumps(self.clips)))
@@ -279,6 +295,34 @@ class Result:
         w = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
+
+
+def _layer_name(desc: Mapping[str, Any]) -> str:
+    """A layer's name with its inner layers: ``distributed-dp(secure-sum)``."""
+    inner = desc.get("inner")
+    name = str(desc.get("name", "?"))
+    return f"{name}({_layer_name(inner)})" if isinstance(inner, Mapping) else name
+
+
+def what_ran(algorithm: str, layer: str, clients: int, rounds: int, seed: int,
+             data: Mapping[str, Any] | None = None) -> str:
+    """``fedlog under distributed-dp(secure-sum) on digits, 10 clients, Dirichlet split
+    (alpha 0.5), 10 rounds, seed 0``: the line :meth:`Result.table` and the report print."""
+    data = data or {}
+    split = data.get("split")
+    if split == "dirichlet":
+        alpha = data.get("alpha")
+        split_text = ("IID split (alpha 0)" if alpha == 0 else
+                      f"Dirichlet label-skew split (alpha {alpha:g})" if alpha is not None
+                      else "Dirichlet label-skew split")
+    elif split == "shards":
+        split_text = f"label shards ({data.get('shards_per_client', '?')} per client)"
+    elif split == "iid":
+        split_text = "IID split"
+    else:
+        split_text = "split not recorded"
+    return (f"{algorithm} under {layer} on {data.get('dataset') or 'a data set not recorded'}"
+            f", {clients} clients, {split_text}, {rounds} round(s), seed {seed}")
 
 
 def client_spread(clients: dict[str, Any], observer: str) -> dict[str, Any] | None:

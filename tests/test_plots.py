@@ -323,11 +323,13 @@ def test_client_epsilon_histogram_has_a_panel_per_cell_group_and_observer(tmp_pa
     assert paths["client_epsilon.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = ET.fromstring(paths["client_epsilon.svg"].read_bytes())
     panels = {el.get("id") for el in svg.iter() if (el.get("id") or "").startswith("clients-")}
-    # (2 layers x 2 epsilons, seeds pooled) x (release, server)
+    # (2 layers x 2 epsilons, seeds pooled) x (release, server), less central DP against
+    # the server: no client has a figure there, so that panel would carry nothing
     assert panels == {f"clients-fedlog-{ly}-{e}-{o}" for ly in ("central-dp", "distributed-dp")
-                      for e in ("1", "4") for o in ("release", "server")}
+                      for e in ("1", "4") for o in ("release", "server")} - {
+        "clients-fedlog-central-dp-1-server", "clients-fedlog-central-dp-4-server"}
     hist = figs[-1]
-    assert len(hist.axes) == 8
+    assert len(hist.axes) == 6
     _assert_readable_ticks(hist)
     by_gid = {ax.get_gid(): ax for ax in hist.axes}
     ax = by_gid["clients-fedlog-distributed-dp-4-release"]
@@ -335,8 +337,6 @@ def test_client_epsilon_histogram_has_a_panel_per_cell_group_and_observer(tmp_pa
     assert counts == 16  # 8 clients x 2 seeds
     glob = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     assert len(glob) == 1 and glob[0].get_xdata()[0] == 4.0  # the run's global figure
-    empty = by_gid["clients-fedlog-central-dp-1-server"]
-    assert not empty.patches and "no guarantee" in empty.texts[0].get_text()
 
 
 def test_no_per_client_data_draws_no_histogram(tmp_path):
@@ -369,3 +369,118 @@ def test_client_epsilon_histogram_keeps_clip_settings_apart(tmp_path):
     panels = {el.get("id") for el in svg.iter() if (el.get("id") or "").startswith("clients-")}
     assert panels == {f"clients-fedlog-distributed-dp-1-clip{c}-{o}" for c in ("1", "2")
                       for o in ("release", "server")}
+
+
+# -- figures people read (issue 39): measured on the rendered figures --------------------
+
+def _png_size(data):
+    """Width and height (pixels) and resolution (dots per inch) of a PNG, from its IHDR and
+    pHYs chunks."""
+    import struct
+
+    width, height = struct.unpack(">II", data[16:24])
+    i = data.find(b"pHYs")
+    ppm = struct.unpack(">I", data[i + 4:i + 8])[0] if i > 0 else 0
+    return width, height, round(ppm * 0.0254)
+
+
+def test_an_epsilon_grid_one_decade_wide_gets_a_log_axis(tmp_path, monkeypatch):
+    """[1, 4, 16] spans 1.2 decades: read by ratios, it goes on a log axis (the code before
+    switched only from 1.5 decades, crushing the low-epsilon end)."""
+    figs = _capture_figures(monkeypatch)
+    rows = [dict(r, epsilon=None if r["epsilon"] is None else {0.5: 1.0, 1.0: 4.0, 4.0: 16.0}
+                 [r["epsilon"]]) for r in _rows()]
+    plot_results(rows, tmp_path, formats=("svg",))
+    ax = figs[0].axes[0]
+    assert ax.get_xscale() == "log"
+    _assert_readable_ticks(figs[0])
+    ticks = [t.get_text() for t in ax.xaxis.get_ticklabels() if t.get_text()]
+    assert ticks == ["1", "4", "16"]
+    # under one decade (1..8) stays linear
+    figs.clear()
+    plot_results([dict(r, epsilon=None if r["epsilon"] is None else 2 * r["epsilon"])
+                  for r in _rows()], tmp_path, formats=("svg",))
+    assert figs[0].axes[0].get_xscale() == "linear"
+
+
+def test_png_exports_are_at_least_1000_pixels_wide_at_150_dpi(tmp_path):
+    """Every PNG, the one-panel privacy-utility plot included (345 x 259 px before)."""
+    rows = _client_rows(tmp_path)
+    paths = plot_results(rows, tmp_path, formats=("png",))
+    pngs = [p for n, p in paths.items() if n.endswith(".png")]
+    assert {p.name for p in pngs} == {"privacy_utility.png", "cost_utility.png",
+                                      "client_epsilon.png"}
+    for p in pngs:
+        width, height, dpi = _png_size(p.read_bytes())
+        assert width >= 1000 and dpi == 150, (p.name, width, height, dpi)
+        assert height >= 400, (p.name, height)
+
+
+def test_no_client_epsilon_panel_carries_a_single_value(tmp_path, monkeypatch):
+    """Every client with the same epsilon: no histogram at all (the code before drew one
+    panel of one bar per cell group and observer); where some groups differ, only theirs
+    get a panel, each with at least two bars."""
+    from secagg.plots import plot_client_epsilons
+
+    figs = _capture_figures(monkeypatch)
+    rows = _client_rows(tmp_path)
+    same = [dict(r, client_epsilons={o: [r["epsilon"]] * 8 for o in ("release", "server")})
+            for r in rows]
+    assert plot_client_epsilons(same, tmp_path) == {}
+    assert not list(tmp_path.glob("client_epsilon*")) and not figs
+    mixed = same[:4] + rows[4:]  # central DP uniform, distributed DP differs
+    paths = plot_client_epsilons(mixed, tmp_path)
+    assert "client_epsilon.png" in paths
+    fig = figs[-1]
+    assert fig.axes and {ax.get_gid() for ax in fig.axes} == {
+        f"clients-fedlog-distributed-dp-{e}-{o}" for e in ("1", "4")
+        for o in ("release", "server")}
+    for ax in fig.axes:
+        bars = [p for p in ax.patches if p.get_height() > 0 and p.get_width() > 0]
+        assert len(bars) >= 2, ax.get_gid()
+    _assert_readable_ticks(fig)
+
+
+def test_cost_utility_never_mixes_accuracy_kinds_on_one_axis(tmp_path, monkeypatch):
+    """FedLog's mean local test accuracy and SphereFed's global test accuracy: each axis
+    names one kind and holds only that kind's points (before: one axis for both)."""
+    figs = _capture_figures(monkeypatch)
+    rows = _rows()
+    for r in rows:
+        r["accuracy_kind"] = "mean local test"
+    other = [dict(r, algorithm="spherefed", accuracy_kind="global test",
+                  accuracy=r["accuracy"] - 0.3) for r in _rows()]
+    plot_results(rows + other, tmp_path, formats=("svg",))
+    cost = figs[1]
+    kinds = {"accuracy (mean local test)": {r["accuracy"] for r in rows},
+             "accuracy (global test)": {r["accuracy"] for r in other}}
+    seen = set()
+    for ax in cost.axes:
+        label = ax.get_ylabel()
+        assert label in kinds, label
+        seen.add(label)
+        ys = {float(y) for c in ax.collections for y in c.get_offsets()[:, 1]}
+        assert ys, label
+        assert all(any(abs(y - v) < 1e-9 for v in kinds[label]) for y in ys), label
+    assert seen == set(kinds)
+    _assert_readable_ticks(cost)
+
+
+def test_plaintext_reference_is_drawn_above_every_other_series(tmp_path, monkeypatch):
+    """The plaintext markers (cost plot) and the reference line (privacy plot) are drawn
+    last, so no other series hides them (before: plaintext's markers were drawn first
+    with the same z-order, under the others'); the cost markers are hollow, so they hide
+    nothing either."""
+    figs = _capture_figures(monkeypatch)
+    plot_results(_rows(), tmp_path, formats=("svg",))
+    for fig in figs:
+        for ax in fig.axes:
+            data = [a for a in ax.get_children() if (a.get_gid() or "").startswith(
+                ("series-", "spread-", "cost-"))]
+            ref = [a for a in data if "plaintext" in a.get_gid()]
+            others = [a for a in data if "plaintext" not in a.get_gid()]
+            assert ref and others, ax
+            assert min(a.get_zorder() for a in ref) > max(a.get_zorder() for a in others)
+            for a in ref:
+                if hasattr(a, "get_facecolor") and a.get_gid().startswith("cost-"):
+                    assert a.get_facecolor().size == 0 or a.get_facecolor()[0][3] == 0

@@ -79,6 +79,8 @@ class SweepResult:
     ran: list[str]
     skipped: list[str]
     plots: dict[str, Path] = field(default_factory=dict)
+    #: ``report.html`` (:mod:`secagg.report`), written with the plots
+    report: Path | None = None
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -151,6 +151,28 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
     result = SweepResult(rows, jsonl, csv_path, [r["id"] for r in new], skipped)
     if cfg.plot and rows:
         from secagg.plots import plot_results
+        from secagg.report import write_sweep_report
 
-        result.plots = plot_results(rows, cfg.out)
+        svgs: dict[str, str] = {}
+        result.plots = plot_results(rows, cfg.out, inline=svgs)
+        _write_info(cfg, config)
+        result.report = write_sweep_report(cfg.out, rows, svgs)
     return result
+
+
+def _write_info(cfg: SweepConfig, config: Any) -> None:
+    """``sweep.json`` beside the results: the command that resumes the sweep (when it was
+    read from a file) and its configuration, for the report (:mod:`secagg.report`)."""
+    import dataclasses
+
+    command = None
+    if isinstance(config, (str, os.PathLike)):
+        command = ["secagg", "sweep", str(config)]
+        if Path(str(config)).stem and cfg.out != Path(f"runs/sweep-{Path(str(config)).stem}"):
+            command += ["--out", str(cfg.out)]
+    try:
+        conf: Any = dataclasses.asdict(cfg)
+    except TypeError:
+        conf = None
+    (cfg.out / "sweep.json").write_text(json.dumps({"command": command, "config": conf},
+                                                   indent=2, default=str) + "\n")
