@@ -606,6 +606,13 @@ def node_release_event(client: int, run: str, round: int, phase: str,
     return node_event(client, run, round, phase, dp, **terms)
 
 
+def _export_model(algorithm: AlgorithmLike, states: Sequence[ClientState]) -> Any | None:
+    """The algorithm's trained model for the result (``export_model``; None when it has
+    none, or its models live on remote nodes)."""
+    export = getattr(algorithm, "export_model", None)
+    return None if export is None else export(states)
+
+
 def is_dp(layer: Layer) -> bool:
     """Whether ``layer`` is a DP wrapper (CentralDP, LocalDP or DistributedDP)."""
     return type(layer) in _wrappers()
@@ -864,6 +871,7 @@ class Engine:
             n_clients=len(clients), wall_s=time.perf_counter() - t_start,
             identities=None if run.attest is None else dict(run.attest.header()["keys"]),
             client_accounts=self._reported_accounts(run),
+            trained=_export_model(alg, tr.states),
         )
 
     def _attestor(self, clients: list[int]) -> Any | None:

@@ -66,6 +66,8 @@ class Result:
     #: the signers' public keys (party -> Ed25519 public key, hex) when the run was attested
     identities: dict[str, str] | None = None
     client_accounts: Any | None = None
+    #: the trained model (:class:`secagg.model_io.TrainedModel`), when the algorithm has one
+    trained: Any | None = field(default=None, repr=False)
     _clients_cache: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def client_privacy(self) -> dict[str, Any] | None:
@@ -79,6 +81,13 @@ class Result:
         if self._clients_cache is None:
             self._clients_cache = self.client_accounts.summaries()
         return self._clients_cache
+
+    @property
+    def model(self) -> Any | None:
+        """The trained model, ready for ``model(x)``: the global ``nn.Module``, or for a
+        personalized algorithm a :class:`secagg.model_io.PersonalizedModels`
+        (``model[client_id](x)``); None when the algorithm has no PyTorch model."""
+        return None if self.trained is None else self.trained.module()
 
     @property
     def best_accuracy(self) -> float:
@@ -169,6 +178,7 @@ class Result:
         ``transcript.jsonl`` (closed: see :meth:`secagg.transcript.Transcript.close`) into
         ``out_dir``, and for an attested run ``identities.json``: the signers' public keys
         (:mod:`secagg.attest`; what ``secagg audit --identities`` checks against)."""
+        # and the trained model, when there is one: model.pt and model.json (secagg.model_io)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -186,6 +196,13 @@ class Result:
             with open(paths["client_ledgers"], "w", encoding="utf-8") as fh:
                 for led in self.client_accounts.ledgers.values():
                     fh.write("".join(e.to_json() + "\n" for e in led.events))
+        if self.trained is not None:
+            from secagg.model_io import save_model
+
+            paths.update(save_model(self.trained, out, {
+                "algorithm": self.algorithm, "accuracy": self.accuracy,
+                "accuracy_kind": self.accuracy_kind, "rounds": self.rounds,
+                "seed": self.seed}))
         if self.identities:
             from secagg.attest import write_identities
 
