@@ -134,8 +134,10 @@ def _make_parser() -> argparse.ArgumentParser:
     g_data.add_argument(
         "--dataset",
         default="digits",
-        choices=("digits", "fashion-mnist", "mnist"),
-        help="data set (%(default)s)",
+        metavar="DATA",
+        help="digits, fashion-mnist, mnist, synthetic[:ALPHA,BETA] (the FedProx paper's "
+        "federated population; --split does not apply), PATH.npz (x_train, y_train, x_test, "
+        "y_test) or module:loader (returns a secagg.data.Dataset or Partition) (%(default)s)",
     )
     g_data.add_argument(
         "--data-dir",
