@@ -952,6 +952,8 @@ def _interrupt_on_sigterm() -> None:
 def _sweep(args: argparse.Namespace) -> int:
     from secagg.sweep import sweep
 
+    if args.out is not None:
+        check_out_dir(args.out, "--out")  # before any cell runs
     _interrupt_on_sigterm()
     res = sweep(args.config, out=args.out, workers=args.workers,
                 cache=False if args.no_cache else None, progress=False if args.quiet else None,
@@ -977,6 +979,8 @@ def _plot(args: argparse.Namespace) -> int:
 #: Python spellings in error hints, and the command line's (a CLI user is told the flag).
 _CLI_HINTS: dict[str, str] = {
     "Federation(max_records=...)": "--max-records N",
+    "or declare a client-level Bound": "or --clip C (client-level DP-FedAvg: each update "
+    "clipped; training algorithms)",
     "UploadSpec(max_records=...) or --max-records N": "--max-records N",
     "on_abort='skip'": "--on-abort skip",
     'on_abort="skip"': "--on-abort skip",
