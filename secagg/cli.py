@@ -59,9 +59,12 @@ RUN_EXAMPLES = """examples:
   secagg run --layer distributed-dp --epsilon 2 --out runs/ddp
   secagg run --dataset my_data.npz --model mypkg.models:factory --algorithm fedavg
   secagg run --config run.toml -c rounds=3 -c layer=central-dp -c epsilon=4
-  secagg run --config runs/ddp/config.toml --out runs/ddp-again   (the same run, bit for bit)
-  secagg run --evaluate-only runs/ddp                 score the saved model again
-  python -c "import secagg; print(secagg.load_model('runs/ddp'))"
+  secagg run --layer secure-sum --out runs/ss
+  secagg run --config runs/ss/config.toml --out runs/ss2   the same model, bit for bit
+  secagg run --evaluate-only runs/ss                  score the saved model again
+  python -c "import secagg; print(secagg.load_model('runs/ss'))"
+A config file repeats every choice of a run; DP noise is drawn afresh from the OS's
+cryptographic generator, so a DP run's repeat differs by its noise.
 """
 
 
@@ -405,6 +408,7 @@ def _make_parser() -> argparse.ArgumentParser:
         help="check that an algorithm's additive fields are sums over records",
         description="Split clients' records in two and verify f(A u B) = f(A) + f(B) for "
         "every field declared additive (threat_models.additivity); exits 1 when one is not.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("algorithm", help="algorithm name or module:Class")
     c.add_argument("--dataset", default="digits", choices=("digits", "fashion-mnist", "mnist"))
@@ -418,6 +422,7 @@ def _make_parser() -> argparse.ArgumentParser:
         description="Run a grid of runs (algorithms x layers x epsilon x delta x clip x "
         "dropout x seeds) in parallel; each finished cell is appended to results.jsonl/.csv "
         "and skipped when the sweep is run again. Keys: see examples/sweep.toml.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sw.add_argument("config", type=Path, help="sweep config (TOML)")
     sw.add_argument("--out", type=Path, default=None, help="output directory (sweep.out)")
@@ -436,7 +441,9 @@ def _make_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="redraw the plots of a sweep",
                         description="Redraw privacy_utility.{png,svg} and cost_utility.{png,svg} "
                         "from a sweep's results.jsonl or results.csv (several sweeps: their "
-                        "rows are drawn together, one panel per algorithm).")
+                        "rows are drawn together, one panel per algorithm).",
+                        epilog=EXIT_CODES,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     pl.add_argument("results", type=Path, nargs="+",
                     help="results.jsonl/.csv or the sweep's directory (repeatable)")
     pl.add_argument("--out", type=Path, default=None,

@@ -11,7 +11,8 @@ the command line, so a bad one is a usage error (exit 2) either way.
 
 The resolved file omits where the outputs go and how the run is shown (``out``,
 ``force``, ``quiet``, ``dry-run``, ...): ``secagg run --config runs/X/config.toml --out Y``
-repeats run X into Y.
+repeats run X into Y: bit for bit (the same model) for a run without DP noise; DP noise
+is drawn afresh from the OS's cryptographic generator, never from the seed.
 """
 
 from __future__ import annotations

@@ -73,4 +73,4 @@ def test_help_groups_options_and_ends_with_examples(capsys) -> None:
     for group in ("data:", "algorithm:", "layer:", "privacy:", "output:"):
         assert f"\n{group}\n" in text
     assert text.index("\nexamples:\n") > text.index("\noutput:\n")
-    assert "secagg run --config runs/ddp/config.toml" in text
+    assert "secagg run --config runs/ss/config.toml" in text

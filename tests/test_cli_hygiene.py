@@ -99,3 +99,10 @@ def test_python_dash_m_secagg() -> None:
     done = subprocess.run([sys.executable, "-m", "secagg", "--version"], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("secagg ")
+
+
+@pytest.mark.parametrize("command", ["run", "audit", "check", "sweep", "plot"])
+def test_every_subcommand_help_shows_the_one_exit_table(command, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert EXIT_CODES in capsys.readouterr().out
