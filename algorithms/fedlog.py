@@ -342,6 +342,8 @@ class FedLog(Algorithm):
         model per client; no global model: the bodies are personal)."""
         from secagg.model_io import TrainedModel
 
+        if not clients:
+            return None  # a remote runtime: the bodies live on the nodes
         models = {}
         for c in clients:
             model = c.state.get("model")

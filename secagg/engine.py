@@ -608,7 +608,8 @@ def node_release_event(client: int, run: str, round: int, phase: str,
 
 def _export_model(algorithm: AlgorithmLike, states: Sequence[ClientState]) -> Any | None:
     """The algorithm's trained model for the result (``export_model``; None when it has
-    none, or its models live on remote nodes)."""
+    none). ``states`` is empty on a remote runtime: the clients' own models live on their
+    nodes, and only a global model (the server's) is saved."""
     export = getattr(algorithm, "export_model", None)
     return None if export is None else export(states)
 
@@ -871,7 +872,7 @@ class Engine:
             n_clients=len(clients), wall_s=time.perf_counter() - t_start,
             identities=None if run.attest is None else dict(run.attest.header()["keys"]),
             client_accounts=self._reported_accounts(run),
-            trained=_export_model(alg, tr.states),
+            trained=_export_model(alg, tr.states if tr.link is None else []),
         )
 
     def _attestor(self, clients: list[int]) -> Any | None:
