@@ -634,8 +634,10 @@ def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any
                 f"algorithm {args.algorithm!r} uses server_lr for another step (see its "
                 "docstring); --server-lr would not set its server optimizer's rate")
         if key not in params and not (var_kw and _inherits(algo_cls, key)):
+            why = ("it builds its own model" if key == "model"
+                   else "it does no local training with that setting")
             raise ConfigurationError(f"algorithm {args.algorithm!r} has no {opt} option "
-                                     "(it does no local training with that setting)")
+                                     f"({why})")
         kwargs[key] = value
     for item in args.arg:
         name, eq, raw = item.partition("=")
