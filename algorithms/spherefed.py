@@ -301,6 +301,10 @@ class SphereFed(FedAvg):
             if len(channels) != 2 or not all(isinstance(c, int) and c >= 1 for c in channels):
                 raise ConfigurationError(
                     f"channels must be two positive integers, got {channels!r}")
+        if kwargs.get("model") is not None:
+            raise ConfigurationError(
+                "SphereFed builds its own model (a fixed orthonormal head over unit-norm "
+                f"features); model={kwargs['model']!r} would be ignored")
         super().__init__(**kwargs)
         self.base = base
         self.mu = mu

@@ -104,6 +104,9 @@ def test_model_module_factory_is_trained_saved_and_rebuilt(tmp_path, monkeypatch
     # an algorithm that builds its own model refuses --model with the reason
     code, _, err = run(["run", "--model", "linear", *QUICK, "--out", str(tmp_path / "f")])
     assert code == 1 and "no --model option" in err
+    code, _, err = run(["run", "--algorithm", "spherefed", "--model", "linear", *QUICK,
+                        "--out", str(tmp_path / "s")])
+    assert code == 1 and "SphereFed builds its own model" in err
 
 
 def test_dataset_npz_is_split_trained_and_scored(tmp_path) -> None:
