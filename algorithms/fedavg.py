@@ -169,6 +169,8 @@ class FedAvg(Algorithm):
             raise ConfigurationError(f"model factory {self.model_name!r} returned "
                                      f"{type(model).__name__}, not a torch.nn.Module")
         self.model_recipe = recipe
+        if self.model_name is not None and isinstance(model, SplitModel):
+            self.feature_dim = model.feature_dim  # what feature statistics (CCVR) are sized by
         return model
 
     def loss_fn(self, client: ClientState, model: SplitModel) -> LossFn:

@@ -183,3 +183,22 @@ def test_every_trained_model_reloads_to_the_runs_accuracy(name, kwargs, tmp_path
     assert accuracy(secagg.load_model(tmp_path), ds.x_test, ds.y_test) == res.accuracy
     if kwargs.get("body") == "public":
         assert res.model.centred and float(res.model.mean.norm()) > 0
+
+
+def test_a_chosen_model_sizes_feature_statistics_or_is_refused() -> None:
+    # CCVR's moment uploads take the chosen model's feature width (64 inputs for linear);
+    # TurboSVM, which averages the body, refuses a body without parameters
+    from algorithms import CCVR, TurboSVM
+    from secagg import Federation, Plaintext
+    from secagg.data import dirichlet_split
+    from secagg.errors import ConfigurationError
+
+    ds = load_dataset("digits")
+    part = dirichlet_split(ds, 4, 0.5, seed=0)
+    res = Federation(CCVR(local_epochs=1, model="linear"), Plaintext(), part, rounds=1,
+                     seed=0, progress=False).run()
+    assert res.model.feature_dim == 64 and accuracy(res.model, ds.x_test, ds.y_test) == \
+        res.accuracy
+    with pytest.raises(ConfigurationError, match="body has no parameters"):
+        Federation(TurboSVM(model="linear"), Plaintext(), part, rounds=1, seed=0,
+                   progress=False).run()
