@@ -15,10 +15,11 @@ package registers its own; a third-party package can add more), or given as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -696,6 +697,41 @@ def _quiet_library_warnings() -> None:
     warnings.formatwarning = one_line  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def _summarised_warnings() -> Iterator[None]:
+    """secagg's own warnings shown as they come (one line each, with the fix); third-party
+    warnings (Opacus, SciPy, torch), which a user cannot act on line by line, counted and
+    summarised in one line on stderr when the block ends."""
+    import warnings
+
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+            if getattr(category, "__module__", "").startswith("secagg."):
+                return shown(message, category, filename, lineno, file, line)
+            lib = next((p for p in Path(filename).parts if p in _LIBRARIES), "other")
+            counts[lib] = counts.get(lib, 0) + 1
+            first.setdefault(lib, str(message).splitlines()[0][:120] if str(message) else "")
+            return None
+
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            if counts:
+                per = ", ".join(f"{lib} {n}" for lib, n in sorted(counts.items()))
+                lib = max(counts, key=lambda k: counts[k])
+                print(f"secagg: {sum(counts.values())} library warning(s) during the run "
+                      f"({per}); most from {lib}: {first[lib]}", file=sys.stderr)
+
+
+#: Libraries named in the warning summary (by a folder in the warning's file path).
+_LIBRARIES = ("opacus", "scipy", "torch", "numpy", "sklearn", "tenseal", "flwr", "ray")
+
+
 def _client_ledger_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Federation's client-ledger arguments from ``secagg run``'s flags."""
     from secagg.privacy.client_ledger import ClientBudget
@@ -858,7 +894,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"warning: {line}", file=sys.stderr)
         return EXIT_OK
     assert out is not None
-    result = fed.run()
+    with _summarised_warnings():
+        result = fed.run()
     paths = result.save(out, args.device_profile)
     paths["config"] = _write_run_config(args, out)
     print(result.table(args.device_profile))

@@ -106,3 +106,13 @@ def test_every_subcommand_help_shows_the_one_exit_table(command, capsys) -> None
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert EXIT_CODES in capsys.readouterr().out
+
+
+def test_third_party_warnings_are_summarised_in_one_line(tmp_path) -> None:
+    # a DP-SGD run: Opacus warns (its secure RNG is off); the user gets one line
+    code, _, err = run(["run", "--algorithm", "fedavg", "--dpsgd-noise", "1.0", *QUICK,
+                        "--out", str(tmp_path / "r")])
+    assert code == 0, err
+    summary = [line for line in err.splitlines() if "library warning(s) during the run" in line]
+    assert len(summary) == 1 and "opacus" in summary[0]
+    assert "UserWarning" not in err and "warnings.warn(" not in err
