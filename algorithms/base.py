@@ -143,6 +143,13 @@ class Algorithm(ABC):
         """JSON-able description (name and hyper-parameters)."""
         return {"name": self.name}
 
+    def export_model(self, clients: Sequence[ClientState]) -> Any | None:
+        """The trained model as the run's output (a :class:`secagg.model_io.TrainedModel`:
+        a recipe to rebuild the module and the global model, or each client's for a
+        personalized algorithm), as :meth:`evaluate` scored it last; None (default) when
+        the algorithm has no PyTorch model to save."""
+        return None
+
     @classmethod
     def dp_defaults(cls, adjacency: str, given: Mapping[str, Any]) -> dict[str, Any]:
         """Constructor arguments this algorithm takes by default when its uploads go through

@@ -57,7 +57,7 @@ import torch
 
 from algorithms.base import Aggregate, Algorithm, ClientState, Phase
 from algorithms.batched import batching_unsupported, train_batched
-from algorithms.models import SplitModel, build_model, get_flat, n_params, set_flat
+from algorithms.models import SplitModel, get_flat, model_recipe, n_params, set_flat
 from algorithms.server_opt import OptimizerState, ServerOptimizer
 from algorithms.training import LossFn, accuracy, cross_entropy, train_local
 from secagg.data import Dataset
@@ -98,6 +98,11 @@ class FedAvg(Algorithm):
             does not; False: always the per-client loop.
         chunk: clients per batched call (memory grows with it: one model, its optimizer
             state and its gradient per client of the chunk).
+        model: the model trained: None (default: an MLP for flat inputs, a CNN for
+            1x28x28 images), ``"mlp"``, ``"cnn"``, ``"linear"``, or ``"module:factory"``
+            naming a function ``factory(input_shape, n_classes) -> nn.Module``
+            (:func:`algorithms.models.model_recipe`). Subclasses that build their own model
+            (SphereFed) ignore it.
     """
 
     name: ClassVar[str] = "fedavg"
@@ -108,7 +113,12 @@ class FedAvg(Algorithm):
                  clip: float | str | ClipPolicy | None = None,
                  server_opt: str | ServerOptimizer = "sgd", server_lr: float = 1.0,
                  server_momentum: float = 0.9, batched: bool | None = None,
-                 chunk: int = 64) -> None:
+                 chunk: int = 64, model: str | None = None) -> None:
+        if model is not None and not isinstance(model, str):
+            raise ConfigurationError(f"model must be a name or 'module:factory', got {model!r}")
+        self.model_name = model
+        #: how :meth:`build_model` built the model (:func:`algorithms.models.model_recipe`)
+        self.model_recipe: dict[str, Any] | None = None
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ConfigurationError(f"chunk must be an integer >= 1, got {chunk!r}")
         self.batched = batched
@@ -144,8 +154,24 @@ class FedAvg(Algorithm):
 
     # -- hooks for subclasses ---------------------------------------------------------
     def build_model(self, dataset: Dataset) -> SplitModel:
-        """The model every client trains (default: :func:`algorithms.models.build_model`)."""
-        return build_model(dataset.input_shape, dataset.n_classes, self.feature_dim)
+        """The model every client trains: the one ``model`` names (default:
+        :func:`algorithms.models.build_model`), built from its recipe (kept in
+        :attr:`model_recipe`, so that a saved run can rebuild it)."""
+        from secagg.model_io import build_from_recipe
+
+        try:
+            recipe = model_recipe(self.model_name, dataset.input_shape, dataset.n_classes,
+                                  self.feature_dim)
+            model = build_from_recipe(recipe)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigurationError(f"model factory {self.model_name!r} returned "
+                                     f"{type(model).__name__}, not a torch.nn.Module")
+        self.model_recipe = recipe
+        if self.model_name is not None and isinstance(model, SplitModel):
+            self.feature_dim = model.feature_dim  # what feature statistics (CCVR) are sized by
+        return model
 
     def loss_fn(self, client: ClientState, model: SplitModel) -> LossFn:
         """The local loss (default: cross-entropy)."""
@@ -216,6 +242,16 @@ class FedAvg(Algorithm):
         assert self.model is not None and self.params is not None
         set_flat(self.shared_parameters(self.model), self.params)
         return accuracy(self.model, dataset.x_test, dataset.y_test)
+
+    def export_model(self, clients: Sequence[ClientState]) -> Any | None:
+        """The global model as :meth:`evaluate` scored it last (a
+        :class:`secagg.model_io.TrainedModel`); None when the model was built without a
+        recipe (a subclass's own :meth:`build_model`)."""
+        from secagg.model_io import TrainedModel
+
+        if self.model is None or self.model_recipe is None:
+            return None
+        return TrainedModel(recipe=self.model_recipe, model=copy.deepcopy(self.model).eval())
 
     def describe(self) -> dict[str, Any]:
         """Name and hyper-parameters."""

@@ -107,6 +107,16 @@ from secagg.messages import Bound, Field, UploadSpec
 DEFAULT_CLIENT_L2 = 1000.0
 
 
+def fedlog_model(input_shape: Sequence[int], n_classes: int, feature_dim: int,
+                 feature_bound: float, feature_norm: float | None = None) -> SplitModel:
+    """FedLog's model: the default body for the input shape ending in a clamp to
+    [-b, b] (then, with ``feature_norm``, a scaling to norm R) and a linear head."""
+    base = build_model(tuple(input_shape), n_classes, feature_dim, feature_clamp=feature_bound)
+    if feature_norm is not None:
+        base.body.append(_ToNorm(feature_norm))
+    return base
+
+
 class _ToNorm(nn.Module):
     """Scale each row (one record's feature vector) to L2 norm ``norm``; a zero row stays
     zero. FedLog's last body layer under ``feature_norm``."""
@@ -220,16 +230,19 @@ class FedLog(Algorithm):
         self.shrinkage: ShrunkStatistics | None = None
         self.n_classes = 0
         self.seed = 0
+        self.model_recipe: dict[str, Any] = {}
 
     def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None:
         """Give every client the same freshly initialised body; no head yet."""
         self.seed = seed
         self.n_classes = dataset.n_classes
         torch.manual_seed(derive_seed(seed, "init"))
-        base = build_model(dataset.input_shape, dataset.n_classes, self.feature_dim,
-                           feature_clamp=self.feature_bound)
-        if self.feature_norm is not None:
-            base.body.append(_ToNorm(self.feature_norm))
+        self.model_recipe = {"factory": "algorithms.fedlog:fedlog_model", "kwargs": {
+            "input_shape": list(dataset.input_shape), "n_classes": int(dataset.n_classes),
+            "feature_dim": self.feature_dim, "feature_bound": self.feature_bound,
+            "feature_norm": self.feature_norm}}
+        base = fedlog_model(dataset.input_shape, dataset.n_classes, self.feature_dim,
+                            self.feature_bound, self.feature_norm)
         for c in clients:
             c.state["model"] = copy.deepcopy(base)
         self.eta = None
@@ -322,6 +335,25 @@ class FedLog(Algorithm):
             self.load_head(model, self.eta)
             accs.append(accuracy(model, c.data.x_test, c.data.y_test))
         return float(np.mean(accs)) if accs else 0.0
+
+    def export_model(self, clients: Sequence[ClientState]) -> Any | None:
+        """Each client's model (its own body, the global head eta) as
+        :meth:`evaluate` scores it (a :class:`secagg.model_io.TrainedModel` with one
+        model per client; no global model: the bodies are personal)."""
+        from secagg.model_io import TrainedModel
+
+        if not clients:
+            return None  # a remote runtime: the bodies live on the nodes
+        models = {}
+        for c in clients:
+            model = c.state.get("model")
+            if model is None:
+                return None  # the models live elsewhere (a remote runtime's nodes)
+            model = copy.deepcopy(model)
+            if self.eta is not None:
+                self.load_head(model, self.eta)
+            models[int(c.id)] = model.eval()
+        return TrainedModel(recipe=self.model_recipe, clients=models)
 
     def evaluation_state(self) -> dict[str, np.ndarray]:
         """What :meth:`evaluate` needs of the server's state to score one client where its

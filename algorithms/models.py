@@ -2,6 +2,11 @@
 
 * :class:`MLP` for flat inputs (the 64 features of scikit-learn's digits).
 * :class:`CNN` for 1x28x28 images (MNIST, Fashion-MNIST).
+* :func:`Linear` (multinomial logistic regression: an identity body and a linear head).
+
+:func:`model_recipe` names a model by ``"mlp"``, ``"cnn"``, ``"linear"`` or
+``"module:factory"`` (the command line's ``--model``) as a JSON-able recipe that
+:func:`secagg.model_io.build_from_recipe` calls; a saved run rebuilds its model from it.
 
 Both return a :class:`SplitModel` whose ``body`` maps inputs to ``feature_dim`` features and
 whose ``head`` is a linear classifier. ``feature_clamp`` ends the body with a clamp to
@@ -92,6 +97,56 @@ def CNN(
         last,
     )
     return SplitModel(body, nn.Linear(feature_dim, n_classes, bias=head_bias), feature_dim)
+
+
+def Linear(input_shape: Sequence[int], n_classes: int) -> SplitModel:
+    """Multinomial logistic regression: the flattened input is the feature (identity
+    body), the head is linear (Synthetic(alpha, beta) of Li et al. 2020 is fit by it)."""
+    d = int(np.prod(tuple(input_shape)))
+    return SplitModel(nn.Flatten(), nn.Linear(d, n_classes), d)
+
+
+#: The model names :func:`model_recipe` knows besides ``module:factory``.
+MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "linear")
+
+
+def named_model(name: str, input_shape: Sequence[int], n_classes: int,
+                feature_dim: int = 128) -> nn.Module:
+    """The built-in model ``name`` (``mlp``, ``cnn``, ``linear``) for this data shape."""
+    shape = tuple(int(v) for v in input_shape)
+    if name == "mlp":
+        return MLP(int(np.prod(shape)), n_classes, feature_dim)
+    if name == "cnn":
+        if shape != (1, 28, 28):
+            raise ValueError(f"--model cnn is for 1x28x28 images; the data has shape {shape} "
+                             "(use mlp or linear)")
+        return CNN(n_classes, feature_dim)
+    if name == "linear":
+        return Linear(shape, n_classes)
+    raise ValueError(f"unknown model {name!r}: one of {', '.join(MODEL_NAMES)} or "
+                     "module:factory")
+
+
+def model_recipe(model: str | None, input_shape: Sequence[int], n_classes: int,
+                 feature_dim: int = 128) -> dict[str, object]:
+    """The JSON-able recipe ``{"factory": "module:function", "kwargs": {...}}`` of a model
+    named as the command line's ``--model`` does: None (the default for the input shape),
+    ``mlp``, ``cnn``, ``linear``, or ``module:factory`` -- a function of ``(input_shape,
+    n_classes)`` returning an ``nn.Module`` of class logits (a :class:`SplitModel` where an
+    algorithm needs a body and a head)."""
+    shape = [int(v) for v in input_shape]
+    if model is None:
+        return {"factory": "algorithms.models:build_model",
+                "kwargs": {"input_shape": shape, "n_classes": int(n_classes),
+                           "feature_dim": int(feature_dim)}}
+    if ":" in model:
+        return {"factory": model, "kwargs": {"input_shape": shape, "n_classes": int(n_classes)}}
+    if model not in MODEL_NAMES:
+        raise ValueError(f"unknown model {model!r}: one of {', '.join(MODEL_NAMES)} or "
+                         "module:factory")
+    return {"factory": "algorithms.models:named_model",
+            "kwargs": {"name": model, "input_shape": shape, "n_classes": int(n_classes),
+                       "feature_dim": int(feature_dim)}}
 
 
 def build_model(

@@ -189,6 +189,44 @@ class FeatureNorm(nn.Module):
         return x / x.norm(dim=1, keepdim=True).clamp_min(self.eps)
 
 
+def sphere_net(input_shape: Sequence[int], n_classes: int, feature_dim: int,
+               channels: Sequence[int] | None = None, feature_relu: bool = True) -> SplitModel:
+    """SphereFed's network before its head is set: the default body for the input shape
+    (a CNN with ``channels`` for 28x28 images when given), its last ReLU dropped unless
+    ``feature_relu``, then :class:`FeatureNorm`; a bias-free linear head."""
+    if channels is not None and tuple(input_shape) == (1, 28, 28):
+        model = CNN(n_classes, feature_dim, channels=tuple(channels), head_bias=False)
+    else:
+        model = build_model(tuple(input_shape), n_classes, feature_dim, head_bias=False)
+    body = model.body
+    if not feature_relu and isinstance(body, nn.Sequential) and isinstance(body[-1], nn.ReLU):
+        body[-1] = nn.Identity()
+    model.body = nn.Sequential(body, FeatureNorm())
+    return model
+
+
+class SphereModel(nn.Module):
+    """SphereFed's trained model as :meth:`SphereFed.evaluate` scores it: with a released
+    feature mean (``centred``), logits ``normalise(normalise(body(x)) - mean) W^T`` in
+    float64; without, the network's own forward."""
+
+    def __init__(self, input_shape: Sequence[int], n_classes: int, feature_dim: int,
+                 channels: Sequence[int] | None = None, feature_relu: bool = True,
+                 centred: bool = False) -> None:
+        super().__init__()
+        self.net = sphere_net(input_shape, n_classes, feature_dim, channels, feature_relu)
+        self.centred = bool(centred)
+        self.register_buffer("mean", torch.zeros(feature_dim, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (float64 when centred)."""
+        if not self.centred:
+            return self.net(x)
+        f = torch.from_numpy(normalise(self.net.body(x)))
+        z = torch.from_numpy(normalise(f - self.mean))
+        return z @ self.net.head.weight.detach().double().T
+
+
 class SphereFed(FedAvg):
     """SphereFed training over FedAvg or FedProx, then (by default) one FFC calibration.
 
@@ -263,6 +301,10 @@ class SphereFed(FedAvg):
             if len(channels) != 2 or not all(isinstance(c, int) and c >= 1 for c in channels):
                 raise ConfigurationError(
                     f"channels must be two positive integers, got {channels!r}")
+        if kwargs.get("model") is not None:
+            raise ConfigurationError(
+                "SphereFed builds its own model (a fixed orthonormal head over unit-norm "
+                f"features); model={kwargs['model']!r} would be ignored")
         super().__init__(**kwargs)
         self.base = base
         self.mu = mu
@@ -288,17 +330,8 @@ class SphereFed(FedAvg):
             raise ConfigurationError(
                 f"SphereFed needs C <= d, got C={dataset.n_classes} > d={self.feature_dim}"
             )
-        if self.channels is not None and tuple(dataset.input_shape) == (1, 28, 28):
-            model = CNN(dataset.n_classes, self.feature_dim, channels=self.channels,
-                        head_bias=False)
-        else:
-            model = build_model(dataset.input_shape, dataset.n_classes, self.feature_dim,
-                                head_bias=False)
-        body = model.body
-        if not self.feature_relu and isinstance(body, nn.Sequential) and isinstance(
-                body[-1], nn.ReLU):
-            body[-1] = nn.Identity()
-        model.body = nn.Sequential(body, FeatureNorm())
+        model = sphere_net(dataset.input_shape, dataset.n_classes, self.feature_dim,
+                           self.channels, self.feature_relu)
         w = orthonormal_classifier(dataset.n_classes, self.feature_dim,
                                    seed=derive_seed(self.seed, "spherefed-W") % 2**32)
         with torch.no_grad():
@@ -358,6 +391,25 @@ class SphereFed(FedAvg):
                            self._test_cache, self.params)
         y = np.asarray(dataset.y_test)
         return float(np.mean((z @ head.T).argmax(axis=1) == y)) if len(y) else 0.0
+
+    def export_model(self, clients: Sequence[ClientState]) -> Any | None:
+        """The global model as :meth:`evaluate` scores it (a :class:`SphereModel`, centred
+        by the released feature mean once there is one)."""
+        from secagg.model_io import TrainedModel
+
+        assert self.model is not None and self.params is not None
+        set_flat(self.shared_parameters(self.model), self.params)
+        centred = self.feature_mean is not None
+        kwargs = {"input_shape": list(self.dataset.input_shape), "n_classes": self.n_classes,
+                  "feature_dim": self.feature_dim,
+                  "channels": None if self.channels is None else list(self.channels),
+                  "feature_relu": self.feature_relu, "centred": centred}
+        out = SphereModel(**kwargs)
+        out.net.load_state_dict(self.model.state_dict())
+        if centred:
+            out.mean.copy_(torch.as_tensor(self.feature_mean, dtype=torch.float64))
+        return TrainedModel(recipe={"factory": "algorithms.spherefed:SphereModel",
+                                    "kwargs": kwargs}, model=out.eval())
 
     #: the feature width the DP defaults choose (:meth:`dp_defaults`)
     DP_FEATURE_DIM: ClassVar[int] = 16

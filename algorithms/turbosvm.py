@@ -208,6 +208,10 @@ class TurboSVM(FedAvg):
         lin = self.model.head
         if not isinstance(lin, torch.nn.Linear) or lin.bias is None:
             raise ConfigurationError("TurboSVM needs a linear head with a bias")
+        if not any(True for _ in self.model.body.parameters()):
+            raise ConfigurationError("TurboSVM averages the model's body (its encoder), and "
+                                     "this model's body has no parameters (e.g. --model "
+                                     "linear); give a model with a trainable body")
         self.encoder = get_flat(self.model.body)
         self.head = self._head_rows(self.model)
         self.optimizer = SpreadOut(self.n_classes, self.head.shape[1], self.server_lr)

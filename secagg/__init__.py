@@ -30,6 +30,8 @@ _EXPORTS = {
     "DropoutModel": "secagg.dropouts", "ScheduledDropouts": "secagg.dropouts",
     "Ledger": "secagg.costs", "HardwareProfile": "secagg.costs", "PROFILES": "secagg.costs",
     "Transcript": "secagg.transcript",
+    # the trained model of a run folder
+    "load_model": "secagg.model_io",
     # data
     "load_dataset": "secagg.data", "iid_split": "secagg.data",
     "dirichlet_split": "secagg.data", "shard_split": "secagg.data",

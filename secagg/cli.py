@@ -16,10 +16,11 @@ package registers its own; a third-party package can add more), or given as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -49,7 +50,24 @@ EXIT_CODES = """exit status:
        a client's signed statement is missing, forged or contradicted by a record, or,
        with --node-ledger, a node's ledger file does not reconcile with the transcript
   5    audit --threat: the named coalition can read some field beyond what the layer promises
-  130  interrupted"""
+  6    dp-audit: some lower bound is above its claim (that mechanism is not DP)
+  130  interrupted
+Every subcommand uses this one table: a bad value of an option, on the command line or
+in a config file (run --config, -c), is a usage error (2) wherever it is found."""
+
+RUN_EXAMPLES = """examples:
+  secagg run                                         FedLog on digits, 10 clients, plaintext
+  secagg run --algorithm fedavg --model linear --dataset synthetic:0.5,0.5 --clients 1000
+  secagg run --layer distributed-dp --epsilon 2 --out runs/ddp
+  secagg run --dataset my_data.npz --model mypkg.models:factory --algorithm fedavg
+  secagg run --config run.toml -c rounds=3 -c layer=central-dp -c epsilon=4
+  secagg run --layer secure-sum --out runs/ss
+  secagg run --config runs/ss/config.toml --out runs/ss2   the same model, bit for bit
+  secagg run --evaluate-only runs/ss                  score the saved model again
+  python -c "import secagg; print(secagg.load_model('runs/ss'))"
+A config file repeats every choice of a run; DP noise is drawn afresh from the OS's
+cryptographic generator, so a DP run's repeat differs by its noise.
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,145 +125,78 @@ def _make_parser() -> argparse.ArgumentParser:
         "run",
         help="run an algorithm under a privacy layer",
         description="Run a federated algorithm under a privacy layer, write the "
-        "result, cost ledger and transcript, and print a summary table.",
-        epilog=EXIT_CODES,
+        "result, cost ledger, transcript, trained model (model.pt, model.json: "
+        "secagg.load_model) and resolved config (config.toml), and print a summary table.",
+        epilog=RUN_EXAMPLES + "\n\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument(
-        "--algorithm",
-        default="fedlog",
-        help="algorithm name (%(default)s; see --list) or module:Class",
-    )
-    r.add_argument(
-        "--layer", default="plaintext", choices=LAYERS, help="privacy layer (%(default)s)"
-    )
-    r.add_argument(
+    g_data = r.add_argument_group("data", "where the clients and their records come from")
+    g_alg = r.add_argument_group("algorithm", "what is trained, and how")
+    g_layer = r.add_argument_group("layer", "what the server sees of each upload")
+    g_priv = r.add_argument_group("privacy", "differential privacy (DP layers, DP-SGD, the "
+                                  "clients' own ledgers)")
+    g_out = r.add_argument_group("output", "where the run goes, what is printed; config files")
+    g_data.add_argument(
         "--dataset",
         default="digits",
-        choices=("digits", "fashion-mnist", "mnist"),
-        help="data set (%(default)s)",
+        metavar="DATA",
+        help="digits, fashion-mnist, mnist, synthetic[:ALPHA,BETA] (the FedProx paper's "
+        "federated population; --split does not apply), PATH.npz (x_train, y_train, x_test, "
+        "y_test) or module:loader (returns a secagg.data.Dataset or Partition) (%(default)s)",
     )
-    r.add_argument(
+    g_data.add_argument(
         "--data-dir",
         default=None,
         help="directory of the standard IDX .gz files (fashion-mnist, mnist)",
     )
-    r.add_argument("--clients", type=int, default=10, help="number of clients (%(default)s)")
-    r.add_argument(
+    g_data.add_argument("--clients", type=int, default=10, help="number of clients (%(default)s)")
+    g_data.add_argument(
         "--alpha",
         type=float,
         default=0.5,
         help="Dirichlet label-skew concentration; 0 means IID (%(default)s)",
     )
-    r.add_argument(
+    g_data.add_argument(
         "--split",
         default="dirichlet",
         choices=("dirichlet", "iid", "shards"),
         help="how the training set is split over the clients: Dirichlet(--alpha) label "
         "skew, IID, or McMahan et al.'s label shards, --shards-per-client each (%(default)s)",
     )
-    r.add_argument(
+    g_data.add_argument(
         "--shards-per-client",
         type=int,
         default=2,
         help="label shards per client with --split shards (%(default)s)",
     )
-    r.add_argument("--rounds", type=int, default=10, help="rounds (%(default)s)")
-    r.add_argument(
+    g_alg.add_argument(
+        "--algorithm",
+        default="fedlog",
+        help="algorithm name (%(default)s; see --list) or module:Class",
+    )
+    g_alg.add_argument(
+        "--model", default=None, metavar="MODEL",
+        help="the model trained: mlp, cnn, linear, or module:factory (a function "
+        "(input_shape, n_classes) -> torch.nn.Module) (default: the algorithm's: an MLP "
+        "for flat inputs, a CNN for 28x28 images); FedAvg and the algorithms built on it")
+    g_alg.add_argument("--rounds", type=int, default=10, help="rounds (%(default)s)")
+    g_alg.add_argument(
         "--fraction",
         type=float,
         default=1.0,
         help="fraction of clients sampled per round (%(default)s)",
     )
-    r.add_argument(
-        "--dropout",
-        type=float,
-        default=0.0,
-        help="injected probability that a client drops out during a round, spread over the "
-        "layer's protocol stages; a secure sum on the SecAgg+ graph sizes its degree for it "
-        "(%(default)s)",
-    )
-    r.add_argument(
-        "--on-abort",
-        choices=["raise", "skip"],
-        default="raise",
-        help="when too few clients survive a secure sum: stop with an error, or skip that "
-        "phase for the round and go on (%(default)s)",
-    )
-    r.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
-    r.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="processes the simulated clients' secure-sum work (keys, signatures, shares, "
-        "masks) is spread over; the result does not depend on it (%(default)s)",
-    )
-    r.add_argument(
-        "--device-profile",
-        default="phone-wifi",
-        choices=sorted(PROFILES),
-        help="hardware profile for latency/energy estimates (%(default)s)",
-    )
-    r.add_argument(
-        "--out",
-        default=None,
-        type=Path,
-        help="output directory (default: runs/ALGORITHM-LAYER[+GROUP=LAYER...]-seedSEED); "
-        "a directory holding a previous run is refused unless --force",
-    )
-    r.add_argument(
-        "--force", action="store_true", help="overwrite the outputs of a previous run in --out"
-    )
-    r.add_argument(
-        "--group-layer",
-        action="append",
-        default=[],
-        metavar="GROUP=LAYER",
-        help="route one field group through another layer, e.g. embeddings=plaintext for "
-        "turbosvm (repeatable)",
-    )
-    r.add_argument(
-        "--threshold",
-        type=float,
-        default=0.7,
-        help="secure-sum threshold: a fraction of the cohort in (0, 1), or a whole count "
-        "of clients >= 1 (%(default)s)",
-    )
-    r.add_argument(
-        "--graph",
-        default="complete",
-        choices=("complete", "harary", "auto"),
-        help="secure-sum neighbour graph (%(default)s)",
-    )
-    r.add_argument(
-        "--he-scheme",
-        default="bfv",
-        choices=("bfv", "ckks"),
-        help="homomorphic scheme (%(default)s)",
-    )
-    r.add_argument(
-        "--dpsgd-noise",
-        type=float,
-        default=None,
-        metavar="Z",
-        help="train locally with record-level DP-SGD (Opacus) at noise multiplier Z",
-    )
-    r.add_argument(
-        "--dpsgd-clip",
-        type=float,
-        default=1.0,
-        help="DP-SGD per-sample gradient clipping norm (%(default)s)",
-    )
-    r.add_argument(
+    g_alg.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
+    g_alg.add_argument(
         "--lr", type=float, default=None, help="local learning rate (default: the algorithm's)"
     )
-    r.add_argument(
+    g_alg.add_argument(
         "--local-epochs",
         type=int,
         default=None,
         help="local epochs per round (default: the algorithm's)",
     )
-    r.add_argument(
+    g_alg.add_argument(
         "--arg",
         action="append",
         default=[],
@@ -254,77 +205,173 @@ def _make_parser() -> argparse.ArgumentParser:
         "read as JSON -- 1, 0.5, true, null, [8, 8] -- else as a string; repeatable; names "
         "are checked against the algorithm's signature)",
     )
-    r.add_argument(
-        "--epsilon", type=float, default=None, help="DP layers only: total epsilon of the run"
+    g_alg.add_argument(
+        "--server-opt", choices=("sgd", "momentum", "adam"), default=None,
+        help="server optimizer on the mean update (default: the algorithm's, sgd)")
+    g_alg.add_argument(
+        "--server-lr", type=float, default=None,
+        help="server learning rate (default: the algorithm's, 1.0)")
+    g_alg.add_argument(
+        "--list", action="store_true", help="list the available algorithms (one line each) and exit"
     )
-    r.add_argument(
-        "--delta", type=float, default=None, help="DP layers only: delta (default 1e-05)"
+
+    g_layer.add_argument(
+        "--layer", default="plaintext", choices=LAYERS, help="privacy layer (%(default)s)"
     )
-    r.add_argument(
+    g_layer.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="injected probability that a client drops out during a round, spread over the "
+        "layer's protocol stages; a secure sum on the SecAgg+ graph sizes its degree for it "
+        "(%(default)s)",
+    )
+    g_layer.add_argument(
+        "--on-abort",
+        choices=["raise", "skip"],
+        default="raise",
+        help="when too few clients survive a secure sum: stop with an error, or skip that "
+        "phase for the round and go on (%(default)s)",
+    )
+    g_layer.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes the simulated clients' secure-sum work (keys, signatures, shares, "
+        "masks) is spread over; the result does not depend on it (%(default)s)",
+    )
+    g_layer.add_argument(
+        "--group-layer",
+        action="append",
+        default=[],
+        metavar="GROUP=LAYER",
+        help="route one field group through another layer, e.g. embeddings=plaintext for "
+        "turbosvm (repeatable)",
+    )
+    g_layer.add_argument(
+        "--threshold",
+        type=float,
+        default=0.7,
+        help="secure-sum threshold: a fraction of the cohort in (0, 1), or a whole count "
+        "of clients >= 1 (%(default)s)",
+    )
+    g_layer.add_argument(
+        "--graph",
+        default="complete",
+        choices=("complete", "harary", "auto"),
+        help="secure-sum neighbour graph (%(default)s)",
+    )
+    g_layer.add_argument(
+        "--he-scheme",
+        default="bfv",
+        choices=("bfv", "ckks"),
+        help="homomorphic scheme (%(default)s)",
+    )
+    g_priv.add_argument(
+        "--dpsgd-noise",
+        type=float,
+        default=None,
+        metavar="Z",
+        help="train locally with record-level DP-SGD (Opacus) at noise multiplier Z",
+    )
+    g_priv.add_argument(
+        "--dpsgd-clip",
+        type=float,
+        default=1.0,
+        help="DP-SGD per-sample gradient clipping norm (%(default)s)",
+    )
+    g_priv.add_argument(
+        "--epsilon", type=_bounded(float, 0.0, None, "a positive number"), default=None,
+        help="DP layers only: total epsilon of the run"
+    )
+    g_priv.add_argument(
+        "--delta", type=_bounded(float, 0.0, 1.0, "in (0, 1)"), default=None,
+        help="DP layers only: delta (default 1e-05)"
+    )
+    g_priv.add_argument(
         "--adjacency", choices=("record", "client"), default="record",
         help="DP layers only: what a neighbouring data set differs in, one record or one "
         "client's whole data (%(default)s)")
-    r.add_argument(
+    g_priv.add_argument(
         "--max-records", type=int, default=None, metavar="N",
         help="a public bound on records per client (never the largest client's size); "
         "client-level DP on a per-record bound (e.g. statistics phases) needs it")
-    r.add_argument(
+    g_priv.add_argument(
         "--clip", default=None, metavar="C|adaptive[:Q]",
         help="client-level DP-FedAvg: each client uploads its model update clipped to L2 "
         "<= C, or with a bound that follows quantile Q of the update norms (default 0.5; "
         "Andrew et al. 2021); training algorithms only")
-    r.add_argument(
-        "--server-opt", choices=("sgd", "momentum", "adam"), default=None,
-        help="server optimizer on the mean update (default: the algorithm's, sgd)")
-    r.add_argument(
-        "--server-lr", type=float, default=None,
-        help="server learning rate (default: the algorithm's, 1.0)")
-    r.add_argument(
+    g_priv.add_argument(
         "--dp-ftrl", action="store_true",
         help="central-dp only: DP-FTRL, tree-aggregated noise across rounds (Kairouz et "
         "al. 2021), accounted from the real participation, no amplification by sampling; "
         "noise planned for 2 x fraction x rounds participations per client (every round "
         "at fraction 1); the budget guard stops a run whose clients return more often")
-    r.add_argument(
+    g_priv.add_argument(
         "--client-budget", action="append", default=None, metavar="[OBSERVER=]EPS",
         help="each client's own epsilon budget (repeatable): EPS against every observer, "
         "or server=EPS / release=EPS; before a round touches its data a client projects "
         "its epsilon under the round's terms and refuses when over budget")
-    r.add_argument(
+    g_priv.add_argument(
         "--client-ledger", type=Path, default=None, metavar="DIR",
         help="directory of the clients' own privacy ledgers (client-<id>.jsonl), read "
         "before the run and extended every round, so spends and refusals carry over runs "
         "(default: in the run's output only, client_ledgers.jsonl)")
-    r.add_argument(
+    g_priv.add_argument(
         "--sampling", choices=("fixed", "poisson"), default="fixed",
         help="cohort sampling: a fixed-size cohort, or each client drawn independently "
         "with probability --fraction (only then is a client's epsilon against observers "
         "of the releases amplified by sampling) (%(default)s)")
-    r.add_argument(
+    g_priv.add_argument(
         "--colluders", type=int, default=0,
         help="distributed-dp: clients each client assumes reveal their noise shares to "
         "the server; its epsilon against the server uses the others' (%(default)s)")
-    r.add_argument(
+    g_priv.add_argument(
         "--client-min-noise", type=float, default=None, metavar="Z",
         help="each client refuses rounds whose noise multiplier is below Z")
-    r.add_argument(
+    g_priv.add_argument(
         "--client-max-clip", type=float, default=None, metavar="C",
         help="each client refuses rounds whose clip bound is above C")
-    r.add_argument(
-        "--include-values",
-        action="store_true",
-        help="store observed values in the transcript (sensitive)",
-    )
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.add_argument(
+    g_priv.add_argument(
         "--dry-run", action="store_true",
         help="print the privacy plan (noise per release, the largest sum the cohort could "
         "upload, their ratio, epsilon after each round) and exit: nothing is trained or "
         "written")
-    r.add_argument(
-        "--list", action="store_true", help="list the available algorithms (one line each) and exit"
+    g_out.add_argument(
+        "--device-profile",
+        default="phone-wifi",
+        choices=sorted(PROFILES),
+        help="hardware profile for latency/energy estimates (%(default)s)",
     )
-
+    g_out.add_argument(
+        "--config", type=Path, default=None, metavar="FILE",
+        help="read the options from a TOML file (keys as the long options: clients = 100, "
+        "layer = \"central-dp\", optionally under [data], [algorithm], [layer], [privacy], "
+        "[output]); every run writes its resolved config.toml, which reproduces it")
+    g_out.add_argument(
+        "-c", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key (repeatable; VALUE in TOML syntax, a bare word is a "
+        "string), e.g. -c rounds=3 -c layer=central-dp; options on the command line win")
+    g_out.add_argument(
+        "--evaluate-only", type=Path, default=None, metavar="RUN_DIR",
+        help="train nothing: score the model saved in RUN_DIR on --dataset (default: the "
+        "run's own data) and print its accuracy")
+    g_out.add_argument(
+        "--out",
+        default=None,
+        type=Path,
+        help="output directory (default: runs/ALGORITHM-LAYER[+GROUP=LAYER...]-seedSEED); "
+        "a directory holding a previous run is refused unless --force",
+    )
+    g_out.add_argument(
+        "--force", action="store_true", help="overwrite the outputs of a previous run in --out"
+    )
+    g_out.add_argument(
+        "--include-values",
+        action="store_true",
+        help="store observed values in the transcript (sensitive)",
+    )
+    g_out.add_argument("--quiet", action="store_true", help="no progress bar")
     a = sub.add_parser(
         "audit",
         help="print what each party saw, from a transcript",
@@ -365,6 +412,7 @@ def _make_parser() -> argparse.ArgumentParser:
         help="check that an algorithm's additive fields are sums over records",
         description="Split clients' records in two and verify f(A u B) = f(A) + f(B) for "
         "every field declared additive (threat_models.additivity); exits 1 when one is not.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("algorithm", help="algorithm name or module:Class")
     c.add_argument("--dataset", default="digits", choices=("digits", "fashion-mnist", "mnist"))
@@ -378,6 +426,7 @@ def _make_parser() -> argparse.ArgumentParser:
         description="Run a grid of runs (algorithms x layers x epsilon x delta x clip x "
         "dropout x seeds) in parallel; each finished cell is appended to results.jsonl/.csv "
         "and skipped when the sweep is run again. Keys: see examples/sweep.toml.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sw.add_argument("config", type=Path, help="sweep config (TOML)")
     sw.add_argument("--out", type=Path, default=None, help="output directory (sweep.out)")
@@ -396,7 +445,9 @@ def _make_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="redraw the plots of a sweep",
                         description="Redraw privacy_utility.{png,svg} and cost_utility.{png,svg} "
                         "from a sweep's results.jsonl or results.csv (several sweeps: their "
-                        "rows are drawn together, one panel per algorithm).")
+                        "rows are drawn together, one panel per algorithm).",
+                        epilog=EXIT_CODES,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     pl.add_argument("results", type=Path, nargs="+",
                     help="results.jsonl/.csv or the sweep's directory (repeatable)")
     pl.add_argument("--out", type=Path, default=None,
@@ -448,6 +499,41 @@ def _describe(ep: Any) -> str:
     return doc.splitlines()[0].strip() if doc else "(no description)"
 
 
+#: The layers an option applies to (its reason when refused).
+_LAYER_OPTIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "threshold": ("--threshold", ("secure-sum", "distributed-dp"),
+                  "it is the secure sum's threshold"),
+    "graph": ("--graph", ("secure-sum", "distributed-dp"),
+              "it is the secure sum's neighbour graph"),
+    "he_scheme": ("--he-scheme", ("homomorphic",), "it picks the homomorphic scheme"),
+    "colluders": ("--colluders", ("distributed-dp",),
+                  "it counts clients revealing their noise shares, which only distributed-dp "
+                  "splits among the clients"),
+}
+
+
+def _defaults() -> dict[str, Any]:
+    """``secagg run``'s option defaults."""
+    return {a.dest: a.default for a in _subparser(_make_parser(), "run")._actions}
+
+
+def _changed(args: argparse.Namespace, *keys: str) -> set[str]:
+    """Which of ``keys`` hold a value other than the option's default."""
+    defaults = _defaults()
+    return {k for k in keys if getattr(args, k) != defaults.get(k)}
+
+
+def _check_applies(args: argparse.Namespace) -> None:
+    """Refuse an option that does not apply to the chosen layers, with the reason."""
+    names = {args.layer, *(g.partition("=")[2] for g in args.group_layer)}
+    for key in sorted(_changed(args, *_LAYER_OPTIONS)):
+        flag, layers, why = _LAYER_OPTIONS[key]
+        if not names & set(layers):
+            raise ConfigurationError(
+                f"{flag} does not apply to --layer {', '.join(sorted(names))}: {why} "
+                f"({' or '.join(layers)}); drop it or choose such a layer")
+
+
 def _check_run_args(args: argparse.Namespace) -> None:
     """Validate and normalise the options before anything is built (raises SecaggError)."""
     if args.clients < 1:
@@ -463,6 +549,15 @@ def _check_run_args(args: argparse.Namespace) -> None:
     if args.workers < 1:
         raise ConfigurationError("--workers must be >= 1")
     _client_ledger_kwargs(args)  # parses --client-budget and the client policy
+    from secagg.data_sources import describe_source
+
+    source = describe_source(args.dataset)
+    if source == "synthetic" and "split" in _changed(args, "split", "alpha",
+                                                     "shards_per_client"):
+        raise ConfigurationError(
+            f"--split does not apply to --dataset {args.dataset}: Synthetic(alpha, beta) is "
+            "federated by construction (each client its own distribution)")
+    _check_applies(args)
     t = args.threshold
     if t >= 1:
         if not float(t).is_integer():
@@ -502,6 +597,23 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigurationError("--local-epochs must be >= 1")
 
 
+def check_out_dir(out: Path, option: str) -> None:
+    """Refuse an output folder that cannot be one before any work is done: a path that is
+    a file, or under a file, or in a folder this user cannot write."""
+    if out.exists() and not out.is_dir():
+        raise ConfigurationError(f"{option} {out}: is a file, not a folder; give a folder "
+                                 "(it is created when missing)")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigurationError(f"{option} {out}: {parent} is a file, not a folder")
+    import os
+
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigurationError(f"{option} {out}: cannot write in {parent} (permission)")
+
+
 def _out_dir(args: argparse.Namespace) -> Path:
     """The output directory; refuses one holding a previous run unless --force."""
     if args.out is not None:
@@ -510,6 +622,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
         layer = "+".join([args.layer, *args.group_layer])
         name = f"{args.algorithm.replace(':', '.')}-{layer}-{args.dataset}-seed{args.seed}"
         out = Path("runs") / name.replace("/", "_")
+    check_out_dir(out, "--out")
     previous = [n for n in ("result.json", "costs.csv", "transcript.jsonl") if (out / n).exists()]
     if previous and not args.force:
         raise ConfigurationError(
@@ -530,7 +643,8 @@ def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any
                             ("--local-epochs", "local_epochs", args.local_epochs),
                             ("--clip", "clip", args.clip),
                             ("--server-opt", "server_opt", args.server_opt),
-                            ("--server-lr", "server_lr", args.server_lr)):
+                            ("--server-lr", "server_lr", args.server_lr),
+                            ("--model", "model", args.model)):
         if value is None:
             continue
         if key == "server_lr" and not getattr(algo_cls, "server_lr_is_optimizer", True):
@@ -538,8 +652,10 @@ def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any
                 f"algorithm {args.algorithm!r} uses server_lr for another step (see its "
                 "docstring); --server-lr would not set its server optimizer's rate")
         if key not in params and not (var_kw and _inherits(algo_cls, key)):
+            why = ("it builds its own model" if key == "model"
+                   else "it does no local training with that setting")
             raise ConfigurationError(f"algorithm {args.algorithm!r} has no {opt} option "
-                                     "(it does no local training with that setting)")
+                                     f"({why})")
         kwargs[key] = value
     for item in args.arg:
         name, eq, raw = item.partition("=")
@@ -598,6 +714,41 @@ def _quiet_library_warnings() -> None:
     warnings.formatwarning = one_line  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def _summarised_warnings() -> Iterator[None]:
+    """secagg's own warnings shown as they come (one line each, with the fix); third-party
+    warnings (Opacus, SciPy, torch), which a user cannot act on line by line, counted and
+    summarised in one line on stderr when the block ends."""
+    import warnings
+
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+            if getattr(category, "__module__", "").startswith("secagg."):
+                return shown(message, category, filename, lineno, file, line)
+            lib = next((p for p in Path(filename).parts if p in _LIBRARIES), "other")
+            counts[lib] = counts.get(lib, 0) + 1
+            first.setdefault(lib, str(message).splitlines()[0][:120] if str(message) else "")
+            return None
+
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            if counts:
+                per = ", ".join(f"{lib} {n}" for lib, n in sorted(counts.items()))
+                lib = max(counts, key=lambda k: counts[k])
+                print(f"secagg: {sum(counts.values())} library warning(s) during the run "
+                      f"({per}); most from {lib}: {first[lib]}", file=sys.stderr)
+
+
+#: Libraries named in the warning summary (by a folder in the warning's file path).
+_LIBRARIES = ("opacus", "scipy", "torch", "numpy", "sklearn", "tenseal", "flwr", "ray")
+
+
 def _client_ledger_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Federation's client-ledger arguments from ``secagg run``'s flags."""
     from secagg.privacy.client_ledger import ClientBudget
@@ -613,12 +764,107 @@ def _client_ledger_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "client_policy": policy, "colluders": args.colluders}
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The subcommand ``name``'s parser."""
+    sub = next(a for a in parser._actions  # noqa: SLF001
+               if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    return sub.choices[name]
+
+
+def _resolve_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                         argv: Sequence[str]) -> None:
+    """Fill ``args`` from ``--config`` (for ``--evaluate-only``, by default the run's own
+    config.toml) and ``-c`` overrides, under the options given on the command line; keep
+    the resolved values for config.toml."""
+    from secagg.run_config import apply_config, given_options
+
+    run_parser = _subparser(parser, "run")
+    rest = list(argv)
+    rest = rest[rest.index("run") + 1:] if "run" in rest else rest
+    given = given_options(run_parser, rest)
+    config = args.config
+    if config is None and args.evaluate_only is not None:
+        own = args.evaluate_only / "config.toml"
+        config = own if own.is_file() else None
+    apply_config(run_parser, args, given, config)
+    args.resolved_options = dict(vars(args))
+
+
+def _write_run_config(args: argparse.Namespace, out: Path) -> Path:
+    """The run's resolved options as ``out/config.toml`` (secagg.run_config)."""
+    from secagg.run_config import write_config
+
+    values = getattr(args, "resolved_options", None) or vars(args)
+    return write_config(_subparser(_make_parser(), "run"), values, out / "config.toml")
+
+
+def _partition(args: argparse.Namespace, local_test_fraction: float = 0.2) -> Any:
+    """The clients ``--dataset`` names, split as the options say
+    (:func:`secagg.data_sources.load_partition`)."""
+    from secagg.data_sources import load_partition
+
+    return load_partition(args.dataset, args.clients, split=args.split, alpha=args.alpha,
+                          shards_per_client=args.shards_per_client, seed=args.seed,
+                          local_test_fraction=local_test_fraction, data_dir=args.data_dir)
+
+
+def _check_groups(args: argparse.Namespace, algorithm: Any, part: Any) -> None:
+    """Refuse a ``--group-layer`` group the algorithm's uploads do not have, naming the
+    groups they have (the algorithm is set up on a copy of the clients' state; the run sets
+    it up afresh)."""
+    from secagg.federation import ClientState
+
+    try:
+        algorithm.setup(part.dataset, [ClientState(cd) for cd in part], args.seed)
+        groups = {f.group for r in sorted({0, args.rounds - 1})
+                  for ph in algorithm.phases(r, args.rounds) for f in ph.spec().fields}
+    except Exception:  # noqa: BLE001 -- the run itself reports a failing setup
+        return
+    unknown = sorted({g.partition("=")[0] for g in args.group_layer} - groups)
+    if unknown:
+        raise ConfigurationError(
+            f"--group-layer: unknown group(s) {', '.join(map(repr, unknown))}: "
+            f"{args.algorithm}'s uploads have the group(s) {', '.join(map(repr, sorted(groups)))}")
+
+
+def _evaluate_only(args: argparse.Namespace) -> int:
+    """``run --evaluate-only RUN_DIR``: score the saved model on the data the options name
+    (the run's own config by default), as the run scored it."""
+    from algorithms.training import accuracy
+    from secagg.model_io import load_model, read_model_info
+
+    info = read_model_info(args.evaluate_only)
+    model = load_model(args.evaluate_only)
+    part = _partition(args)
+    try:
+        if info["kind"] == "personalized":
+            accs = [accuracy(model[c.id], c.x_test, c.y_test) for c in part
+                    if c.y_test is not None and len(c.y_test) and c.id in set(model)]
+            if not accs:
+                raise ConfigurationError(
+                    f"--evaluate-only: no client of --dataset {args.dataset} has a saved model "
+                    "and a local test set (a personalized model scores its own clients)")
+            acc, kind = sum(accs) / len(accs), "mean local test"
+        else:
+            ds = part.dataset
+            acc, kind = accuracy(model, ds.x_test, ds.y_test), "global test"
+    except RuntimeError as exc:  # shapes that do not fit the model
+        raise ConfigurationError(f"--evaluate-only: the saved model does not take "
+                                 f"--dataset {args.dataset}'s records: "
+                                 f"{str(exc).splitlines()[0]}") from None
+    print(f"accuracy ({kind}) of {args.evaluate_only} on {args.dataset}: {acc:.4f}")
+    if info.get("accuracy") is not None:
+        print(f"the run measured: {float(info['accuracy']):.4f} ({info.get('accuracy_kind')})")
+    return EXIT_OK
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.list:
         for name, ep in sorted(available_algorithms().items()):
             print(f"{name:<12} {_describe(ep)}")
         return EXIT_OK
-    from secagg.data import load_dataset, make_split
+    if args.evaluate_only is not None:
+        return _evaluate_only(args)
     from secagg.federation import Federation
 
     # Every argument is checked (and the algorithm and layer built) before the output
@@ -632,14 +878,14 @@ def _run(args: argparse.Namespace) -> int:
         n in DP_LAYERS for n in names) else None)
     algorithm = algo_cls(**kwargs)
     layer = build_layer(args)
+    out = None if args.dry_run else _out_dir(args)  # checked before any work
     for key in sorted(kwargs.keys() - given.keys()):  # the algorithm's DP defaults: say so
         print(f"secagg: {args.algorithm} under {args.adjacency}-level DP: {key}="
               f"{json.dumps(kwargs[key])} by default (--arg {key}=... to choose)",
               file=sys.stderr)
-    ds = load_dataset(args.dataset, args.data_dir)
-    part = make_split(ds, args.split, args.clients, alpha=args.alpha,
-                      shards_per_client=args.shards_per_client, seed=args.seed,
-                      local_test_fraction=0.2)
+    part = _partition(args)
+    if args.group_layer:
+        _check_groups(args, algorithm, part)
     _quiet_library_warnings()
     fed = Federation(
         algorithm,
@@ -664,9 +910,11 @@ def _run(args: argparse.Namespace) -> int:
         for line in swamped(rows):
             print(f"warning: {line}", file=sys.stderr)
         return EXIT_OK
-    out = _out_dir(args)
-    result = fed.run()
+    assert out is not None
+    with _summarised_warnings():
+        result = fed.run()
     paths = result.save(out, args.device_profile)
+    paths["config"] = _write_run_config(args, out)
     data = {k: getattr(args, k) for k in ("dataset", "split", "alpha", "shards_per_client")}
     print(result.table(args.device_profile, data))
     print(f"\nwrote {paths['result']}, {paths['costs']}, {paths['transcript']}"
@@ -675,6 +923,9 @@ def _run(args: argparse.Namespace) -> int:
              if "identities" in paths else ""))
     print(f"audit with: secagg audit {paths['transcript']}"
           + (f" --identities {paths['identities']}" if "identities" in paths else ""))
+    if "model" in paths:
+        print(f"model: {paths['model']} (load with secagg.load_model({str(out)!r})); "
+              f"rerun with: secagg run --config {paths['config']} --out DIR")
     from secagg.report import command_from_args, save_run_report
 
     try:  # the run's outputs are saved: a report that cannot be written does not undo them
@@ -776,6 +1027,8 @@ def _interrupt_on_sigterm() -> None:
 def _sweep(args: argparse.Namespace) -> int:
     from secagg.sweep import sweep
 
+    if args.out is not None:
+        check_out_dir(args.out, "--out")  # before any cell runs
     _interrupt_on_sigterm()
     res = sweep(args.config, out=args.out, workers=args.workers,
                 cache=False if args.no_cache else None, progress=False if args.quiet else None,
@@ -808,10 +1061,23 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Python spellings in error hints, and the command line's (a CLI user is told the flag).
+_CLI_HINTS: dict[str, str] = {
+    "Federation(max_records=...)": "--max-records N",
+    "or declare a client-level Bound": "or --clip C (client-level DP-FedAvg: each update "
+    "clipped; training algorithms)",
+    "UploadSpec(max_records=...) or --max-records N": "--max-records N",
+    "on_abort='skip'": "--on-abort skip",
+    'on_abort="skip"': "--on-abort skip",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``secagg`` command; returns the exit status."""
     parser = _make_parser()
     args = parser.parse_args(argv)
+    if args.command == "run":
+        _resolve_run_options(parser, args, sys.argv[1:] if argv is None else argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "audit": _audit,
                                                                  "check": _check}
     commands.update(sweep=_sweep, plot=_plot, report=_report)
@@ -826,6 +1092,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (SecaggError, ValueError, OSError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        for python, flag in _CLI_HINTS.items():
+            msg = msg.replace(python, flag)
         if isinstance(exc, SecureSumAborted):
             msg += " (--on-abort skip skips such rounds and goes on)"
         print(f"secagg {args.command}: error: {msg}", file=sys.stderr)
@@ -845,6 +1113,20 @@ DP_AUDIT_EXIT_CODES = """exit status:
   6    some lower bound is above its claim: that mechanism is not (epsilon, delta)-DP
        (at the stated confidence); the offending rows are named on stderr
   130  interrupted"""
+
+
+def _bounded(kind: type, low: float, high: float | None, what: str) -> Any:
+    """An argparse type for ``secagg run``: ``kind`` in (low, high), exclusive (high None:
+    no upper end); a value outside is a usage error (exit 2), as in every subcommand."""
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (v > low and (high is None or v < high)):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return v
+    return parse
 
 
 def _ranged(kind: type, low: float, high: float | None = None, what: str = "") -> Any:

@@ -619,6 +619,14 @@ def node_release_event(client: int, run: str, round: int, phase: str,
     return node_event(client, run, round, phase, dp, **terms)
 
 
+def _export_model(algorithm: AlgorithmLike, states: Sequence[ClientState]) -> Any | None:
+    """The algorithm's trained model for the result (``export_model``; None when it has
+    none). ``states`` is empty on a remote runtime: the clients' own models live on their
+    nodes, and only a global model (the server's) is saved."""
+    export = getattr(algorithm, "export_model", None)
+    return None if export is None else export(states)
+
+
 def is_dp(layer: Layer) -> bool:
     """Whether ``layer`` is a DP wrapper (CentralDP, LocalDP or DistributedDP)."""
     return type(layer) in _wrappers()
@@ -890,6 +898,7 @@ class Engine:
                 else dict(run.attest.header()["keys"])),
             attest_scheme=None if run.attest is None else run.attest.header()["scheme"],
             client_accounts=self._reported_accounts(run),
+            trained=_export_model(alg, tr.states if tr.link is None else []),
         )
 
     def _attestor(self, clients: list[int]) -> Any | None:

@@ -69,6 +69,8 @@ class Result:
     #: the attestation scheme the signers used (:mod:`secagg.attest`), with ``identities``
     attest_scheme: str | None = None
     client_accounts: Any | None = None
+    #: the trained model (:class:`secagg.model_io.TrainedModel`), when the algorithm has one
+    trained: Any | None = field(default=None, repr=False)
     _clients_cache: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def client_privacy(self) -> dict[str, Any] | None:
@@ -82,6 +84,13 @@ class Result:
         if self._clients_cache is None:
             self._clients_cache = self.client_accounts.summaries()
         return self._clients_cache
+
+    @property
+    def model(self) -> Any | None:
+        """The trained model, ready for ``model(x)``: the global ``nn.Module``, or for a
+        personalized algorithm a :class:`secagg.model_io.PersonalizedModels`
+        (``model[client_id](x)``); None when the algorithm has no PyTorch model."""
+        return None if self.trained is None else self.trained.module()
 
     @property
     def best_accuracy(self) -> float:
@@ -183,6 +192,9 @@ class Result:
         ``announced_identities.json`` (path ``"announced_identities"``), which the audit
         refuses as a trust root.
 
+        The trained model, when there is one, goes in the run folder too: ``model.pt`` and
+        ``model.json`` (:mod:`secagg.model_io`).
+
         Raises:
             ConfigurationError: ``keys_dir`` is ``out_dir`` or inside it.
         """
@@ -214,6 +226,13 @@ class Result:
             with open(paths["client_ledgers"], "w", encoding="utf-8") as fh:
                 for led in self.client_accounts.ledgers.values():
                     fh.write("".join(e.to_json() + "\n" for e in led.events))
+        if self.trained is not None:
+            from secagg.model_io import save_model
+
+            paths.update(save_model(self.trained, out, {
+                "algorithm": self.algorithm, "accuracy": self.accuracy,
+                "accuracy_kind": self.accuracy_kind, "rounds": self.rounds,
+                "seed": self.seed}))
         if self.identities and own:
             paths["identities"] = write_identities(keys / "identities.json", self.identities,
                                                    scheme=SCHEME)

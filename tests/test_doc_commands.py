@@ -13,6 +13,20 @@ entry point as the ``secagg`` script. Only the length of the work is cut, by thi
 
 A command whose comment says ``exit N`` must exit with N; every other one with 0. A new
 command on a page is picked up and run without changing this file.
+
+Python code blocks run too, in page order with the commands, in one namespace per page and
+as written (no cut: their printed numbers are checked):
+
+* a block whose first line is ``# NAME.py`` is a file the reader saves: it is written to
+  NAME.py in the page's folder (importable from there, e.g. by ``--model NAME:function``);
+* a block preceded by ``<!-- not run: REASON -->`` is not run (signatures, placeholders,
+  work of minutes); the reason is required;
+* on a ``print(...)`` line, every decimal number in its comment (``# 0.9365``) must be
+  printed by the block within :data:`TOLERANCE` (the runs are seeded: the figure shown is
+  the figure printed, to the digits shown), or within the tolerance the page states
+  (``# 0.91 ± 0.03``: DP noise is drawn from the OS's cryptographic generator, so noised
+  results vary from run to run), and every ``'key': N`` pair in the comment must be
+  printed with that key and value.
 """
 
 from __future__ import annotations
@@ -33,6 +47,8 @@ from secagg.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGS = {"bash", "sh", "shell", "console", ""}
+#: How far a printed number may be from the one a page shows (half a unit of the 4th decimal).
+TOLERANCE = 5e-4
 FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
 
@@ -149,12 +165,108 @@ def test_the_pages_show_commands_and_the_extraction_reads_them():
         "run", "--algorithm", "gmm", "--rounds", "20", "--rounds", "1", "--quiet"]
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if secagg_commands(p.read_text())],
+def blocks(text: str) -> list[tuple[str, str, str | None]]:
+    """``(language, code, reason not run or None)`` of each fenced block, in page order."""
+    out: list[tuple[str, str, str | None]] = []
+    lang: str | None = None
+    body: list[str] = []
+    reason: str | None = None
+    previous = ""
+    for raw in text.splitlines():
+        fence = re.match(r"^\s*```\s*([\w-]*)", raw)
+        if fence and lang is None:
+            lang, body = fence.group(1).lower(), []
+            marker = re.match(r"^\s*<!--\s*not run:\s*(.+?)\s*-->\s*$", previous)
+            reason = marker.group(1) if marker else None
+        elif fence:
+            out.append((lang, "\n".join(body) + "\n", reason))
+            lang = None
+        elif lang is not None:
+            body.append(raw)
+        if raw.strip():
+            previous = raw
+    return out
+
+
+def shown_numbers(code: str) -> tuple[list[tuple[float, float]], list[tuple[str, float]]]:
+    """The decimals (with their tolerance: ``0.91 ± 0.03``, else :data:`TOLERANCE`) and
+    the ``'key': N`` pairs the comments of a block's print lines show."""
+    decimals, pairs = [], []
+    for line in code.splitlines():
+        if "print(" not in line or "#" not in line:
+            continue
+        comment = line.split("#", 1)[1]
+        pairs += [(k, float(v)) for k, v in re.findall(r"'(\w+)': (-?\d+(?:\.\d+)?)", comment)]
+        plain = re.sub(r"'\w+': -?\d+(?:\.\d+)?", "", comment)
+        for v, tol in re.findall(r"(?<![\w.±])(-?\d+\.\d+)(?:\s*±\s*(\d+(?:\.\d+)?))?(?![\w.])",
+                                 plain):
+            decimals.append((float(v), float(tol) if tol else TOLERANCE))
+    return decimals, pairs
+
+
+def check_printed(code: str, printed: str, where: str) -> int:
+    """Assert every number a block's comments show was printed; returns how many."""
+    decimals, pairs = shown_numbers(code)
+    numbers = [float(v) for v in re.findall(r"-?\d+\.\d+(?:e-?\d+)?|-?\d+", printed)]
+    for v, tol in decimals:
+        assert any(abs(n - v) <= tol for n in numbers), (
+            f"{where}: the page shows {v}, the block printed: {printed[-600:]}")
+    for k, v in pairs:
+        got = [float(x) for x in re.findall(rf"'{k}': (-?\d+(?:\.\d+)?)", printed)]
+        assert any(abs(g - v) <= TOLERANCE for g in got), (
+            f"{where}: the page shows '{k}': {v}, the block printed: {printed[-600:]}")
+    return len(decimals) + len(pairs)
+
+
+def test_the_python_blocks_are_read_and_marked():
+    """Every Python block of the pages is run or marked not run with a reason, and the
+    number check reads what a page shows."""
+    text = ("<!-- not run: a signature -->\n```python\ndef f(): ...\n```\n"
+            "```python\nprint(0.5, {'clipped': 7})  # 0.5 and {'clipped': 7}\n```\n")
+    got = [(lang, reason) for lang, _, reason in blocks(text)]
+    assert got == [("python", "a signature"), ("python", None)]
+    assert shown_numbers(blocks(text)[1][1]) == ([(0.5, TOLERANCE)], [("clipped", 7.0)])
+    assert shown_numbers("print(x)  # 0.91 ± 0.03 with noise\n") == ([(0.91, 0.03)], [])
+    assert check_printed(blocks(text)[1][1], "0.5 {'clipped': 7}\n", "x") == 2
+    with pytest.raises(AssertionError):
+        check_printed(blocks(text)[1][1], "0.51 {'clipped': 7}\n", "x")
+    runnable = [(page.name, code) for page in PAGES for lang, code, reason in
+                blocks(page.read_text()) if lang == "python" and reason is None]
+    assert len(runnable) >= 6
+
+
+def _run_python(code: str, namespace: dict, where: str) -> int:
+    first = code.lstrip().splitlines()[0] if code.strip() else ""
+    name = re.match(r"^#\s*([\w.]+\.py)\s*$", first)
+    if name:  # a file the reader saves
+        Path(name.group(1)).write_text(code)
+        return 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, where, "exec"), namespace)  # noqa: S102 -- the page's own code
+    return check_printed(code, out.getvalue(), where)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if secagg_commands(p.read_text()) or any(
+    lang == "python" and reason is None for lang, _, reason in blocks(p.read_text()))],
                          ids=lambda p: p.name)
-def test_every_secagg_command_on_the_page_runs(page, tmp_path, capsys):
+def test_every_secagg_command_on_the_page_runs(page, tmp_path, capsys, monkeypatch):
     assert Path.cwd() == tmp_path
+    monkeypatch.syspath_prepend(str(tmp_path))
     ran = 0
-    for argv, expected, line in secagg_commands(page.read_text()):
+    namespace: dict = {"__name__": f"page_{page.stem}"}
+    steps: list[tuple[str, object]] = []
+    for lang, code, reason in blocks(page.read_text()):
+        if lang == "python" and reason is None:
+            steps.append(("python", code))
+        elif lang in SHELL_LANGS:
+            steps += [("cmd", c) for c in secagg_commands(f"```{lang}\n{code}```\n")]
+    for kind, step in steps:
+        if kind == "python":
+            _run_python(step, namespace, f"{page.name} (python block)")
+            ran += 1
+            continue
+        argv, expected, line = step
         if _needs_fashion(argv) and not FASHION.exists():
             if os.environ.get("CI") == "true":
                 pytest.fail(f"{line}: Fashion-MNIST is not installed (CI installs it)")
