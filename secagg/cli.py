@@ -827,9 +827,11 @@ def _add_dp_audit_parser(sub: Any) -> None:
         help="measure a lower bound on each DP mechanism's epsilon",
         description="Empirical privacy audit (threat_models.dp_audit): run a DP mechanism\n"
         "many times without and with a worst-case canary (a record or client at its\n"
-        "bound), and turn the best distinguishing test's error rates into a lower bound\n"
-        "on epsilon (Clopper-Pearson). A lower bound above the claimed epsilon proves the\n"
-        "mechanism broken. The DP layers are audited on a bare bounded sum through their\n"
+        "bound), and turn how well the two worlds are told apart into a lower bound on\n"
+        "epsilon: --mode tight fits Gaussian DP to both worlds' whole distributions,\n"
+        "--mode threshold uses the best threshold test (Clopper-Pearson, assumption-free).\n"
+        "A lower bound above the claimed epsilon proves the mechanism broken. The DP\n"
+        "layers are audited on a bare bounded sum through their\n"
         "own noise paths; dp-sgd trains a linear model with Opacus and a gradient canary\n"
         "(record level; --adjacency, --mechanism and --clients apply to the sums).\n"
         "--release dp-fedavg audits the DP layers on one round of client-level DP-FedAvg\n"
@@ -856,7 +858,15 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    default="discrete_gaussian",
                    help="distributed-dp's integer noise (%(default)s)")
     d.add_argument("--clients", type=_ranged(int, 0, what="a positive integer"), default=None,
-                   help="cohort size of the sum (default: 1; 2 for distributed-dp)")
+                   help="cohort size (default: 10, so distributed-dp's secure sum accepts "
+                   "fewer survivors than clients)")
+    d.add_argument("--survivors", choices=("fewest", "all", "both"), default="both",
+                   help="distributed-dp: audit the sum with the fewest survivors the secure "
+                   "sum accepts (the others drop), with all of them, or both (%(default)s)")
+    d.add_argument("--mode", choices=("tight", "threshold"), default="tight",
+                   help="tight: also fit Gaussian DP to both worlds' whole distributions "
+                   "(assumes the Gaussian trade-off shape, which the DP layers' noise has); "
+                   "threshold: the assumption-free threshold tests only (%(default)s)")
     d.add_argument("--trials", type=_ranged(int, 7, what="an integer >= 8"), default=None,
                    help="releases per world, without and with the canary (default: "
                    "1000000 for the sums, 100000 for dp-fedavg, 1000 trainings for dp-sgd)")

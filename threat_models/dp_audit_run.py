@@ -12,12 +12,14 @@ from typing import Any, Literal
 
 from threat_models.dp_audit import (
     ALL_LAYERS,
+    DEFAULT_CLIENTS,
     DEFAULT_DELTA,
     DPSGD_TRIALS,
     EXIT_VIOLATED,
     FEDAVG_TRIALS,
     LAYER_NAMES,
     RELEASES,
+    SURVIVOR_PATTERNS,
     AuditError,
     AuditResult,
     audit_dpsgd,
@@ -37,10 +39,15 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                trials: int | None = None, seed: int = 0, clients: int | None = None,
                confidence: float = 0.95, one_run: bool = False, canaries: int = 1000,
                dpsgd_steps: int = 1, progress: bool | None = None,
-               release: Literal["sum", "dp-fedavg"] = "sum") -> list[AuditResult]:
+               release: Literal["sum", "dp-fedavg"] = "sum", mode: str = "tight",
+               survivors: Sequence[int | str] = SURVIVOR_PATTERNS) -> list[AuditResult]:
     """Every requested audit: each layer (``central-dp``, ``local-dp``, ``distributed-dp``,
     ``dp-sgd``) at each epsilon. DP-SGD's noise multiplier is calibrated to the epsilon for
-    ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit.
+    ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit. ``mode``:
+    ``"tight"`` (the GDP fit and the threshold tests) or ``"threshold"`` (assumption-free
+    only). DistributedDP's sum is audited once per entry of ``survivors`` (default: the
+    fewest survivors its secure sum accepts, and all of them; ``clients`` defaults to
+    :data:`~threat_models.dp_audit.DEFAULT_CLIENTS`).
 
     ``release="dp-fedavg"`` audits the DP layers (client adjacency) on one round of
     client-level DP-FedAvg with a canary update (:mod:`threat_models.dp_audit_fedavg`;
@@ -55,7 +62,7 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                 out += _fedavg_audits(name, eps, delta=delta, mechanism=mechanism,
                                       trials=trials, seed=seed, clients=clients,
                                       confidence=confidence, one_run=one_run,
-                                      canaries=canaries, progress=progress)
+                                      canaries=canaries, progress=progress, mode=mode)
                 continue
             if name == "dp-sgd":
                 from secagg.privacy.calibrate import calibrate
@@ -63,28 +70,33 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                 z = calibrate(eps, delta, rounds=dpsgd_steps)
                 out.append(audit_dpsgd(noise_multiplier=z, steps=dpsgd_steps, delta=delta,
                                        trials=trials or DPSGD_TRIALS, seed=seed,
-                                       confidence=confidence, progress=progress))
+                                       confidence=confidence, progress=progress, mode=mode))
                 if one_run:
                     out.append(audit_dpsgd_one_run(noise_multiplier=z, steps=dpsgd_steps,
                                                    delta=delta, canaries=canaries, seed=seed,
                                                    confidence=confidence))
                 continue
-            out.append(audit_sum(name, epsilon=eps, delta=delta, adjacency=adjacency,
-                                 mechanism=mechanism, trials=trials or 1_000_000, seed=seed,
-                                 clients=clients, confidence=confidence, progress=progress))
+            patterns = survivors if name == "distributed-dp" else ("all",)
+            for who in patterns:
+                out.append(audit_sum(name, epsilon=eps, delta=delta, adjacency=adjacency,
+                                     mechanism=mechanism, trials=trials or 1_000_000,
+                                     seed=seed, clients=clients, confidence=confidence,
+                                     progress=progress, survivors=who, mode=mode))
     return out
 
 
 def _fedavg_audits(name: str, eps: float, *, delta: float, mechanism: Any,
                    trials: int | None, seed: int, clients: int | None, confidence: float,
-                   one_run: bool, canaries: int, progress: bool | None) -> list[AuditResult]:
+                   one_run: bool, canaries: int, progress: bool | None,
+                   mode: str) -> list[AuditResult]:
     if name not in LAYER_NAMES:
         raise AuditError(f"DP-FedAvg is audited under the DP layers {', '.join(LAYER_NAMES)};"
                          f" {name!r} is not one (dp-sgd is record-level: audit it with "
                          "--release sum)")
     out = [audit_fedavg(name, epsilon=eps, delta=delta, mechanism=mechanism,
-                        trials=trials or FEDAVG_TRIALS, seed=seed, clients=clients or 4,
-                        confidence=confidence, progress=progress)]
+                        trials=trials or FEDAVG_TRIALS, seed=seed,
+                        clients=clients or DEFAULT_CLIENTS, confidence=confidence,
+                        progress=progress, mode=mode)]
     if one_run:
         out.append(audit_fedavg_one_run(name, epsilon=eps, delta=delta, mechanism=mechanism,
                                         canaries=canaries, seed=seed, confidence=confidence))
@@ -102,12 +114,14 @@ def main_cli(args: Any) -> int:
     every = ALL_LAYERS if release == "sum" else LAYER_NAMES
     layers = list(dict.fromkeys(
         n for item in args.layer for n in (every if item == "all" else (item,))))
-    results = run_audits(release=release,layers=layers, epsilons=args.epsilon, delta=args.delta,
-                         adjacency=args.adjacency, mechanism=args.mechanism,
+    who = getattr(args, "survivors", "both")
+    results = run_audits(release=release, layers=layers, epsilons=args.epsilon,
+                         delta=args.delta, adjacency=args.adjacency, mechanism=args.mechanism,
                          trials=args.trials, seed=args.seed, clients=args.clients,
                          confidence=args.confidence, one_run=args.one_run,
-                         canaries=args.canaries,
-                         progress=False if args.quiet else None)
+                         canaries=args.canaries, progress=False if args.quiet else None,
+                         mode=getattr(args, "mode", "tight"),
+                         survivors=SURVIVOR_PATTERNS if who == "both" else (who,))
     if args.json:
         print(json.dumps([r.row() for r in results], indent=2))
     else:
@@ -120,6 +134,7 @@ def main_cli(args: Any) -> int:
         for r in bad:
             print(f"secagg dp-audit: {r.mechanism} is not ({r.epsilon_claimed:g}, "
                   f"{r.delta:g})-DP: the audit proves epsilon >= {r.epsilon_lower:.3f} with "
-                  f"confidence {r.confidence:g} (test: {r.best.statistic})", file=sys.stderr)
+                  f"confidence {r.confidence:g} (test: {r.best.statistic}, mode: "
+                  f"{r.best.mode})", file=sys.stderr)
         return EXIT_VIOLATED
     return 0
