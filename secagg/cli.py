@@ -879,6 +879,12 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    "canaries (Steinke et al. 2023)")
     d.add_argument("--canaries", type=_ranged(int, 1, what="an integer >= 2"), default=1000,
                    help="--one-run: canaries in the run (%(default)s)")
+    d.add_argument("--inject", action="append", default=None,
+                   choices=("share-count", "stale-bound", "dropped-field-share",
+                            "delta-mixup", "all"),
+                   help="audit a layer with an injected 20-30%% miscalibration instead of the "
+                   "correct layers (repeatable; threat_models.dp_audit_bugs): the audit must "
+                   "exit 6")
     d.add_argument("--json", action="store_true",
                    help="print JSON rows (mechanism, epsilon_claimed, epsilon_lower, "
                    "confidence, trials, canary, ...) instead of the table")

@@ -107,9 +107,11 @@ def main_cli(args: Any) -> int:
     """``secagg dp-audit``: run the audits ``args`` names (see ``secagg dp-audit --help``),
     print the table (or ``--json`` rows), and return the exit status: 0 when every lower
     bound is at most its claim, :data:`EXIT_VIOLATED` when one is above (the mechanism is
-    not (epsilon, delta)-DP, at the stated confidence)."""
-    import json
-
+    not (epsilon, delta)-DP, at the stated confidence). ``--inject`` audits the injected
+    miscalibrations instead."""
+    inject = getattr(args, "inject", None)
+    if inject:
+        return _report(_injected(inject, args), args)
     release = getattr(args, "release", "sum")
     every = ALL_LAYERS if release == "sum" else LAYER_NAMES
     layers = list(dict.fromkeys(
@@ -122,6 +124,32 @@ def main_cli(args: Any) -> int:
                          canaries=args.canaries, progress=False if args.quiet else None,
                          mode=getattr(args, "mode", "tight"),
                          survivors=SURVIVOR_PATTERNS if who == "both" else (who,))
+    return _report(results, args)
+
+
+def _injected(inject: Sequence[str], args: Any) -> list[AuditResult]:
+    """``--inject``: audit the injected miscalibrations (:mod:`threat_models.dp_audit_bugs`)
+    at each ``--epsilon`` instead of the correct layers."""
+    from threat_models.dp_audit_bugs import BUGS, injected_audits
+
+    which = list(dict.fromkeys(b for item in inject for b in (BUGS if item == "all"
+                                                              else (item,))))
+    out = []
+    for eps in args.epsilon:
+        for item in injected_audits(eps, delta=args.delta, trials=args.trials or 1_000_000,
+                                    seed=args.seed, mode=getattr(args, "mode", "tight"),
+                                    confidence=args.confidence, which=which):
+            name, _, what = item.bug.partition(": ")
+            item.result.mechanism = f"{item.result.mechanism} [injected {name}]"
+            item.result.details.update(injected=what, injected_size=item.size)
+            out.append(item.result)
+    return out
+
+
+def _report(results: list[AuditResult], args: Any) -> int:
+    """Print ``results`` (table or ``--json``), draw ``--plot``, return the exit status."""
+    import json
+
     if args.json:
         print(json.dumps([r.row() for r in results], indent=2))
     else:
