@@ -873,7 +873,8 @@ def _add_dp_audit_parser(sub: Any) -> None:
     d.add_argument("--seed", type=int, default=0,
                    help="seed of the auditor and of the layers' noise streams (%(default)s)")
     d.add_argument("--confidence", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=0.95,
-                   help="confidence of the lower bounds (%(default)g)")
+                   help="confidence of the whole run's lower bounds together, split between "
+                   "its audits (Bonferroni; each row shows its share) (%(default)g)")
     d.add_argument("--one-run", action="store_true",
                    help="dp-sgd and --release dp-fedavg: also audit in one run with many "
                    "canaries (Steinke et al. 2023)")

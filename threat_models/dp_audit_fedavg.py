@@ -250,8 +250,10 @@ class FedAvgRelease(LayerClaim):
             "sigma": self.notes["fields"][FIELD]["sigma"], "clip": self.clip,
             "dim": self.dim, "clients": self.clients, "survivors": len(self.survivors),
             "adjacency": "client"}
-        if self.kind == "distributed":  # the noise of the fewest survivors (the audit's)
-            out.update(sigma=self.notes["target_sigma"][FIELD],
+        if self.kind == "distributed":  # the noise the audited survivors add
+            out.update(sigma=self.notes["target_sigma"][FIELD]
+                       * math.sqrt(len(self.survivors) / self._plan.worst),
+                       survivor_ids=list(self.survivors), min_survivors=self._plan.worst,
                        ring_bits=self.notes.get("ring_bits"),
                        scale_bits=self.notes.get("scale_bits", {}).get(FIELD))
         return out

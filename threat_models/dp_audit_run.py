@@ -40,7 +40,8 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                confidence: float = 0.95, one_run: bool = False, canaries: int = 1000,
                dpsgd_steps: int = 1, progress: bool | None = None,
                release: Literal["sum", "dp-fedavg"] = "sum", mode: str = "tight",
-               survivors: Sequence[int | str] = SURVIVOR_PATTERNS) -> list[AuditResult]:
+               survivors: Sequence[int | str] = SURVIVOR_PATTERNS,
+               familywise: bool = False) -> list[AuditResult]:
     """Every requested audit: each layer (``central-dp``, ``local-dp``, ``distributed-dp``,
     ``dp-sgd``) at each epsilon. DP-SGD's noise multiplier is calibrated to the epsilon for
     ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit. ``mode``:
@@ -51,18 +52,30 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
 
     ``release="dp-fedavg"`` audits the DP layers (client adjacency) on one round of
     client-level DP-FedAvg with a canary update (:mod:`threat_models.dp_audit_fedavg`;
-    ``clients`` is the cohort, default 4) instead of a bare sum; ``one_run`` adds its
-    one-run audit with ``canaries`` canary clients."""
+    ``clients`` is the cohort) instead of a bare sum; ``one_run`` adds its one-run audit
+    with ``canaries`` canary clients.
+
+    ``familywise``: split 1 - ``confidence`` evenly between the audits (Bonferroni), so
+    that with probability >= ``confidence`` no bound of the whole run is wrong, and a run
+    over correct layers exits 0 (each row's ``confidence`` is then its own share). The
+    tight mode's bound on an exactly calibrated Gaussian layer is above its claim with
+    probability close to 1 - its confidence, so without this a run of 15 audits at 0.95
+    each would flag some correct layer about half the time."""
     if release not in RELEASES:
         raise AuditError(f"release must be one of {RELEASES}, got {release!r}")
+    if familywise:
+        count = sum(_planned(name, release, survivors, one_run) for name in layers)
+        confidence = 1.0 - (1.0 - confidence) / max(1, count * len(epsilons))
     out: list[AuditResult] = []
     for name in layers:
         for eps in epsilons:
             if release == "dp-fedavg":
-                out += _fedavg_audits(name, eps, delta=delta, mechanism=mechanism,
-                                      trials=trials, seed=seed, clients=clients,
-                                      confidence=confidence, one_run=one_run,
-                                      canaries=canaries, progress=progress, mode=mode)
+                for who in (survivors if name == "distributed-dp" else ("fewest",)):
+                    out += _fedavg_audits(name, eps, delta=delta, mechanism=mechanism,
+                                          trials=trials, seed=seed, clients=clients,
+                                          confidence=confidence, one_run=one_run,
+                                          canaries=canaries, progress=progress, mode=mode,
+                                          survivors=who)
                 continue
             if name == "dp-sgd":
                 from secagg.privacy.calibrate import calibrate
@@ -85,10 +98,17 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
     return out
 
 
+def _planned(name: str, release: str, survivors: Sequence[int | str], one_run: bool) -> int:
+    """How many audits :func:`run_audits` makes of layer ``name`` at one epsilon."""
+    if name == "distributed-dp":
+        return len(survivors) * (1 + (one_run and release == "dp-fedavg"))
+    return 1 + (one_run and (release == "dp-fedavg" or name == "dp-sgd"))
+
+
 def _fedavg_audits(name: str, eps: float, *, delta: float, mechanism: Any,
                    trials: int | None, seed: int, clients: int | None, confidence: float,
                    one_run: bool, canaries: int, progress: bool | None,
-                   mode: str) -> list[AuditResult]:
+                   mode: str, survivors: int | str) -> list[AuditResult]:
     if name not in LAYER_NAMES:
         raise AuditError(f"DP-FedAvg is audited under the DP layers {', '.join(LAYER_NAMES)};"
                          f" {name!r} is not one (dp-sgd is record-level: audit it with "
@@ -96,7 +116,7 @@ def _fedavg_audits(name: str, eps: float, *, delta: float, mechanism: Any,
     out = [audit_fedavg(name, epsilon=eps, delta=delta, mechanism=mechanism,
                         trials=trials or FEDAVG_TRIALS, seed=seed,
                         clients=clients or DEFAULT_CLIENTS, confidence=confidence,
-                        progress=progress, mode=mode)]
+                        progress=progress, mode=mode, survivors=survivors)]
     if one_run:
         out.append(audit_fedavg_one_run(name, epsilon=eps, delta=delta, mechanism=mechanism,
                                         canaries=canaries, seed=seed, confidence=confidence))
@@ -123,7 +143,8 @@ def main_cli(args: Any) -> int:
                          confidence=args.confidence, one_run=args.one_run,
                          canaries=args.canaries, progress=False if args.quiet else None,
                          mode=getattr(args, "mode", "tight"),
-                         survivors=SURVIVOR_PATTERNS if who == "both" else (who,))
+                         survivors=SURVIVOR_PATTERNS if who == "both" else (who,),
+                         familywise=True)
     return _report(results, args)
 
 
@@ -135,10 +156,12 @@ def _injected(inject: Sequence[str], args: Any) -> list[AuditResult]:
     which = list(dict.fromkeys(b for item in inject for b in (BUGS if item == "all"
                                                               else (item,))))
     out = []
+    # the run's confidence split between its audits, as for the correct layers
+    confidence = 1.0 - (1.0 - args.confidence) / (len(which) * len(args.epsilon))
     for eps in args.epsilon:
         for item in injected_audits(eps, delta=args.delta, trials=args.trials or 1_000_000,
                                     seed=args.seed, mode=getattr(args, "mode", "tight"),
-                                    confidence=args.confidence, which=which):
+                                    confidence=confidence, which=which):
             name, _, what = item.bug.partition(": ")
             item.result.mechanism = f"{item.result.mechanism} [injected {name}]"
             item.result.details.update(injected=what, injected_size=item.size)
