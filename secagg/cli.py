@@ -797,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # Self-contained: the parser and a thin handler; the audits live in threat_models.dp_audit,
 # imported lazily (secagg never imports threat_models at module level).
 
-DP_AUDIT_LAYERS = ("central-dp", "local-dp", "distributed-dp", "dp-sgd", "all")
+DP_AUDIT_LAYERS = ("central-dp", "local-dp", "distributed-dp", "dp-ftrl", "dp-sgd", "all")
 EXIT_DP_VIOLATED = 6
 DP_AUDIT_EXIT_CODES = """exit status:
   0    every lower bound is at most the epsilon its mechanism claims

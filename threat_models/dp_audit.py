@@ -1097,7 +1097,7 @@ def format_table(results: Sequence[AuditResult]) -> str:
     for r in results:
         ratio = r.epsilon_lower / r.epsilon_claimed if r.epsilon_claimed else float("nan")
         rows.append((r.mechanism, f"{r.epsilon_claimed:.3f}", f"{r.epsilon_lower:.3f}",
-                     f"{ratio:.2f}", f"{r.confidence:.2f}", str(r.trials), r.best.statistic,
+                     f"{ratio:.2f}", f"{r.confidence:.4g}", str(r.trials), r.best.statistic,
                      r.best.mode, "VIOLATED" if r.violated else "ok", r.canary))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
               for i, h in enumerate(head)]
@@ -1169,8 +1169,10 @@ EXIT_VIOLATED = 6
 DPSGD_TRIALS = 1000
 #: Releases per world of the multi-run DP-FedAvg audit by default.
 FEDAVG_TRIALS = 100_000
+#: Trees (of 8 rounds) per world of the DP-FTRL audit by default.
+FTRL_TRIALS = 250_000
 #: What ``secagg dp-audit --release`` audits the DP layers on.
 RELEASES = ("sum", "dp-fedavg")
 
 
-ALL_LAYERS = (*LAYER_NAMES, "dp-sgd")
+ALL_LAYERS = (*LAYER_NAMES, "dp-ftrl", "dp-sgd")

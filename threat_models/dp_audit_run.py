@@ -17,6 +17,7 @@ from threat_models.dp_audit import (
     DPSGD_TRIALS,
     EXIT_VIOLATED,
     FEDAVG_TRIALS,
+    FTRL_TRIALS,
     LAYER_NAMES,
     RELEASES,
     SURVIVOR_PATTERNS,
@@ -29,6 +30,7 @@ from threat_models.dp_audit import (
     plot_tradeoff,
 )
 from threat_models.dp_audit_fedavg import audit_fedavg, audit_fedavg_one_run
+from threat_models.dp_audit_tree import audit_tree
 
 __all__ = ["EXIT_VIOLATED", "main_cli", "run_audits"]
 
@@ -43,6 +45,7 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                survivors: Sequence[int | str] = SURVIVOR_PATTERNS,
                familywise: bool = False) -> list[AuditResult]:
     """Every requested audit: each layer (``central-dp``, ``local-dp``, ``distributed-dp``,
+    ``dp-ftrl`` (CentralDP's tree noise over 8 rounds, :mod:`threat_models.dp_audit_tree`),
     ``dp-sgd``) at each epsilon. DP-SGD's noise multiplier is calibrated to the epsilon for
     ``dpsgd_steps`` full-batch steps; ``one_run`` adds its one-run audit. ``mode``:
     ``"tight"`` (the GDP fit and the threshold tests) or ``"threshold"`` (assumption-free
@@ -76,6 +79,11 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                                           confidence=confidence, one_run=one_run,
                                           canaries=canaries, progress=progress, mode=mode,
                                           survivors=who)
+                continue
+            if name == "dp-ftrl":
+                out.append(audit_tree(epsilon=eps, delta=delta, trials=trials or FTRL_TRIALS,
+                                      seed=seed, confidence=confidence, progress=progress,
+                                      mode=mode))
                 continue
             if name == "dp-sgd":
                 from secagg.privacy.calibrate import calibrate
