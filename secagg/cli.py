@@ -869,7 +869,9 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    "threshold: the assumption-free threshold tests only (%(default)s)")
     d.add_argument("--trials", type=_ranged(int, 7, what="an integer >= 8"), default=None,
                    help="releases per world, without and with the canary (default: "
-                   "1000000 for the sums, 100000 for dp-fedavg, 1000 trainings for dp-sgd)")
+                   "1000000 for the sums (250000 for distributed-dp with all survivors), "
+                   "250000 trees for dp-ftrl, 100000 for dp-fedavg, 1000 trainings for "
+                   "dp-sgd)")
     d.add_argument("--seed", type=int, default=0,
                    help="seed of the auditor and of the layers' noise streams (%(default)s)")
     d.add_argument("--confidence", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=0.95,

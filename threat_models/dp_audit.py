@@ -77,6 +77,7 @@ __all__ = [
     "allowed_fnr",
     "audit",
     "audit_dpsgd",
+    "audit_modes",
     "audit_dpsgd_one_run",
     "audit_release",
     "audit_sum",
@@ -486,16 +487,34 @@ def audit(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
     mechanism is unknown) the first statistic also gets :func:`gdp_fit` (the tight
     bound, under the Gaussian-trade-off assumption of :mod:`threat_models.dp_audit_gdp`)
     at level :data:`GDP_ALPHA_SHARE` x (1 - confidence), the threshold tests sharing the
-    rest; ``mode="threshold"`` (default) runs the assumption-free threshold tests only, sharing
-    1 - confidence. The shares add up to 1 - confidence (Bonferroni), so the largest bound,
+    rest; ``mode="threshold"`` (default) runs the assumption-free threshold tests only,
+    sharing 1 - confidence. The shares add up to 1 - confidence (Bonferroni), so the largest bound,
     reported with the ``mode`` of the test that gave it, holds at ``confidence``.
 
     Raises:
         AuditError: bad parameters, or a release that returns the wrong number of trials.
     """
+    return audit_modes(draw, epsilon=epsilon, delta=delta, trials=trials,
+                       statistics=statistics, confidence=confidence, seed=seed,
+                       mechanism=mechanism, canary=canary, batch=batch, progress=progress,
+                       selection_fraction=selection_fraction, details=details,
+                       modes=(mode,))[mode]
+
+
+def audit_modes(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
+                trials: int = 1_000_000, statistics: Sequence[Statistic] | None = None,
+                confidence: float = 0.95, seed: int | None = 0, mechanism: str = "release",
+                canary: str = "canary", batch: int = 1 << 18, progress: bool | None = None,
+                selection_fraction: float = SELECTION_FRACTION,
+                details: dict[str, Any] | None = None, modes: Sequence[str] = MODES
+                ) -> dict[str, AuditResult]:
+    """:func:`audit` in each of ``modes`` on the same draws (one audit per mode, each at
+    ``confidence``; the benchmark compares the modes this way). Each result's ``seconds``
+    is the drawing time plus its own evaluation."""
     _check_claim(epsilon, delta, trials, confidence)
-    if mode not in MODES:
-        raise AuditError(f"mode must be one of {MODES}, got {mode!r}")
+    for mode in modes:
+        if mode not in MODES:
+            raise AuditError(f"mode must be one of {MODES}, got {mode!r}")
     stats_ = list(statistics) if statistics is not None else [shift_statistic()]
     if not stats_:
         raise AuditError("audit needs at least one test statistic")
@@ -518,7 +537,26 @@ def audit(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
         if bar is not None:
             bar.close()
     scores = [(s.score(worlds[0]), s.score(worlds[1])) for s in stats_]
-    alpha = 1.0 - confidence
+    drawn = time.perf_counter() - t0
+    out = {}
+    for mode in modes:
+        t1 = time.perf_counter()
+        tests = _tests(scores, stats_, mode, delta, 1.0 - confidence, selection_fraction)
+        lower = max(t.epsilon_lower for t in tests)
+        best = max(range(len(tests)), key=lambda i: tests[i].epsilon_lower)
+        names = [s.name for s in stats_]
+        s0, s1 = scores[names.index(tests[best].statistic)]
+        curve = tradeoff_curve(s0[int(s0.size * selection_fraction):],
+                               s1[int(s1.size * selection_fraction):], tests[best].side)
+        out[mode] = AuditResult(mechanism, float(epsilon), lower, float(delta),
+                                float(confidence), int(trials), canary, tests,
+                                drawn + time.perf_counter() - t1, dict(details or {}), curve)
+    return out
+
+
+def _tests(scores: list[tuple[np.ndarray, np.ndarray]], stats_: list[Statistic], mode: str,
+           delta: float, alpha: float, selection_fraction: float) -> list[TestOutcome]:
+    """The tests of ``mode`` on each statistic's scores, sharing ``alpha`` (Bonferroni)."""
     share = GDP_ALPHA_SHARE if mode == "tight" else 0.0
     tests = [threshold_test(s0, s1, delta=delta, alpha=alpha * (1.0 - share) / len(stats_),
                             selection_fraction=selection_fraction, statistic=s.name)
@@ -526,15 +564,7 @@ def audit(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
     if mode == "tight":
         tests.insert(0, gdp_fit(*scores[0], delta=delta, alpha=alpha * share,
                                 statistic=stats_[0].name))
-    lower = max(t.epsilon_lower for t in tests)
-    best = max(range(len(tests)), key=lambda i: tests[i].epsilon_lower)
-    names = [s.name for s in stats_]
-    s0, s1 = scores[names.index(tests[best].statistic)]
-    curve = tradeoff_curve(s0[int(s0.size * selection_fraction):],
-                           s1[int(s1.size * selection_fraction):], tests[best].side)
-    return AuditResult(mechanism, float(epsilon), lower, float(delta), float(confidence),
-                       int(trials), canary, tests, time.perf_counter() - t0,
-                       dict(details or {}), curve)
+    return tests
 
 
 def tradeoff_curve(without: np.ndarray, with_: np.ndarray, side: str = ">=",
@@ -1171,6 +1201,8 @@ DPSGD_TRIALS = 1000
 FEDAVG_TRIALS = 100_000
 #: Trees (of 8 rounds) per world of the DP-FTRL audit by default.
 FTRL_TRIALS = 250_000
+#: Releases per world of the command line's DistributedDP sum with all survivors.
+SURVIVORS_ALL_TRIALS = 250_000
 #: What ``secagg dp-audit --release`` audits the DP layers on.
 RELEASES = ("sum", "dp-fedavg")
 
