@@ -849,9 +849,11 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    help="claimed epsilon(s) to audit (default: 1 2 4)")
     d.add_argument("--delta", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=1e-5,
                    help="claimed delta (%(default)g)")
-    d.add_argument("--release", choices=("sum", "dp-fedavg"), default="sum",
-                   help="what the DP layers are audited on: a bare bounded sum, or one round "
-                   "of client-level DP-FedAvg with a canary update (%(default)s)")
+    d.add_argument("--release", choices=("sum", "dp-fedavg", "dp-fedavg-adaptive"),
+                   default="sum",
+                   help="what the DP layers are audited on: a bare bounded sum, one round "
+                   "of client-level DP-FedAvg with a canary update, or one with adaptive "
+                   "clipping (the update and the noised clip count) (%(default)s)")
     d.add_argument("--adjacency", choices=("record", "client"), default="record",
                    help="what the canary is: one record or one client (%(default)s)")
     d.add_argument("--mechanism", choices=("discrete_gaussian", "skellam"),

@@ -1204,7 +1204,7 @@ FTRL_TRIALS = 250_000
 #: Releases per world of the command line's DistributedDP sum with all survivors.
 SURVIVORS_ALL_TRIALS = 250_000
 #: What ``secagg dp-audit --release`` audits the DP layers on.
-RELEASES = ("sum", "dp-fedavg")
+RELEASES = ("sum", "dp-fedavg", "dp-fedavg-adaptive")
 
 
 ALL_LAYERS = (*LAYER_NAMES, "dp-ftrl", "dp-sgd")

@@ -42,7 +42,8 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                trials: int | None = None, seed: int = 0, clients: int | None = None,
                confidence: float = 0.95, one_run: bool = False, canaries: int = 1000,
                dpsgd_steps: int = 1, progress: bool | None = None,
-               release: Literal["sum", "dp-fedavg"] = "sum", mode: str = "tight",
+               release: Literal["sum", "dp-fedavg", "dp-fedavg-adaptive"] = "sum",
+               mode: str = "tight",
                survivors: Sequence[int | str] = SURVIVOR_PATTERNS,
                familywise: bool = False) -> list[AuditResult]:
     """Every requested audit: each layer (``central-dp``, ``local-dp``, ``distributed-dp``,
@@ -53,6 +54,10 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
     only). DistributedDP's sum is audited once per entry of ``survivors`` (default: the
     fewest survivors its secure sum accepts, and all of them; ``clients`` defaults to
     :data:`~threat_models.dp_audit.DEFAULT_CLIENTS`).
+
+    ``release="dp-fedavg-adaptive"`` audits one round of DP-FedAvg with adaptive clipping
+    (the update and the clip count released together,
+    :mod:`threat_models.dp_audit_adaptive`).
 
     ``release="dp-fedavg"`` audits the DP layers (client adjacency) on one round of
     client-level DP-FedAvg with a canary update (:mod:`threat_models.dp_audit_fedavg`;
@@ -73,13 +78,13 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
     out: list[AuditResult] = []
     for name in layers:
         for eps in epsilons:
-            if release == "dp-fedavg":
+            if release != "sum":
                 for who in (survivors if name == "distributed-dp" else ("fewest",)):
                     out += _fedavg_audits(name, eps, delta=delta, mechanism=mechanism,
                                           trials=trials, seed=seed, clients=clients,
                                           confidence=confidence, one_run=one_run,
                                           canaries=canaries, progress=progress, mode=mode,
-                                          survivors=who)
+                                          survivors=who, adaptive=release != "dp-fedavg")
                 continue
             if name == "dp-ftrl":
                 out.append(audit_tree(epsilon=eps, delta=delta, trials=trials or FTRL_TRIALS,
@@ -122,11 +127,19 @@ def _planned(name: str, release: str, survivors: Sequence[int | str], one_run: b
 def _fedavg_audits(name: str, eps: float, *, delta: float, mechanism: Any,
                    trials: int | None, seed: int, clients: int | None, confidence: float,
                    one_run: bool, canaries: int, progress: bool | None,
-                   mode: str, survivors: int | str) -> list[AuditResult]:
+                   mode: str, survivors: int | str, adaptive: bool = False
+                   ) -> list[AuditResult]:
     if name not in LAYER_NAMES:
         raise AuditError(f"DP-FedAvg is audited under the DP layers {', '.join(LAYER_NAMES)};"
                          f" {name!r} is not one (dp-sgd is record-level: audit it with "
                          "--release sum)")
+    if adaptive:  # the update and adaptive clipping's count, released together
+        from threat_models.dp_audit_adaptive import audit_adaptive
+
+        return [audit_adaptive(name, epsilon=eps, delta=delta, mechanism=mechanism,
+                               trials=trials or FEDAVG_TRIALS, seed=seed,
+                               clients=clients or DEFAULT_CLIENTS, confidence=confidence,
+                               progress=progress, mode=mode, survivors=survivors)]
     out = [audit_fedavg(name, epsilon=eps, delta=delta, mechanism=mechanism,
                         trials=trials or FEDAVG_TRIALS, seed=seed,
                         clients=clients or DEFAULT_CLIENTS, confidence=confidence,
