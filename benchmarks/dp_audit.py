@@ -33,6 +33,7 @@ from threat_models.dp_audit import (
     audit_dpsgd,
     audit_modes,
 )
+from threat_models.dp_audit_adaptive import AdaptiveRelease
 from threat_models.dp_audit_bugs import injected_audits
 from threat_models.dp_audit_fedavg import FedAvgRelease
 from threat_models.dp_audit_fields import FieldsRelease
@@ -75,22 +76,29 @@ def releases(eps: float, seed: int) -> list[tuple[str, Callable[[], Any]]]:
     for who in ("fewest", "all"):
         out.append(("dp-fedavg", lambda w=who: FedAvgRelease("distributed-dp", survivors=w,
                                                              **kw)))
+    for layer in ("central-dp", "local-dp", "distributed-dp"):
+        out.append(("adaptive", lambda lay=layer: AdaptiveRelease(lay, **kw)))
     return out
 
 
-def part1(epsilons: Sequence[float], trials: int, dpsgd_trials: int, seed: int) -> list[str]:
-    """The correct layers, both modes."""
+def part1(epsilons: Sequence[float], trials: int, dpsgd_trials: int, seed: int,
+          kinds: Sequence[str] | None = None) -> list[str]:
+    """The correct layers, both modes (only the release ``kinds`` given, if any)."""
     head = (f"{'release':<10} {'mechanism':<52} {'eps claimed':>11} {'tight lower':>11} "
             f"{'ratio':>5} {'thresh lower':>12} {'ratio':>5} {'trials':>8} "
             f"{'s tight':>7} {'s thresh':>8}")
     lines = [head, "-" * len(head)]
     for eps in epsilons:
         for kind, build in releases(eps, seed):
+            if kinds is not None and kind not in kinds:
+                continue
             rel = build()
             res = (_fedavg_both(rel, trials, seed) if kind == "dp-fedavg"
                    else _both(rel, trials, seed))
             lines.append(_row(kind, res["tight"], res["threshold"]))
             print(lines[-1], flush=True)
+        if kinds is not None and "dp-sgd" not in kinds:
+            continue
         from secagg.privacy.calibrate import calibrate
 
         z = calibrate(eps, 1e-5, rounds=1)
@@ -149,10 +157,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/dp_audit.txt")
+    ap.add_argument("--kinds", nargs="+", default=None,
+                    help="only these releases (sum fields dp-ftrl dp-fedavg adaptive dp-sgd), "
+                    "no injected bugs; the rows are appended to --out")
     a = ap.parse_args()
     t0 = time.perf_counter()
     load0 = os.getloadavg()
-    p1 = part1(a.epsilons, a.trials, a.dpsgd_trials, a.seed)
+    p1 = part1(a.epsilons, a.trials, a.dpsgd_trials, a.seed, a.kinds)
+    if a.kinds is not None:
+        load1 = os.getloadavg()
+        with a.out.open("a") as fh:
+            fh.write("\n".join([f"# appended: --kinds {' '.join(a.kinds)} --trials {a.trials}"
+                                f"; load {load0[0]:.1f} -> {load1[0]:.1f}, "
+                                f"{time.perf_counter() - t0:.0f} s", *p1[2:], ""]))
+        return
     p2 = part2(a.bug_trials, a.seed)
     load1 = os.getloadavg()
     total = time.perf_counter() - t0
