@@ -12,6 +12,13 @@ Ullman, Oprea 2020 and Nasr et al. 2021, 2023):
 
     epsilon >= eps_lb = max( ln((1 - delta - FNR) / FPR),  ln((1 - delta - FPR) / FNR) ).
 
+That is the **threshold** mode (assumption-free). The **tight** mode (:func:`gdp_fit`,
+:mod:`threat_models.dp_audit_gdp`) fits Gaussian DP to both worlds' whole score
+distributions and bounds mu from below; its epsilon assumes the Gaussian trade-off shape,
+which the layers' Gaussian, discrete-Gaussian and Skellam noise has. :func:`audit` runs the
+threshold tests (and, in ``mode="tight"``, the fit too, sharing the confidence);
+:func:`audit_modes` evaluates both modes on the same draws.
+
 The rates are measured, so the bound uses one-sided Clopper-Pearson upper bounds FPR_ub,
 FNR_ub (each at level alpha/2, so both hold with probability >= 1 - alpha, and then
 eps_lb computed from them is still below the true epsilon). The threshold of each test is
@@ -44,9 +51,12 @@ Audits here, apart from the pure math above:
   ``n``-coordinate release with the 1-coordinate release's plan (same noise level, ring
   and encoding per coordinate, checked against a scalar release through ``aggregate``).
 * :mod:`threat_models.dp_audit_fedavg` -- client-level DP-FedAvg with a crafted canary
-  (:mod:`threat_models.dp_audit_run` runs either, for ``secagg dp-audit``)
   update (multi-run and one-run), through the real clip, upload check, layer and server
-  step.
+  step; :mod:`threat_models.dp_audit_adaptive` -- the same with adaptive clipping's count;
+  :mod:`threat_models.dp_audit_tree` -- DP-FTRL's tree noise;
+  :mod:`threat_models.dp_audit_fields` -- several fields released together;
+  :mod:`threat_models.dp_audit_bugs` -- injected 10-30% miscalibrations
+  (:mod:`threat_models.dp_audit_run` runs them all, for ``secagg dp-audit``).
 * :func:`audit_dpsgd` (multi-run) and :func:`audit_dpsgd_one_run` (Steinke, Nasr and
   Jagielski, NeurIPS 2023) -- DP-SGD through :mod:`secagg.privacy.dpsgd` (Opacus) with
   gradient canaries.
