@@ -68,8 +68,8 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
     that with probability >= ``confidence`` no bound of the whole run is wrong, and a run
     over correct layers exits 0 (each row's ``confidence`` is then its own share). The
     tight mode's bound on an exactly calibrated Gaussian layer is above its claim with
-    probability close to 1 - its confidence, so without this a run of 15 audits at 0.95
-    each would flag some correct layer about half the time."""
+    probability close to 1 - its confidence, so without this a run of 18 audits at 0.95
+    each would often flag some correct layer."""
     if release not in RELEASES:
         raise AuditError(f"release must be one of {RELEASES}, got {release!r}")
     if familywise:
