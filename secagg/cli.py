@@ -1104,7 +1104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # Self-contained: the parser and a thin handler; the audits live in threat_models.dp_audit,
 # imported lazily (secagg never imports threat_models at module level).
 
-DP_AUDIT_LAYERS = ("central-dp", "local-dp", "distributed-dp", "dp-sgd", "all")
+DP_AUDIT_LAYERS = ("central-dp", "local-dp", "distributed-dp", "dp-ftrl", "dp-sgd", "all")
 EXIT_DP_VIOLATED = 6
 DP_AUDIT_EXIT_CODES = """exit status:
   0    every lower bound is at most the epsilon its mechanism claims
@@ -1148,9 +1148,11 @@ def _add_dp_audit_parser(sub: Any) -> None:
         help="measure a lower bound on each DP mechanism's epsilon",
         description="Empirical privacy audit (threat_models.dp_audit): run a DP mechanism\n"
         "many times without and with a worst-case canary (a record or client at its\n"
-        "bound), and turn the best distinguishing test's error rates into a lower bound\n"
-        "on epsilon (Clopper-Pearson). A lower bound above the claimed epsilon proves the\n"
-        "mechanism broken. The DP layers are audited on a bare bounded sum through their\n"
+        "bound), and turn how well the two worlds are told apart into a lower bound on\n"
+        "epsilon: --mode tight fits Gaussian DP to both worlds' whole distributions,\n"
+        "--mode threshold uses the best threshold test (Clopper-Pearson, assumption-free).\n"
+        "A lower bound above the claimed epsilon proves the mechanism broken. The DP\n"
+        "layers are audited on a bare bounded sum through their\n"
         "own noise paths; dp-sgd trains a linear model with Opacus and a gradient canary\n"
         "(record level; --adjacency, --mechanism and --clients apply to the sums).\n"
         "--release dp-fedavg audits the DP layers on one round of client-level DP-FedAvg\n"
@@ -1168,28 +1170,47 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    help="claimed epsilon(s) to audit (default: 1 2 4)")
     d.add_argument("--delta", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=1e-5,
                    help="claimed delta (%(default)g)")
-    d.add_argument("--release", choices=("sum", "dp-fedavg"), default="sum",
-                   help="what the DP layers are audited on: a bare bounded sum, or one round "
-                   "of client-level DP-FedAvg with a canary update (%(default)s)")
+    d.add_argument("--release", choices=("sum", "dp-fedavg", "dp-fedavg-adaptive"),
+                   default="sum",
+                   help="what the DP layers are audited on: a bare bounded sum, one round "
+                   "of client-level DP-FedAvg with a canary update, or one with adaptive "
+                   "clipping (the update and the noised clip count) (%(default)s)")
     d.add_argument("--adjacency", choices=("record", "client"), default="record",
                    help="what the canary is: one record or one client (%(default)s)")
     d.add_argument("--mechanism", choices=("discrete_gaussian", "skellam"),
                    default="discrete_gaussian",
                    help="distributed-dp's integer noise (%(default)s)")
     d.add_argument("--clients", type=_ranged(int, 0, what="a positive integer"), default=None,
-                   help="cohort size of the sum (default: 1; 2 for distributed-dp)")
+                   help="cohort size (default: 10, so distributed-dp's secure sum accepts "
+                   "fewer survivors than clients)")
+    d.add_argument("--survivors", choices=("fewest", "all", "both"), default="both",
+                   help="distributed-dp: audit the sum with the fewest survivors the secure "
+                   "sum accepts (the others drop), with all of them, or both (%(default)s)")
+    d.add_argument("--mode", choices=("tight", "threshold"), default="tight",
+                   help="tight: also fit Gaussian DP to both worlds' whole distributions "
+                   "(assumes the Gaussian trade-off shape, which the DP layers' noise has); "
+                   "threshold: the assumption-free threshold tests only (%(default)s)")
     d.add_argument("--trials", type=_ranged(int, 7, what="an integer >= 8"), default=None,
                    help="releases per world, without and with the canary (default: "
-                   "1000000 for the sums, 100000 for dp-fedavg, 1000 trainings for dp-sgd)")
+                   "1000000 for the sums (250000 for distributed-dp with all survivors), "
+                   "250000 trees for dp-ftrl, 100000 for dp-fedavg, 1000 trainings for "
+                   "dp-sgd)")
     d.add_argument("--seed", type=int, default=0,
                    help="seed of the auditor and of the layers' noise streams (%(default)s)")
     d.add_argument("--confidence", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=0.95,
-                   help="confidence of the lower bounds (%(default)g)")
+                   help="confidence of the whole run's lower bounds together, split between "
+                   "its audits (Bonferroni; each row shows its share) (%(default)g)")
     d.add_argument("--one-run", action="store_true",
                    help="dp-sgd and --release dp-fedavg: also audit in one run with many "
                    "canaries (Steinke et al. 2023)")
     d.add_argument("--canaries", type=_ranged(int, 1, what="an integer >= 2"), default=1000,
                    help="--one-run: canaries in the run (%(default)s)")
+    d.add_argument("--inject", action="append", default=None,
+                   choices=("share-count", "stale-bound", "dropped-field-share",
+                            "delta-mixup", "all"),
+                   help="audit a layer with an injected 20-30%% miscalibration instead of the "
+                   "correct layers (repeatable; threat_models.dp_audit_bugs): the audit must "
+                   "exit 6")
     d.add_argument("--json", action="store_true",
                    help="print JSON rows (mechanism, epsilon_claimed, epsilon_lower, "
                    "confidence, trials, canary, ...) instead of the table")

@@ -25,10 +25,13 @@ LAYERS = ["central-dp", "local-dp", "distributed-dp"]
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_multi_run_is_sound_and_measures_something(layer: str) -> None:
-    res = audit_fedavg(layer, epsilon=2.0, trials=100_000, seed=3, progress=False)
-    assert res.epsilon_claimed == 2.0
+    # the tight mode's bound on an exactly calibrated Gaussian is above the claim with
+    # probability about 1 - confidence, so soundness is asserted at 0.999
+    res = audit_fedavg(layer, epsilon=2.0, trials=100_000, seed=3, progress=False,
+                       confidence=0.999)
+    assert res.epsilon_claimed == pytest.approx(2.0, rel=2e-3)
     assert res.details["adjacency"] == "client" and res.details["clip"] == 1.0
-    assert res.epsilon_lower <= 2.0, res.row()
+    assert res.epsilon_lower <= res.epsilon_claimed, res.row()
     # the canary update is seen: far from 0 at this trial count
     assert res.epsilon_lower >= 0.3 * 2.0, res.row()
 
@@ -61,11 +64,10 @@ def test_batched_release_has_the_law_of_the_real_round(layer: str) -> None:
     from secagg.messages import Upload
     from secagg.privacy.accountant import PrivacyLedger
 
-    # DistributedDP: every client of the cohort must survive, so that a real round adds
-    # the noise of the batched release's survivors
-    kw = {"threshold": 4} if layer == "distributed-dp" else {}
-    rel = FedAvgRelease(layer, epsilon=1.0, seed=5, **kw)
-    assert rel.survivors == 4
+    # DistributedDP: every client of the cohort survives (a real round adds the noise of
+    # the batched release's survivors)
+    rel = FedAvgRelease(layer, epsilon=1.0, seed=5, clients=4, survivors="all")
+    assert rel.survivors == (0, 1, 2, 3)
     n = 120 if layer == "distributed-dp" else 1500
     batched = rel(True, n, np.random.default_rng(0)) @ rel.direction
     ups = {c: Upload.validate(rel.spec, {"update": v}, c, 1)

@@ -12,6 +12,13 @@ Ullman, Oprea 2020 and Nasr et al. 2021, 2023):
 
     epsilon >= eps_lb = max( ln((1 - delta - FNR) / FPR),  ln((1 - delta - FPR) / FNR) ).
 
+That is the **threshold** mode (assumption-free). The **tight** mode (:func:`gdp_fit`,
+:mod:`threat_models.dp_audit_gdp`) fits Gaussian DP to both worlds' whole score
+distributions and bounds mu from below; its epsilon assumes the Gaussian trade-off shape,
+which the layers' Gaussian, discrete-Gaussian and Skellam noise has. :func:`audit` runs the
+threshold tests (and, in ``mode="tight"``, the fit too, sharing the confidence);
+:func:`audit_modes` evaluates both modes on the same draws.
+
 The rates are measured, so the bound uses one-sided Clopper-Pearson upper bounds FPR_ub,
 FNR_ub (each at level alpha/2, so both hold with probability >= 1 - alpha, and then
 eps_lb computed from them is still below the true epsilon). The threshold of each test is
@@ -44,9 +51,12 @@ Audits here, apart from the pure math above:
   ``n``-coordinate release with the 1-coordinate release's plan (same noise level, ring
   and encoding per coordinate, checked against a scalar release through ``aggregate``).
 * :mod:`threat_models.dp_audit_fedavg` -- client-level DP-FedAvg with a crafted canary
-  (:mod:`threat_models.dp_audit_run` runs either, for ``secagg dp-audit``)
   update (multi-run and one-run), through the real clip, upload check, layer and server
-  step.
+  step; :mod:`threat_models.dp_audit_adaptive` -- the same with adaptive clipping's count;
+  :mod:`threat_models.dp_audit_tree` -- DP-FTRL's tree noise;
+  :mod:`threat_models.dp_audit_fields` -- several fields released together;
+  :mod:`threat_models.dp_audit_bugs` -- injected 10-30% miscalibrations
+  (:mod:`threat_models.dp_audit_run` runs them all, for ``secagg dp-audit``).
 * :func:`audit_dpsgd` (multi-run) and :func:`audit_dpsgd_one_run` (Steinke, Nasr and
   Jagielski, NeurIPS 2023) -- DP-SGD through :mod:`secagg.privacy.dpsgd` (Opacus) with
   gradient canaries.
@@ -66,7 +76,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from scipy import stats
 
-from secagg.errors import PrivacyError
+from threat_models.dp_audit_gdp import AuditError, epsilon_for_mu
 
 __all__ = [
     "AuditError",
@@ -77,6 +87,7 @@ __all__ = [
     "allowed_fnr",
     "audit",
     "audit_dpsgd",
+    "audit_modes",
     "audit_dpsgd_one_run",
     "audit_release",
     "audit_sum",
@@ -94,12 +105,14 @@ __all__ = [
 ]
 
 DEFAULT_DELTA = 1e-5
+#: Audit modes: ``tight`` (the GDP test and the threshold tests), ``threshold`` (the
+#: assumption-free threshold tests only).
+MODES = ("tight", "threshold")
+#: In the tight mode, the share of 1 - confidence spent on the GDP fit (the threshold
+#: tests, which catch non-Gaussian defects such as a biased low bit, share the rest).
+GDP_ALPHA_SHARE = 0.8
 #: Fraction of each world's trials used to choose the test's threshold (the rest measure it).
 SELECTION_FRACTION = 0.25
-
-
-class AuditError(PrivacyError):
-    """An audit that cannot be run as asked (bad parameters, an inconsistent release)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -267,6 +280,11 @@ class TestOutcome:
         threshold: the threshold chosen on the selection split.
         side: ``">="`` (say "canary" at or above the threshold) or ``"<="``.
         false_pos, n_without, false_neg, n_with: the evaluation split's error counts.
+        mode: ``"threshold"`` (the assumption-free (epsilon, delta) bound of the test) or
+            ``"gdp"`` (the tight mode: a lower bound ``mu_lower`` on the Gaussian-DP
+            parameter, turned into epsilon on the Gaussian trade-off curve,
+            :mod:`threat_models.dp_audit_gdp`).
+        mu_lower: the GDP mode's lower bound on mu (None in threshold mode).
     """
 
     statistic: str
@@ -277,6 +295,8 @@ class TestOutcome:
     n_without: int
     false_neg: int
     n_with: int
+    mode: str = "threshold"
+    mu_lower: float | None = None
 
 
 def _counts(without: np.ndarray, with_: np.ndarray, thresholds: np.ndarray
@@ -338,6 +358,41 @@ def threshold_test(without: np.ndarray, with_: np.ndarray, *, delta: float, alph
     return TestOutcome(statistic, eps, t, side, fp, n0e, fn, n1e)
 
 
+def gdp_fit(without: np.ndarray, with_: np.ndarray, *, delta: float, alpha: float,
+            statistic: str = "score") -> TestOutcome:
+    """The tight mode's test: fit Gaussian DP to both worlds' whole score distributions.
+
+    Under the Gaussian-shift model of :mod:`threat_models.dp_audit_gdp` (each world's score
+    is normal with a common standard deviation, so the trade-off curve is G_mu with mu the
+    mean shift over that deviation), mu is estimated from every trial,
+    ``mu_hat = (mean_with - mean_without) / s_pooled``, and bounded below one-sided at level
+    ``alpha`` with its standard error ``sqrt(1/n0 + 1/n1 + mu_hat^2 / (2 (n0 + n1 - 2)))``
+    (normal approximation; n0, n1 >= 10^4 in every audit the command line runs). The
+    epsilon is :func:`~threat_models.dp_audit_gdp.epsilon_for_mu` (mu_lb, delta). This is
+    the maximum-likelihood fit of the probit ROC ``Phi^-1(TPR) = Phi^-1(FPR) + mu`` over all
+    thresholds at once, hence the tightest bound 10^6 trials allow (its error is about
+    sqrt(2 / trials) in mu)."""
+    s0 = np.asarray(without, dtype=np.float64).ravel()
+    s1 = np.asarray(with_, dtype=np.float64).ravel()
+    n0, n1 = s0.size, s1.size
+    if min(n0, n1) < 8:
+        raise AuditError(f"too few trials ({n0}, {n1}) for the GDP fit; use more trials")
+    _check_alpha(alpha)
+    m0, m1 = float(np.mean(s0)), float(np.mean(s1))
+    var = (float(np.var(s0, ddof=1)) * (n0 - 1) + float(np.var(s1, ddof=1)) * (n1 - 1)) \
+        / (n0 + n1 - 2)
+    if not (math.isfinite(var) and math.isfinite(m1 - m0)):
+        raise AuditError(f"{statistic}: the scores are not finite")
+    if var == 0.0:  # noise-free: the worlds are told apart exactly unless they coincide
+        mu = float("inf") if m1 > m0 else 0.0
+    else:
+        mu_hat = (m1 - m0) / math.sqrt(var)
+        se = math.sqrt(1.0 / n0 + 1.0 / n1 + mu_hat * mu_hat / (2.0 * (n0 + n1 - 2)))
+        mu = max(0.0, mu_hat - float(stats.norm.isf(alpha)) * se)
+    eps = float("inf") if math.isinf(mu) else epsilon_for_mu(mu, delta)
+    return TestOutcome(statistic, eps, float("nan"), "mean", 0, n0, 0, n1, "gdp", mu)
+
+
 # ---------------------------------------------------------------------------------------
 # Generic audits of a release.
 
@@ -360,7 +415,8 @@ class AuditResult:
         confidence: 1 - alpha.
         trials: releases per world (without / with canary).
         canary: the canary, in words.
-        tests: each statistic's outcome (each at level alpha / len(tests)).
+        tests: each test's outcome (each at level alpha / len(tests)); its ``mode`` says
+            which bound it is (``gdp``: tight, ``threshold``: assumption-free).
         seconds: wall time of the audit.
         details: facts of the mechanism (noise std, ring bits, ...).
         curve: the best statistic's empirical trade-off curve on the evaluation split
@@ -395,7 +451,8 @@ class AuditResult:
             "mechanism": self.mechanism, "epsilon_claimed": self.epsilon_claimed,
             "epsilon_lower": self.epsilon_lower, "delta": self.delta,
             "confidence": self.confidence, "trials": self.trials, "canary": self.canary,
-            "test": self.best.statistic, "violated": self.violated,
+            "test": self.best.statistic, "mode": self.best.mode,
+            "mu_lower": self.best.mu_lower, "violated": self.violated,
             "ratio": self.epsilon_lower / self.epsilon_claimed if self.epsilon_claimed else None,
             "tests": [dataclasses.asdict(t) for t in self.tests],
             "seconds": round(self.seconds, 3), "details": self.details,
@@ -428,20 +485,46 @@ def audit(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
           confidence: float = 0.95, seed: int | None = 0, mechanism: str = "release",
           canary: str = "canary", batch: int = 1 << 18, progress: bool | None = None,
           selection_fraction: float = SELECTION_FRACTION,
-          details: dict[str, Any] | None = None) -> AuditResult:
+          details: dict[str, Any] | None = None, mode: str = "threshold") -> AuditResult:
     """Audit a batched release against its claim (epsilon, delta).
 
     ``draw(with_canary, n, rng)`` returns n independent releases of the mechanism on the
     canary-free (False) or canary (True) input, first axis trials. Each world gets
     ``trials`` releases, drawn in batches of ``batch`` with ``rng`` seeded from (``seed``,
     world, batch) (the mechanism may use its own generator for its noise). Every statistic
-    (default: :func:`shift_statistic`) is tested with :func:`threshold_test` at level
-    (1 - confidence) / len(statistics); the result's bound is the largest.
+    (default: :func:`shift_statistic`) is tested with :func:`threshold_test`; in
+    ``mode="tight"`` (for the Gaussian-family layers; not the default here, where the
+    mechanism is unknown) the first statistic also gets :func:`gdp_fit` (the tight
+    bound, under the Gaussian-trade-off assumption of :mod:`threat_models.dp_audit_gdp`)
+    at level :data:`GDP_ALPHA_SHARE` x (1 - confidence), the threshold tests sharing the
+    rest; ``mode="threshold"`` (default) runs the assumption-free threshold tests only,
+    sharing 1 - confidence. The shares add up to 1 - confidence (Bonferroni), so the largest bound,
+    reported with the ``mode`` of the test that gave it, holds at ``confidence``.
 
     Raises:
         AuditError: bad parameters, or a release that returns the wrong number of trials.
     """
+    return audit_modes(draw, epsilon=epsilon, delta=delta, trials=trials,
+                       statistics=statistics, confidence=confidence, seed=seed,
+                       mechanism=mechanism, canary=canary, batch=batch, progress=progress,
+                       selection_fraction=selection_fraction, details=details,
+                       modes=(mode,))[mode]
+
+
+def audit_modes(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
+                trials: int = 1_000_000, statistics: Sequence[Statistic] | None = None,
+                confidence: float = 0.95, seed: int | None = 0, mechanism: str = "release",
+                canary: str = "canary", batch: int = 1 << 18, progress: bool | None = None,
+                selection_fraction: float = SELECTION_FRACTION,
+                details: dict[str, Any] | None = None, modes: Sequence[str] = MODES
+                ) -> dict[str, AuditResult]:
+    """:func:`audit` in each of ``modes`` on the same draws (one audit per mode, each at
+    ``confidence``; the benchmark compares the modes this way). Each result's ``seconds``
+    is the drawing time plus its own evaluation."""
     _check_claim(epsilon, delta, trials, confidence)
+    for mode in modes:
+        if mode not in MODES:
+            raise AuditError(f"mode must be one of {MODES}, got {mode!r}")
     stats_ = list(statistics) if statistics is not None else [shift_statistic()]
     if not stats_:
         raise AuditError("audit needs at least one test statistic")
@@ -463,19 +546,35 @@ def audit(draw: BatchRelease, *, epsilon: float, delta: float = DEFAULT_DELTA,
     finally:
         if bar is not None:
             bar.close()
-    alpha = (1.0 - confidence) / len(stats_)
     scores = [(s.score(worlds[0]), s.score(worlds[1])) for s in stats_]
-    tests = [threshold_test(s0, s1, delta=delta, alpha=alpha,
+    drawn = time.perf_counter() - t0
+    out = {}
+    for mode in modes:
+        t1 = time.perf_counter()
+        tests = _tests(scores, stats_, mode, delta, 1.0 - confidence, selection_fraction)
+        lower = max(t.epsilon_lower for t in tests)
+        best = max(range(len(tests)), key=lambda i: tests[i].epsilon_lower)
+        names = [s.name for s in stats_]
+        s0, s1 = scores[names.index(tests[best].statistic)]
+        curve = tradeoff_curve(s0[int(s0.size * selection_fraction):],
+                               s1[int(s1.size * selection_fraction):], tests[best].side)
+        out[mode] = AuditResult(mechanism, float(epsilon), lower, float(delta),
+                                float(confidence), int(trials), canary, tests,
+                                drawn + time.perf_counter() - t1, dict(details or {}), curve)
+    return out
+
+
+def _tests(scores: list[tuple[np.ndarray, np.ndarray]], stats_: list[Statistic], mode: str,
+           delta: float, alpha: float, selection_fraction: float) -> list[TestOutcome]:
+    """The tests of ``mode`` on each statistic's scores, sharing ``alpha`` (Bonferroni)."""
+    share = GDP_ALPHA_SHARE if mode == "tight" else 0.0
+    tests = [threshold_test(s0, s1, delta=delta, alpha=alpha * (1.0 - share) / len(stats_),
                             selection_fraction=selection_fraction, statistic=s.name)
              for s, (s0, s1) in zip(stats_, scores, strict=True)]
-    lower = max(t.epsilon_lower for t in tests)
-    best = max(range(len(tests)), key=lambda i: tests[i].epsilon_lower)
-    s0, s1 = scores[best]
-    curve = tradeoff_curve(s0[int(s0.size * selection_fraction):],
-                           s1[int(s1.size * selection_fraction):], tests[best].side)
-    return AuditResult(mechanism, float(epsilon), lower, float(delta), float(confidence),
-                       int(trials), canary, tests, time.perf_counter() - t0,
-                       dict(details or {}), curve)
+    if mode == "tight":
+        tests.insert(0, gdp_fit(*scores[0], delta=delta, alpha=alpha * share,
+                                statistic=stats_[0].name))
+    return tests
 
 
 def tradeoff_curve(without: np.ndarray, with_: np.ndarray, side: str = ">=",
@@ -559,6 +658,36 @@ def make_layer(name: str, *, epsilon: float, delta: float = DEFAULT_DELTA,
     raise AuditError(f"unknown DP layer {name!r}; one of {', '.join(LAYER_NAMES)}")
 
 
+#: Cohort of the audited sums by default: large enough that DistributedDP's secure sum
+#: accepts fewer survivors than clients (7 of 10 at threshold 0.7).
+DEFAULT_CLIENTS = 10
+#: Which survivors DistributedDP is audited with by default: the fewest the secure sum
+#: accepts (the least noise) and all of them (the ledger's smallest charge).
+SURVIVOR_PATTERNS = ("fewest", "all")
+
+
+def dropout_pattern(clients: int, fewest: int, survivors: int | str,
+                    seed: int | None) -> tuple[int, ...]:
+    """The surviving clients of a cohort of ``clients`` (ids 0..clients-1): ``"fewest"``
+    (``fewest``, the least the secure sum accepts), ``"all"``, or a count in between.
+    Client 0 (the canary's) always survives; which others drop is drawn by ``seed``, so
+    the audit exercises dropouts anywhere in the cohort, not only at its end."""
+    if survivors == "fewest":
+        k = fewest
+    elif survivors == "all":
+        k = clients
+    elif isinstance(survivors, int) and not isinstance(survivors, bool):
+        k = survivors
+    else:
+        raise AuditError(f"survivors must be 'fewest', 'all' or a count, got {survivors!r}")
+    if not fewest <= k <= clients:
+        raise AuditError(f"survivors must be between the fewest the secure sum accepts "
+                         f"({fewest}) and the cohort ({clients}), got {k}")
+    rng = np.random.default_rng([0 if seed is None else seed, 31, clients, k])
+    others = rng.choice(np.arange(1, clients), size=k - 1, replace=False)
+    return (0, *sorted(int(c) for c in others))
+
+
 class LayerClaim:
     """The (epsilon, delta) a release's DP layer (``self.layer``) claims for its one
     release: what an audit of that release tests."""
@@ -610,20 +739,25 @@ class SumRelease(LayerClaim):
     the size; checked), LocalDP through ``noise_plan``/``noise_upload``, DistributedDP
     through ``release_plan`` (of the scalar spec: scales, z, share std, ring) and then
     ``encode_noised`` per surviving client, the ring sum, and ``finish`` -- with only the
-    fewest survivors the secure sum accepts contributing (the least noise).
+    ``survivors`` (by default the fewest the secure sum accepts: the least noise)
+    contributing and the others dropped.
 
     Args:
         layer: a CentralDP, LocalDP or DistributedDP layer planned for one release (or a
             name for :func:`make_layer` with ``layer_kwargs``).
         bound: the L2 bound of one contribution.
-        clients: the cohort size (DistributedDP sizes each share for its survivors);
-            default 1, and 2 for DistributedDP (a secure sum needs two clients).
+        clients: the cohort size (DistributedDP sizes each share for the fewest survivors
+            its secure sum accepts); default :data:`DEFAULT_CLIENTS`.
         canary_scale: the canary's raw value over the bound (> 1: a value the clip must
             bring back to the bound).
+        survivors: DistributedDP only: who contributes to the sum (:func:`dropout_pattern`:
+            ``"fewest"``, ``"all"`` or a count; the canary's client always survives). The
+            claim is then what the layer's ``finish`` charges for those survivors.
     """
 
     def __init__(self, layer: Any, *, bound: float = 1.0, clients: int | None = None,
-                 canary_scale: float = 1.0, **layer_kwargs: Any) -> None:
+                 canary_scale: float = 1.0, survivors: int | str = "fewest",
+                 **layer_kwargs: Any) -> None:
         from secagg.messages import Bound, Field, Upload, UploadSpec
         from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
 
@@ -636,8 +770,8 @@ class SumRelease(LayerClaim):
                              f"{type(layer).__name__}")
         if not (math.isfinite(bound) and bound > 0):
             raise AuditError(f"bound must be a positive number, got {bound!r}")
-        if clients is None:  # the smallest cohort: a secure sum needs two clients
-            clients = 2 if isinstance(layer, DistributedDP) else 1
+        if clients is None:
+            clients = DEFAULT_CLIENTS
         if not (isinstance(clients, int) and clients >= 1):
             raise AuditError(f"clients must be a positive integer, got {clients!r}")
         if not (math.isfinite(canary_scale) and canary_scale > 0):
@@ -655,8 +789,12 @@ class SumRelease(LayerClaim):
         self.canary_value = float(clipped[FIELD][0])
         self._round = 0
         self.step = 0.0
+        self.survivors: tuple[int, ...] = tuple(range(clients))
+        self._claim: float | None = None
         if self.kind == "distributed":
             self._plan = layer.release_plan(self.spec, clients)
+            self.survivors = dropout_pattern(clients, self._plan.worst, survivors,
+                                             layer.seed)
             scale = self._plan.scales[FIELD]
             self.step = math.ldexp(1.0, -scale)
             # on the encoding's grid (what the sum carries), with an odd integer shift
@@ -667,14 +805,25 @@ class SumRelease(LayerClaim):
         elif self.kind == "local":
             self._sigmas, _ = layer.noise_plan(self.spec)
         self.scalar_notes = self._scalar_release()
+        if self.kind == "distributed":
+            self._claim = self._survivors_claim()
 
     # -- facts --------------------------------------------------------------------------
 
     @property
+    def epsilon(self) -> float:
+        """The claimed epsilon: the layer's; for DistributedDP what its ledger charges for
+        the release with these survivors (more survivors, more noise, a smaller charge)."""
+        return float(self.layer.epsilon) if self._claim is None else self._claim
+
+    @property
     def mechanism(self) -> str:
-        """The layer's name (with the integer mechanism for DistributedDP)."""
+        """The layer's name (with the integer mechanism and the survivors for
+        DistributedDP)."""
         name = self.layer.name
-        return f"{name}/{self.layer.mechanism}" if self.kind == "distributed" else name
+        if self.kind != "distributed":
+            return name
+        return f"{name}/{self.layer.mechanism} ({len(self.survivors)} of {self.clients})"
 
     @property
     def canary(self) -> str:
@@ -697,9 +846,21 @@ class SumRelease(LayerClaim):
                                "sigma": notes["fields"][FIELD]["sigma"],
                                "adjacency": self.layer.adjacency, "clients": self.clients}
         if self.kind == "distributed":
-            out.update(ring_bits=notes.get("ring_bits"), survivors=notes.get("survivors"),
+            out.update(ring_bits=notes.get("ring_bits"), survivors=len(self.survivors),
+                       survivor_ids=list(self.survivors), min_survivors=self._plan.worst,
+                       share_std=self._plan.share_std.get(FIELD),
+                       sigma=notes["target_sigma"][FIELD]
+                       * math.sqrt(len(self.survivors) / self._plan.worst),
                        scale_bits=notes.get("scale_bits", {}).get(FIELD))
         return out
+
+    def _survivors_claim(self) -> float:
+        """What the layer's own ``finish`` charges the ledger for a release with these
+        survivors (the events of the noise they actually added), as epsilon at delta."""
+        ctx = self._ctx()
+        self.layer.finish(self._plan, self.spec, np.zeros(1, dtype=np.uint64),
+                          self.survivors, ctx, ctx.privacy, True)
+        return float(ctx.privacy.epsilon(self.delta))
 
     # -- the release --------------------------------------------------------------------
 
@@ -760,10 +921,10 @@ class SumRelease(LayerClaim):
         plan = self._plan
         wide_field = dataclasses.replace(plan.additive[0], shape=(values.size,))
         rel = dataclasses.replace(plan, additive=(wide_field,), noised=(wide_field,))
-        survivors = tuple(range(plan.worst))
+        survivors = self.survivors
         mask = (1 << plan.ring_bits) - 1
         ring = np.zeros(values.size, dtype=np.uint64)
-        for c in survivors:  # client 0 holds the canary, the others 0
+        for c in survivors:  # client 0 holds the canary, the others 0; the rest dropped
             mine = values if c == 0 else np.zeros_like(values)
             src = noise_source(self.layer.seed, ctx.round, PHASE, c)
             ring += self.layer.encode_noised(rel, {FIELD: mine}, src.rng)  # wraps mod 2^64
@@ -771,11 +932,12 @@ class SumRelease(LayerClaim):
             ring &= np.uint64(mask)
         agg = self.layer.finish(rel, spec, ring, survivors, ctx, ctx.privacy, True)
         # the scalar release had every client contribute; compare the noise each share
-        # was sized for (the fewest survivors' total), which is what the survivors add
+        # was sized for (the fewest survivors' total), and what these survivors add
         self._same_sigma(agg.notes["dp"]["target_sigma"][FIELD],
                          self.scalar_notes["target_sigma"][FIELD])
         self._same_sigma(agg.notes["dp"]["fields"][FIELD]["sigma"],
-                         self.scalar_notes["target_sigma"][FIELD])
+                         self.scalar_notes["target_sigma"][FIELD]
+                         * math.sqrt(len(survivors) / plan.worst))
         return np.asarray(agg.sums[FIELD], dtype=np.float64)
 
     def _reference_notes(self) -> dict[str, Any]:
@@ -787,7 +949,8 @@ def audit_sum(layer: Any = "central-dp", *, epsilon: float | None = None,
               mechanism: Literal["discrete_gaussian", "skellam"] = "discrete_gaussian",
               trials: int = 1_000_000, seed: int | None = 0, clients: int | None = None,
               bound: float = 1.0, canary_scale: float = 1.0, confidence: float = 0.95,
-              threshold: float = 0.7, progress: bool | None = None) -> AuditResult:
+              threshold: float = 0.7, progress: bool | None = None,
+              survivors: int | str = "fewest", mode: str = "tight") -> AuditResult:
     """Audit a DP layer on a bare bounded sum (:class:`SumRelease`) against its claim.
 
     ``layer``: a layer name (built by :func:`make_layer` with ``epsilon``, ``delta``,
@@ -799,14 +962,16 @@ def audit_sum(layer: Any = "central-dp", *, epsilon: float | None = None,
         if epsilon is None:
             raise AuditError(f"audit_sum({layer!r}) needs epsilon")
         release = SumRelease(layer, bound=bound, clients=clients, canary_scale=canary_scale,
-                             epsilon=epsilon, delta=delta, adjacency=adjacency,
-                             mechanism=mechanism, threshold=threshold, seed=seed)
+                             survivors=survivors, epsilon=epsilon, delta=delta,
+                             adjacency=adjacency, mechanism=mechanism, threshold=threshold,
+                             seed=seed)
     else:
-        release = SumRelease(layer, bound=bound, clients=clients, canary_scale=canary_scale)
+        release = SumRelease(layer, bound=bound, clients=clients, canary_scale=canary_scale,
+                             survivors=survivors)
     return audit(release, epsilon=release.epsilon, delta=release.delta, trials=trials,
                  statistics=release.statistics, confidence=confidence, seed=seed,
                  mechanism=release.mechanism, canary=release.canary, progress=progress,
-                 details=release.details())
+                 details=release.details(), mode=mode)
 
 
 # ---------------------------------------------------------------------------------------
@@ -891,11 +1056,13 @@ def _dpsgd_claim(noise_multiplier: float, steps: int, delta: float) -> float:
 def audit_dpsgd(*, noise_multiplier: float, max_grad_norm: float = 1.0, steps: int = 1,
                 delta: float = DEFAULT_DELTA, trials: int = 400, seed: int = 0,
                 canary_norm: float = 10.0, records: int = 8, lr: float = 0.1,
-                confidence: float = 0.95, progress: bool | None = None) -> AuditResult:
+                confidence: float = 0.95, progress: bool | None = None,
+                mode: str = "tight") -> AuditResult:
     """Multi-run audit of DP-SGD (record level): ``trials`` trainings without and with one
     gradient canary (:func:`_dpsgd_run`), the test statistic the canary coordinate's total
     update. The claim is the ledger's epsilon for the trainings' event (full batch,
-    ``steps`` steps at ``noise_multiplier``). Every training is real Opacus (per-sample
+    ``steps`` steps at ``noise_multiplier``: no sampling, so the update is Gaussian and the
+    tight ``mode`` applies). Every training is real Opacus (per-sample
     clipping, noise from secagg's generator seeded per run)."""
     from secagg.privacy.dpsgd import DPSGD
 
@@ -912,7 +1079,7 @@ def audit_dpsgd(*, noise_multiplier: float, max_grad_norm: float = 1.0, steps: i
     res = audit_release(release, epsilon=claimed, delta=delta, trials=trials, seed=seed,
                         confidence=confidence, mechanism="dp-sgd",
                         canary=f"gradient canary (norm {canary_norm:g} before the clip "
-                               f"{max_grad_norm:g})", progress=progress,
+                               f"{max_grad_norm:g})", progress=progress, mode=mode,
                         details={"noise_multiplier": noise_multiplier, "steps": steps,
                                  "max_grad_norm": max_grad_norm, "sampling_rate": 1.0})
     return res
@@ -965,13 +1132,13 @@ def audit_dpsgd_one_run(*, noise_multiplier: float, max_grad_norm: float = 1.0,
 def format_table(results: Sequence[AuditResult]) -> str:
     """A plain-text table: one row per audit."""
     head = ("mechanism", "eps claimed", "eps lower", "ratio", "conf", "trials", "test",
-            "verdict", "canary")
+            "mode", "verdict", "canary")
     rows = []
     for r in results:
         ratio = r.epsilon_lower / r.epsilon_claimed if r.epsilon_claimed else float("nan")
         rows.append((r.mechanism, f"{r.epsilon_claimed:.3f}", f"{r.epsilon_lower:.3f}",
-                     f"{ratio:.2f}", f"{r.confidence:.2f}", str(r.trials), r.best.statistic,
-                     "VIOLATED" if r.violated else "ok", r.canary))
+                     f"{ratio:.2f}", f"{r.confidence:.4g}", str(r.trials), r.best.statistic,
+                     r.best.mode, "VIOLATED" if r.violated else "ok", r.canary))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
               for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
@@ -1042,8 +1209,12 @@ EXIT_VIOLATED = 6
 DPSGD_TRIALS = 1000
 #: Releases per world of the multi-run DP-FedAvg audit by default.
 FEDAVG_TRIALS = 100_000
+#: Trees (of 8 rounds) per world of the DP-FTRL audit by default.
+FTRL_TRIALS = 250_000
+#: Releases per world of the command line's DistributedDP sum with all survivors.
+SURVIVORS_ALL_TRIALS = 250_000
 #: What ``secagg dp-audit --release`` audits the DP layers on.
-RELEASES = ("sum", "dp-fedavg")
+RELEASES = ("sum", "dp-fedavg", "dp-fedavg-adaptive")
 
 
-ALL_LAYERS = (*LAYER_NAMES, "dp-sgd")
+ALL_LAYERS = (*LAYER_NAMES, "dp-ftrl", "dp-sgd")

@@ -53,17 +53,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from threat_models.dp_audit import (
+    DEFAULT_CLIENTS,
     DEFAULT_DELTA,
     AuditError,
     AuditResult,
     LayerClaim,
     TestOutcome,
     audit,
+    dropout_pattern,
     make_layer,
     one_run_epsilon,
     shift_statistic,
@@ -150,7 +153,9 @@ class FedAvgRelease(LayerClaim):
         clip: the clip bound C.
         dim: the model size (entries of the update).
         clients: the sampled cohort (the canary client and ``clients - 1`` background
-            clients); DistributedDP's sum has the fewest survivors the secure sum accepts,
+            clients); DistributedDP's sum has ``survivors`` of them
+            (:func:`~threat_models.dp_audit.dropout_pattern`: by default the fewest the
+            secure sum accepts; the claim is then what ``finish`` charges for them),
             the canary among them.
         canary_norm: the canary's update norm before the clip, over C (> 1).
         background_norm: the background updates' norm before the clip, over C.
@@ -162,7 +167,8 @@ class FedAvgRelease(LayerClaim):
 
     def __init__(self, layer: Any = "central-dp", *, epsilon: float | None = None,
                  delta: float = DEFAULT_DELTA, clip: float = 1.0, dim: int = 8,
-                 clients: int = 4, canary_norm: float = 10.0, background_norm: float = 2.0,
+                 clients: int = DEFAULT_CLIENTS, canary_norm: float = 10.0,
+                 background_norm: float = 2.0, survivors: int | str = "fewest",
                  upload_dtype: str = "float32",
                  mechanism: Literal["discrete_gaussian", "skellam"] = "discrete_gaussian",
                  threshold: float = 0.7, seed: int | None = 0) -> None:
@@ -198,20 +204,37 @@ class FedAvgRelease(LayerClaim):
                     Upload.validate(self.spec, {FIELD: v}, c, 1)[FIELD], dtype=np.float64)
         self.canary_value = self.uploads[True][0]
         self._round = 0
-        self.survivors = clients
+        self.survivors: tuple[int, ...] = tuple(range(clients))
+        self._claim: float | None = None
         if self.kind == "distributed":
             self._plan = self.layer.release_plan(self.spec, clients)
-            self.survivors = self._plan.worst
+            self.survivors = dropout_pattern(clients, self._plan.worst, survivors,
+                                             self.layer.seed)
         elif self.kind == "local":
             self._sigmas, _ = self.layer.noise_plan(self.spec)
         self.notes = self._real_release()
+        if self.kind == "distributed":
+            ctx = self._ctx()
+            self.layer.finish(self._plan, self.spec, np.zeros(dim, dtype=np.uint64),
+                              self.survivors, ctx, ctx.privacy, True)
+            self._claim = float(ctx.privacy.epsilon(self.layer.delta))
+
+    @property
+    def epsilon(self) -> float:
+        """The claimed epsilon: the layer's; for DistributedDP what its ledger charges for
+        the round with these survivors."""
+        return float(self.layer.epsilon) if self._claim is None else self._claim
 
     # -- facts ----------------------------------------------------------------------------
 
     @property
     def mechanism(self) -> str:
-        """``dp-fedavg/<layer>`` (with the integer mechanism for DistributedDP)."""
-        return _mechanism_name(self.layer)
+        """``dp-fedavg/<layer>`` (with the integer mechanism and the survivors for
+        DistributedDP)."""
+        name = _mechanism_name(self.layer)
+        if self.kind != "distributed":
+            return name
+        return f"{name} ({len(self.survivors)} of {self.clients})"
 
     @property
     def canary(self) -> str:
@@ -225,10 +248,12 @@ class FedAvgRelease(LayerClaim):
         out: dict[str, Any] = {
             "noise_multiplier": self.notes.get("noise_multiplier", self.notes.get("z")),
             "sigma": self.notes["fields"][FIELD]["sigma"], "clip": self.clip,
-            "dim": self.dim, "clients": self.clients, "survivors": self.survivors,
+            "dim": self.dim, "clients": self.clients, "survivors": len(self.survivors),
             "adjacency": "client"}
-        if self.kind == "distributed":  # the noise of the fewest survivors (the audit's)
-            out.update(sigma=self.notes["target_sigma"][FIELD],
+        if self.kind == "distributed":  # the noise the audited survivors add
+            out.update(sigma=self.notes["target_sigma"][FIELD]
+                       * math.sqrt(len(self.survivors) / self._plan.worst),
+                       survivor_ids=list(self.survivors), min_survivors=self._plan.worst,
                        ring_bits=self.notes.get("ring_bits"),
                        scale_bits=self.notes.get("scale_bits", {}).get(FIELD))
         return out
@@ -299,11 +324,13 @@ class FedAvgRelease(LayerClaim):
         plan = self._plan
         wide = dataclasses.replace(plan.additive[0], shape=(n * self.dim,))
         rel = dataclasses.replace(plan, additive=(wide,), noised=(wide,))
-        agg = _ring_release(self.layer, rel, spec, ctx, vals[:plan.worst])
+        agg = _ring_release(self.layer, rel, spec, ctx, [vals[c] for c in self.survivors],
+                            self.survivors)
         self._same_sigma(agg.notes["dp"]["target_sigma"][FIELD],
                          self.notes["target_sigma"][FIELD])
         self._same_sigma(agg.notes["dp"]["fields"][FIELD]["sigma"],
-                         self.notes["target_sigma"][FIELD])
+                         self.notes["target_sigma"][FIELD]
+                         * math.sqrt(len(self.survivors) / plan.worst))
         return self._server(agg, n)
 
     def _reference_notes(self) -> dict[str, Any]:
@@ -311,25 +338,26 @@ class FedAvgRelease(LayerClaim):
 
 
 def _ring_release(layer: Any, rel: Any, spec: Any, ctx: Any,
-                  values: list[np.ndarray]) -> Any:
-    """DistributedDP's release of ``values`` (one array per surviving client): each client's
-    ``encode_noised`` (its noise share from its own stream), the ring sum the secure sum
-    computes, and the aggregator's ``finish``."""
+                  values: list[np.ndarray], ids: Sequence[int] | None = None) -> Any:
+    """DistributedDP's release of ``values`` (one array per surviving client, whose ids are
+    ``ids``, default 0, 1, ...): each client's ``encode_noised`` (its noise share from its
+    own stream), the ring sum the secure sum computes, and the aggregator's ``finish``."""
     from secagg.privacy.layers import noise_source
 
+    ids = tuple(range(len(values))) if ids is None else tuple(ids)
     ring = np.zeros(values[0].size, dtype=np.uint64)
-    for c, v in enumerate(values):
+    for c, v in zip(ids, values, strict=True):
         src = noise_source(layer.seed, ctx.round, ctx.phase, c)
         ring += layer.encode_noised(rel, {FIELD: v}, src.rng)  # wraps mod 2^64
     if rel.ring_bits < 64:
         ring &= np.uint64((1 << rel.ring_bits) - 1)
-    return layer.finish(rel, spec, ring, tuple(range(len(values))), ctx, ctx.privacy, True)
+    return layer.finish(rel, spec, ring, ids, ctx, ctx.privacy, True)
 
 
 def audit_fedavg(layer: Any = "central-dp", *, epsilon: float | None = None,
                  delta: float = DEFAULT_DELTA, trials: int = 100_000, seed: int | None = 0,
                  confidence: float = 0.95, progress: bool | None = None,
-                 **release_kwargs: Any) -> AuditResult:
+                 mode: str = "tight", **release_kwargs: Any) -> AuditResult:
     """Multi-run audit of client-level DP-FedAvg (:class:`FedAvgRelease`, options as
     there) against the layer's claim: the shift test along the canary's direction.
     Example: ``audit_fedavg("central-dp", epsilon=2.0).epsilon_lower``."""
@@ -337,7 +365,7 @@ def audit_fedavg(layer: Any = "central-dp", *, epsilon: float | None = None,
     return audit(rel, epsilon=rel.epsilon, delta=rel.delta, trials=trials,
                  statistics=[shift_statistic(rel.direction)], confidence=confidence,
                  seed=seed, mechanism=rel.mechanism, canary=rel.canary, progress=progress,
-                 batch=1 << 15, details=rel.details())
+                 batch=1 << 15, details=rel.details(), mode=mode)
 
 
 def audit_fedavg_one_run(layer: Any = "central-dp", *, epsilon: float | None = None,
