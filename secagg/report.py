@@ -397,8 +397,9 @@ def _audit_section(run_dir: Path, identities: Path | None, verify: bool = True
         return out + ["<p class=\"muted\">No transcript.jsonl in this folder.</p>"], []
     transcript = Transcript.read(path)
     trusted = identities
-    if trusted is None and (run_dir / "identities.json").exists():
-        trusted = run_dir / "identities.json"
+    published = run_dir.resolve().parent / f"{run_dir.resolve().name}.keys" / "identities.json"
+    if trusted is None and published.exists():  # the key directory the run published
+        trusted = published
     failures: list[str] = []
     if trusted is not None and not verify:
         rep = audit(transcript, None)
@@ -414,7 +415,7 @@ def _audit_section(run_dir: Path, identities: Path | None, verify: bool = True
             from secagg.attest import read_identities
 
             keys = read_identities(trusted)
-        rep = audit(transcript, keys)
+        rep = audit(transcript, keys, transcript_path=path)
         verdict = _verdict(rep.get("attestation"), trusted, identities is None, failures)
     out.append(verdict)
     body = _audit_body(rep, run_dir)
@@ -447,10 +448,11 @@ def _verdict(att: list[str] | None, trusted: Path | None, beside: bool,
                    "message the clients sent carries their signed statement, and every "
                    "server record of it agrees (form, digest).</div>")
     return verdict + ("<p>Trusted: the clients' public keys in <code>" + _e(trusted) + "</code>"
-                      + (", the file the run wrote beside the transcript. That detects a "
-                         "transcript altered alone; whoever could rewrite both files is not "
-                         "detected: give keys from outside the run (<code>secagg report DIR "
-                         "--identities FILE</code>) for that." if beside else
+                      + (", the key directory the run published beside (not inside) its "
+                         "folder. That holds against a server that rewrites the run folder "
+                         "as long as it could not also write there; in a deployment give the "
+                         "keys your PKI or the nodes' operators hold (<code>secagg report DIR "
+                         "--identities FILE</code>)." if beside else
                          ", given from outside the run.") + "</p>")
 
 
@@ -570,7 +572,8 @@ def render_run_report(run_dir: str | os.PathLike[str], *, threat: str | None = N
     """The run report of ``run_dir`` (a ``secagg run`` output folder) as HTML.
 
     ``identities``: the clients' public keys to check the transcript against (default: the
-    ``identities.json`` the run wrote, and the report says how little that proves);
+    key directory the run published beside its folder, ``<run_dir>.keys/identities.json``,
+    and the report says what that trusts);
     ``threat``: a coalition (``server``, ``server+3``, ...) to judge every field against;
     ``verify=False``: leave the clients' signed statements unchecked (the page says so).
 
