@@ -157,6 +157,8 @@ def test_an_honest_flower_run_verifies_in_full(flower_run, capsys):
     assert out.splitlines()[1].startswith(f"trusted: the public keys in {ids}")
     assert "server's word (no party signed" not in out
     assert f"from the DP terms {N} parties signed): eps=7.9" in out
+    assert "(remote nodes: each signed these terms" in out  # CentralDP: 0 checked by them
+    assert "releases it noised itself, 0 in all; noise the server adds itself" in out
     recs = _records(folder)
     closes = [_stmt(r) for r in recs if _stmt(r).get("stage") == "end"]
     assert sorted(c["sender"] for c in closes) == list(range(N))
