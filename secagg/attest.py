@@ -684,7 +684,8 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
     problems += _observations_match(records, good)
     unclosed = {str(r.get("party")): (i, str(r.get("reason", "")))
                 for i, r in enumerate(records, 1) if r.get("type") == UNCLOSED}
-    problems += _sequences(signed, identities, scheme, unclosed)
+    problems += _sequences(signed, identities, scheme, unclosed,
+                           remote=bool(block.get("announced")))
     problems.sort(key=lambda p: (p.line == 0, p.line))  # records first, then wholes
     return problems
 
@@ -806,13 +807,15 @@ def _observations_match(records: list[dict[str, Any]],
 
 
 def _sequences(signed: list[tuple[int, Statement]], identities: Mapping[str, Any],
-               scheme: str, unclosed: Mapping[str, tuple[int, str]] | None = None
-               ) -> list[Problem]:
+               scheme: str, unclosed: Mapping[str, tuple[int, str]] | None = None,
+               remote: bool = False) -> list[Problem]:
     """Per-party sequence numbers (scheme :data:`SCHEME`): each party in ``identities``
     closes with one statement whose ``seq`` counts those before it, numbered 0 .. n-1,
     each once, in file order; under :data:`SCHEME_V1`, only the numbers present. A party
     the server records as not answering its closing request (``unclosed``: party ->
-    (line, reason)) is a problem too (``unverified``): what it cannot check is named."""
+    (line, reason)) is a problem too (``unverified``): what it cannot check is named.
+    ``remote``: the signers were remote nodes (a gap may be a reply lost in transit, which
+    the text then says)."""
     unclosed = unclosed or {}
     problems: list[Problem] = []
     by_party: dict[str, list[tuple[int, Statement]]] = {}
@@ -862,7 +865,10 @@ def _sequences(signed: list[tuple[int, Statement]], identities: Mapping[str, Any
         if gone:
             problems.append(Problem(line=0, kind="missing", text=(
                 f"party {party}: statements number {_spans(gone)} of its 0-{n - 1} are "
-                "missing (its messages were removed with their statements)")))
+                "missing (its messages were removed with their statements"
+                + ("; or, on this remote runtime, replies that reached the server after "
+                   "their stage's timeout or not at all: the audit cannot tell those from "
+                   "deleted ones" if remote else "") + ")")))
         extra = sorted(k for k, c in counts.items() if c > 1 or k >= n)
         if extra:
             problems.append(Problem(line=0, kind="forged", text=(

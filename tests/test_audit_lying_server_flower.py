@@ -28,6 +28,7 @@ from secagg.attest import SCHEME, public_hex, write_identities  # noqa: E402
 from secagg.cli import main  # noqa: E402
 from secagg.data import dirichlet_split, load_dataset  # noqa: E402
 from secagg.flower.client import _Node, node_partition_loader  # noqa: E402
+from secagg.flower.records import read  # noqa: E402
 from secagg.flower.server import FlowerFederation  # noqa: E402
 from secagg.transcript import Transcript  # noqa: E402
 
@@ -54,6 +55,10 @@ class _Grid(Grid):
                          for i in range(N)}
         self.replies = []
 
+    def lose(self, message):
+        """Whether the reply to ``message`` is lost in transit (never, here)."""
+        return False
+
     def set_run(self, run):
         raise NotImplementedError
 
@@ -77,7 +82,8 @@ class _Grid(Grid):
                 rep = FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                                           reason=f"{type(exc)}:<'{exc}'>"), reply_to=m)
             ids.append(m.metadata.message_id)
-            self.replies.append(rep)
+            if not self.lose(m):
+                self.replies.append(rep)
         return ids
 
     def pull_messages(self, message_ids):
@@ -95,10 +101,10 @@ class _Grid(Grid):
             for nid, ctx in self.contexts.items()}
 
 
-def _flower(layer, base, fed=FlowerFederation, rounds=2):
+def _flower(layer, base, fed=FlowerFederation, rounds=2, grid=None):
     """Run ``layer`` over the in-process grid; (run folder, the operators' identities
     file outside it, scheme v2)."""
-    grid = _Grid()
+    grid = grid or _Grid()
     # Flower stamps messages with the running task's identity (set by its runtimes)
     saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
@@ -299,3 +305,28 @@ def test_flower_keys_the_server_collected_are_refused_and_minted_keys_fail(
             r["attestation"]["keys"] = {p: public_hex(k) for p, k in mine.items()}
     rc, out = _audit(capsys, _rewrite(recs, tmp_path / "bad"), ids)
     assert rc == 4 and "(replaced)" in out and "does not verify" in out
+
+
+class _LossyGrid(_Grid):
+    """The reply of node VICTIM to its upload instruction never reaches the server."""
+
+    def lose(self, message):
+        rec = read(message)
+        return message.metadata.dst_node_id == 100 + VICTIM and rec["step"] == "upload"
+
+
+def test_flower_a_reply_lost_in_transit_leaves_a_gap_the_audit_names_without_passing(
+        tmp_path, capsys):
+    """The node signed an upload the server never got (it drops the node at that stage):
+    the audit cannot tell that from a deletion, so it does not pass, and says both."""
+    folder, ids = _flower(Plaintext(), tmp_path, rounds=1, grid=_LossyGrid())
+    recs = _records(folder)
+    assert any(r["type"] == "message" and r["sender"] == VICTIM
+               and r["stage"].startswith("dropped:") for r in recs)
+    rc, out = _audit(capsys, folder, ids)
+    assert rc == 4, out
+    assert _problems(out) == [
+        f"record 0: missing: party {VICTIM}: statements number 0 of its 0-0 are missing "
+        "(its messages were removed with their statements; or, on this remote runtime, "
+        "replies that reached the server after their stage's timeout or not at all: the "
+        "audit cannot tell those from deleted ones)"], out
