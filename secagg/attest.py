@@ -28,14 +28,21 @@ the run applied (:func:`dp_terms`). :func:`verify` then requires, for every part
 identities, the numbers 0 .. n-1 each once and in order, so a party erased, a message
 dropped with its statement, or a moved or replayed statement fails; and the audit
 recomputes every epsilon from the signed terms (:func:`recompute_dp`). Scheme v1
-(:data:`SCHEME_V1`: a Flower node's statements today) has no numbers.
+(:data:`SCHEME_V1`: a bare PKI mapping of keys) has no numbers.
 
 Where statements are made: in one process, :meth:`secagg.layers.base.RoundContext.message`
 (every client message passes there) hands the message to a :class:`Signer`; on Flower,
-each node signs its reply's messages (:func:`sign_reply`) and the server's
-:class:`Collector` puts the statement that came with a message into the transcript when
-it books that message. Either way each statement is one cost-ledger row of stage
-:data:`STAGE` (its bytes, and the signer's CPU time).
+each node signs its reply's messages (:func:`sign_reply`), numbered from the counter it
+keeps in its own ``Context.state``, and the server's :class:`Collector` puts the statement
+that came with a message into the transcript when it books that message. Either way each
+statement is one cost-ledger row of stage :data:`STAGE` (its bytes, and the signer's CPU
+time). The closing statement is the same (:func:`closing_statement`): in one process the
+signer closes every party with the run's DP terms; on Flower the server sends every node a
+``close`` request with those terms (:meth:`Collector.close`), and each node first checks
+them against the releases it noised itself (:func:`check_applied`; it refuses terms that
+leave one out or describe less noise), then signs its count, the terms and those releases
+(``applied``). A node that does not answer is recorded (:data:`UNCLOSED`) and the audit
+names what it cannot check of it.
 """
 
 from __future__ import annotations
@@ -61,14 +68,14 @@ from secagg.transcript import digest
 
 #: Prefix of every signed statement (domain separation from other Ed25519 uses).
 DOMAIN = b"secagg/attest/v1\n"
-#: The first scheme: statements without sequence numbers (a Flower node's, today). An
-#: audit under it cannot see a party's records removed whole, or a message removed with its
-#: statement, and says so.
+#: The first scheme: statements without sequence numbers (an identities file that names no
+#: scheme, e.g. a bare PKI mapping). An audit under it cannot see a party's records removed
+#: whole, or a message removed with its statement, and says so.
 SCHEME_V1 = "ed25519/secagg-attest-v1"
-#: The scheme of the in-process signer: every statement carries its signer's sequence
-#: number (0, 1, 2, ... over the run) and each party closes the run with a signed closing
-#: statement (stage :data:`END_STAGE`) giving its count and the DP terms applied, so a
-#: dropped party, a dropped message or a moved record fails the audit.
+#: The scheme of the in-process signer and of Flower nodes: every statement carries its
+#: signer's sequence number (0, 1, 2, ... over the run) and each party closes the run with
+#: a signed closing statement (stage :data:`END_STAGE`) giving its count and the DP terms
+#: applied, so a dropped party, a dropped message or a moved record fails the audit.
 SCHEME = "ed25519/secagg-attest-v2"
 #: The stage of a party's closing statement (no message: it closes the party's sequence).
 END_STAGE = "end"

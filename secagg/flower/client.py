@@ -49,6 +49,15 @@ Steps (record field ``step``):
   sizes a DistributedDP noise share (``dp_sizing`` in the reply: ``pinned``, ``alone`` or
   ``server``); and its ledger's head file (``ledger-head``, ``ledger-init``), so a
   rolled-back ledger is refused.
+* Signed statements (:mod:`secagg.attest`, scheme v2): every message a node sends carries
+  its statement, numbered by the node's own counter of the run (kept in ``Context.state``,
+  record ``secagg-attest``, which a new run does not clear and a restarted ClientApp
+  process reads back), and the node remembers each release it noised itself. ``close``
+  (the run's last message): the node checks the run's DP terms (``dp_terms``) against
+  those releases (refusing terms that leave one out, describe less noise, or call seeded
+  noise private) and replies with its signed closing statement (its count, the terms, its
+  releases; the HE decryptor node closes as the decryptor too). It signs nothing more in
+  that run afterwards.
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next

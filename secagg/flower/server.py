@@ -19,6 +19,11 @@ SecureSum then recovers through its dropout path (the server rebuilds a dropped 
 mask key from the others' shares); every such loss is booked as a zero-byte ledger row of
 stage ``"dropped:<stage>"`` from that client and listed in the aggregate's
 ``notes["dropped"]``.
+
+The run ends with a ``close`` exchange (:meth:`FlowerFederation._close_nodes`): every node
+that said hello is sent the run's DP terms and answers with its signed closing statement
+(:mod:`secagg.attest`, scheme v2); a node that does not answer is recorded in the
+transcript as ``unclosed``, with the reason.
 """
 
 from __future__ import annotations
