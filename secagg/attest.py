@@ -569,13 +569,17 @@ def check_applied(terms: Mapping[str, Any] | None, applied: Iterable[Mapping[str
     phase covering its fields, for ``local-dp`` a Gaussian event of the noise multiplier
     applied (an event of more noise would understate epsilon), and a release noised from
     a fixed seed marked not private."""
+    def names(x: Any) -> set[str]:
+        return {str(v) for v in x} if isinstance(x, list | tuple) else set()
+
     out: list[str] = []
-    events = list((terms or {}).get("events", []))
+    got = (terms or {}).get("events", []) if isinstance(terms or {}, Mapping) else []
+    events = [e for e in got if isinstance(e, Mapping)] if isinstance(got, list) else []
     for a in applied:
         what = f"round {a.get('round')}, phase {a.get('phase')!r}"
         mine = [e for e in events if e.get("round") == a.get("round")
                 and e.get("phase") == a.get("phase")
-                and set(a.get("fields", ())) <= set(e.get("fields", ()))]
+                and names(a.get("fields")) <= names(e.get("fields"))]
         if not mine:
             out.append(f"the terms leave out the release this party noised ({what}, fields "
                        f"{a.get('fields')})")

@@ -55,6 +55,10 @@ class _Grid(Grid):
                          for i in range(N)}
         self.replies = []
 
+    def app(self):
+        """The ClientApp logic that handles the next message (one per grid here)."""
+        return self.node
+
     def lose(self, message):
         """Whether the reply to ``message`` is lost in transit (never, here)."""
         return False
@@ -77,7 +81,7 @@ class _Grid(Grid):
         for m in messages:
             m.metadata.__dict__["_message_id"] = m.object_id  # as a SuperLink stamps it
             try:
-                rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
+                rep = self.app().handle(m, self.contexts[m.metadata.dst_node_id])
             except Exception as exc:  # as Flower's ClientApp runtime: an error reply
                 rep = FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                                           reason=f"{type(exc)}:<'{exc}'>"), reply_to=m)
@@ -310,6 +314,10 @@ def test_flower_keys_the_server_collected_are_refused_and_minted_keys_fail(
 class _LossyGrid(_Grid):
     """The reply of node VICTIM to its upload instruction never reaches the server."""
 
+    def app(self):
+        """The ClientApp logic that handles the next message (one per grid here)."""
+        return self.node
+
     def lose(self, message):
         rec = read(message)
         return message.metadata.dst_node_id == 100 + VICTIM and rec["step"] == "upload"
@@ -330,3 +338,49 @@ def test_flower_a_reply_lost_in_transit_leaves_a_gap_the_audit_names_without_pas
         "(its messages were removed with their statements; or, on this remote runtime, "
         "replies that reached the server after their stage's timeout or not at all: the "
         "audit cannot tell those from deleted ones)"], out
+
+
+class _RestartingGrid(_Grid):
+    """Each message is handled by a fresh ClientApp (a process restarted per message):
+    only the node's Context.state carries anything over."""
+
+    def app(self):
+        return _Node(_algo, self.node.loader)
+
+
+def test_flower_node_numbers_live_in_context_state_across_restarts(tmp_path, capsys):
+    folder, ids = _flower(Plaintext(), tmp_path, rounds=2, grid=_RestartingGrid())
+    rc, out = _audit(capsys, folder, ids)
+    assert rc == 0, out
+    recs = _records(folder)
+    for c in range(N):  # two uploads, then the closing statement numbered 2
+        assert [_stmt(r)["seq"] for r in recs if _stmt(r).get("sender") == c] == [0, 1, 2]
+
+
+def test_a_malformed_or_foreign_closing_request_is_a_typed_error():
+    from flwr.app import Message
+
+    from secagg.errors import ProtocolError
+    from secagg.flower.records import content
+
+    grid = _Grid()
+    ctx = grid.contexts[100]
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    try:
+        def send(**fields):
+            m = Message(content(**fields), dst_node_id=100, message_type="train.secagg")
+            return grid.node.handle(m, ctx)
+
+        with pytest.raises(ProtocolError, match="did not join"):
+            send(step="close", run="r1", round=0)
+        send(step="hello", run="r1")
+        for bad, why in (("{", "not JSON"), ("[1, 2]", "not a JSON object")):
+            with pytest.raises(ProtocolError, match=why):
+                send(step="close", run="r1", round=0, dp_terms=bad)
+        rep = read(send(step="close", run="r1", round=0))
+        (st,) = [r["statement"] for r in json.loads(rep["att"])]
+        assert (st["sender"], st["stage"], st["seq"], st["params"]["statements"]) == \
+            (0, "end", 0, 0)
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved

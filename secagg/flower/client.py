@@ -209,11 +209,11 @@ class _AttestBook:
         raw = self.record.get(run)
         try:
             doc = json.loads(raw) if isinstance(raw, str) else {}
-        except ValueError:
+            self.seq: dict[str, int] = {str(k): int(v) for k, v in doc.get("seq", {}).items()}
+            self.applied: list[dict[str, Any]] = [dict(a) for a in doc.get("applied", [])]
+            self.closed: bool = bool(doc.get("closed", False))
+        except (ValueError, TypeError, AttributeError):
             raise ProtocolError("the node's stored statement numbers do not read") from None
-        self.seq: dict[str, int] = dict(doc.get("seq", {}))
-        self.applied: list[dict[str, Any]] = list(doc.get("applied", []))
-        self.closed: bool = bool(doc.get("closed", False))
 
     def take(self, party: Any, count: int) -> int:
         """The first of ``count`` sequence numbers of ``party`` (they are then used);
@@ -246,7 +246,10 @@ def _close(rec: ConfigRecord, key: Any, context: Context, store: ConfigRecord
     if "cid" not in store:
         raise ProtocolError("a closing request for a run this node did not join")
     book = _AttestBook(context, str(store["run"]))
-    terms = json.loads(field(rec, "dp_terms", str)) if "dp_terms" in rec else None
+    try:
+        terms = json.loads(field(rec, "dp_terms", str)) if "dp_terms" in rec else None
+    except ValueError:
+        raise ProtocolError("closing request: dp_terms is not JSON") from None
     if terms is not None and not isinstance(terms, dict):
         raise ProtocolError("closing request: dp_terms is not a JSON object")
     wrong = check_applied(terms, book.applied)
