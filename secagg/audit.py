@@ -444,8 +444,11 @@ def format_audit(report: dict[str, Any]) -> str:
     if att is None:
         lines.append(UNATTESTED)
     elif att:
+        unverified = sum(1 for p in att if ": unverified: " in p)
         lines.append(f"attestation: FAILED - {len(att)} record(s) contradict, lack or forge "
-                     "the clients' signed statements:")
+                     "the clients' signed statements"
+                     + (f" ({unverified} of them: a party whose statements cannot be checked "
+                        "to the end)" if unverified else "") + ":")
         lines.extend(f"  {p}" for p in att[:20])
         if len(att) > 20:
             lines.append(f"  ... and {len(att) - 20} more")
