@@ -353,8 +353,12 @@ class FlowerFederation(TransportHooks):
         extra = {} if terms is None else {"dp_terms": json.dumps(terms, sort_keys=True)}
         payloads = {c: content(step="close", run=self._run_tag, round=last, **extra)
                     for c in sorted(self.nodes)}
-        _, failed = self._exchange(self._grid, "close", None,  # type: ignore[arg-type]
-                                   payloads, needs=(("att", str),), tag=f"{last}/close")
+        got, failed = self._exchange(self._grid, "close", None,  # type: ignore[arg-type]
+                                     payloads, needs=(("att", str),), tag=f"{last}/close")
+        # our bytes: the terms to each node, the signed closing statements back (not on the
+        # cost ledger: once per node per run, as in one process)
+        self.transport.add("close", ours=len(extra.get("dp_terms", "")) * len(payloads)
+                           + sum(len(rec["att"]) for rec in got.values()))
         return failed
 
     def _statements(self, client: int, rec: Any) -> None:
