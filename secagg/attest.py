@@ -28,14 +28,21 @@ the run applied (:func:`dp_terms`). :func:`verify` then requires, for every part
 identities, the numbers 0 .. n-1 each once and in order, so a party erased, a message
 dropped with its statement, or a moved or replayed statement fails; and the audit
 recomputes every epsilon from the signed terms (:func:`recompute_dp`). Scheme v1
-(:data:`SCHEME_V1`: a Flower node's statements today) has no numbers.
+(:data:`SCHEME_V1`: a bare PKI mapping of keys) has no numbers.
 
 Where statements are made: in one process, :meth:`secagg.layers.base.RoundContext.message`
 (every client message passes there) hands the message to a :class:`Signer`; on Flower,
-each node signs its reply's messages (:func:`sign_reply`) and the server's
-:class:`Collector` puts the statement that came with a message into the transcript when
-it books that message. Either way each statement is one cost-ledger row of stage
-:data:`STAGE` (its bytes, and the signer's CPU time).
+each node signs its reply's messages (:func:`sign_reply`), numbered from the counter it
+keeps in its own ``Context.state``, and the server's :class:`Collector` puts the statement
+that came with a message into the transcript when it books that message. Either way each
+statement is one cost-ledger row of stage :data:`STAGE` (its bytes, and the signer's CPU
+time). The closing statement is the same (:func:`closing_statement`): in one process the
+signer closes every party with the run's DP terms; on Flower the server sends every node a
+``close`` request with those terms (:meth:`Collector.close`), and each node first checks
+them against the releases it noised itself (:func:`check_applied`; it refuses terms that
+leave one out or describe less noise), then signs its count, the terms and those releases
+(``applied``). A node that does not answer is recorded (:data:`UNCLOSED`) and the audit
+names what it cannot check of it.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,17 +68,19 @@ from secagg.transcript import digest
 
 #: Prefix of every signed statement (domain separation from other Ed25519 uses).
 DOMAIN = b"secagg/attest/v1\n"
-#: The first scheme: statements without sequence numbers (a Flower node's, today). An
-#: audit under it cannot see a party's records removed whole, or a message removed with its
-#: statement, and says so.
+#: The first scheme: statements without sequence numbers (an identities file that names no
+#: scheme, e.g. a bare PKI mapping). An audit under it cannot see a party's records removed
+#: whole, or a message removed with its statement, and says so.
 SCHEME_V1 = "ed25519/secagg-attest-v1"
-#: The scheme of the in-process signer: every statement carries its signer's sequence
-#: number (0, 1, 2, ... over the run) and each party closes the run with a signed closing
-#: statement (stage :data:`END_STAGE`) giving its count and the DP terms applied, so a
-#: dropped party, a dropped message or a moved record fails the audit.
+#: The scheme of the in-process signer and of Flower nodes: every statement carries its
+#: signer's sequence number (0, 1, 2, ... over the run) and each party closes the run with
+#: a signed closing statement (stage :data:`END_STAGE`) giving its count and the DP terms
+#: applied, so a dropped party, a dropped message or a moved record fails the audit.
 SCHEME = "ed25519/secagg-attest-v2"
 #: The stage of a party's closing statement (no message: it closes the party's sequence).
 END_STAGE = "end"
+#: The transcript record of a party asked to close its sequence that did not (remote runtimes).
+UNCLOSED = "unclosed"
 #: The cost-ledger stage of a statement.
 STAGE = "attest"
 #: Forms a statement may declare (the transcript's, plus messages that carry no values).
@@ -414,11 +423,9 @@ class Signer:
         for party, key in self.keys.items():
             if not _closes(party, self.seq[party]):
                 continue
-            n = self.seq[party]
-            st = Statement(run=self.run, round=self._last_round, phase="", stage=END_STAGE,
-                           sender=party, receiver="server", digest="", form="protocol",
-                           params={**params, "statements": n}, seq=n)
-            transcript.records.append(sign(key, st))
+            transcript.records.append(closing_statement(
+                key, run=self.run, round=self._last_round, sender=party,
+                count=self.seq[party], params=params))
 
     def sent(self, ctx: Any, sender: Any, receiver: Any, stage: str, message: Any,
              noised: Iterable[str] = (), digest: str | None = None) -> None:
@@ -445,17 +452,45 @@ class Collector:
     replies (:meth:`received`), each put in the transcript when the server books the
     message it is about (:meth:`sent`, from ``RoundContext.message``)."""
 
-    def __init__(self, *, run: str) -> None:
+    def __init__(self, *, run: str,
+                 closer: Callable[[dict[str, Any] | None], Mapping[Any, str]] | None = None
+                 ) -> None:
         self.run = run
         self.keys: dict[str, str] = {}
         self._pool: dict[tuple[str, str], list[tuple[dict[str, Any], float]]] = {}
+        #: the runtime's closing request (:meth:`close`): sends every node the DP terms,
+        #: feeds their replies to :meth:`received`, returns why each silent node failed
+        self.closer = closer
 
-    scheme = SCHEME_V1
+    scheme = SCHEME
 
     def header(self) -> dict[str, Any]:
-        """The run header's ``attestation`` block (the keys the nodes announced)."""
-        return {"scheme": SCHEME_V1, "run": self.run, "keys": self.keys}  # filled in as the
-        # decryptor is known (the header is written out at the end of the run)
+        """The run header's ``attestation`` block: the keys the nodes announced (trust on
+        first use: ``announced``, never a trust root)."""
+        return {"scheme": SCHEME, "run": self.run, "keys": self.keys,  # filled in as the
+                "announced": True}  # decryptor is known (written out at the end of the run)
+
+    def close(self, transcript: Any, privacy: Any | None = None) -> None:
+        """The end of the run: every node is asked to close its signed sequence with the
+        DP terms of the run (:func:`dp_terms` of ``privacy``; each node checks them
+        against the noise it applied itself before it signs), and the closing statements
+        they return go into ``transcript``; a node that does not answer is recorded as
+        such (an ``unclosed`` record: the audit then says what it cannot check of it)."""
+        if self.closer is None:
+            return
+        from secagg.privacy.accountant import PrivacyLedger
+
+        failed = self.closer(dp_terms(privacy) if isinstance(privacy, PrivacyLedger)
+                             else None)
+        for key in sorted(self._pool, key=lambda k: (k[0] != "decryptor", k[0].zfill(12))):
+            if key[1]:
+                continue
+            for rec, _ in self._pool.pop(key):
+                if (rec.get("statement") or {}).get("stage") == END_STAGE:
+                    transcript.records.append(rec)
+        for party, why in sorted(failed.items(), key=lambda kv: str(kv[0]).zfill(12)):
+            transcript.records.append({"type": UNCLOSED, "party": str(party),
+                                       "reason": str(why)})
 
     def received(self, sender: Any, raw: str, cpu_s: float = 0.0) -> None:
         """Keep the statements (JSON list of records) node ``sender`` sent with a reply
@@ -487,17 +522,81 @@ class Collector:
 
 def sign_reply(key: Ed25519PrivateKey, *, run: str, round: int, phase: str, sender: Any,
                messages: Mapping[str, tuple[str, Any]], params: Mapping[str, Any],
-               noised: Iterable[str] = ()) -> str:
+               noised: Iterable[str] = (), first_seq: int | None = None) -> str:
     """A node's statements for the messages of one reply (``messages``: reply field ->
-    (stage, message)), as the JSON list the reply carries."""
+    (stage, message)), as the JSON list the reply carries; ``first_seq``: the sender's
+    next sequence number (scheme :data:`SCHEME`: the statements are numbered from it, in
+    reply-field order; None: unnumbered, scheme v1)."""
     out = []
-    for _, (stage, msg) in sorted(messages.items()):
+    for i, (_, (stage, msg)) in enumerate(sorted(messages.items())):
         form, fields, mine = classify(msg, noised=noised)
         st = Statement(run=run, round=int(round), phase=phase, stage=stage, sender=sender,
                        receiver="server", digest=message_digest(msg), form=form,
-                       fields=fields, noised=mine, params=dict(params))
+                       fields=fields, noised=mine, params=dict(params),
+                       seq=None if first_seq is None else int(first_seq) + i)
         out.append(sign(key, st))
     return json.dumps(out)
+
+
+def closing_statement(key: Ed25519PrivateKey, *, run: str, round: int, sender: Any,
+                      count: int, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of ``sender``'s closing statement (stage :data:`END_STAGE`, no message):
+    ``seq`` = ``count``, the statements it signed before, and ``params`` with that count
+    (``statements``) beside the terms given (the DP terms, ``dp``). The same statement in
+    one process (:meth:`Signer.close`) and on a Flower node."""
+    n = int(count)
+    st = Statement(run=run, round=int(round), phase="", stage=END_STAGE, sender=sender,
+                   receiver="server", digest="", form="protocol",
+                   params={**params, "statements": n}, seq=n)
+    return sign(key, st)
+
+
+def applied_release(round: int, phase: str, layer: str, fields: Iterable[str],
+                    noise_multiplier: float | None, seeded: bool) -> dict[str, Any]:
+    """What a node keeps about one release it noised itself (in its own state), checked
+    against the DP terms it is asked to sign at the end of the run
+    (:func:`check_applied`)."""
+    return {"round": int(round), "phase": str(phase), "layer": str(layer),
+            "fields": sorted(map(str, fields)),
+            "noise_multiplier": None if noise_multiplier is None else float(noise_multiplier),
+            "seeded": bool(seeded)}
+
+
+def check_applied(terms: Mapping[str, Any] | None, applied: Iterable[Mapping[str, Any]]
+                  ) -> list[str]:
+    """Why DP terms (:func:`dp_terms`) misdescribe releases a party noised itself
+    (:func:`applied_release`); [] when they cover every one: a release of that round and
+    phase covering its fields, for ``local-dp`` a Gaussian event of the noise multiplier
+    applied (an event of more noise would understate epsilon), and a release noised from
+    a fixed seed marked not private."""
+    def names(x: Any) -> set[str]:
+        return {str(v) for v in x} if isinstance(x, list | tuple) else set()
+
+    out: list[str] = []
+    got = (terms or {}).get("events", []) if isinstance(terms or {}, Mapping) else []
+    events = [e for e in got if isinstance(e, Mapping)] if isinstance(got, list) else []
+    for a in applied:
+        what = f"round {a.get('round')}, phase {a.get('phase')!r}"
+        mine = [e for e in events if e.get("round") == a.get("round")
+                and e.get("phase") == a.get("phase")
+                and names(a.get("fields")) <= names(e.get("fields"))]
+        if not mine:
+            out.append(f"the terms leave out the release this party noised ({what}, fields "
+                       f"{a.get('fields')})")
+            continue
+        z = a.get("noise_multiplier")
+        if a.get("layer") == "local-dp" and z is not None and not any(
+                e.get("mechanism") == "gaussian" and isinstance(
+                    e.get("noise_multiplier"), int | float)
+                and abs(float(e["noise_multiplier"]) - float(z)) <= 1e-9 * max(1.0, float(z))
+                for e in mine):
+            out.append(f"the terms describe the release of {what} with other noise than "
+                       f"this party added (noise multiplier {z})")
+        if a.get("seeded") and not (any(e.get("not_private_reason") for e in mine)
+                                    or (terms or {}).get("not_private")):
+            out.append(f"the terms call the release of {what} private, but this party's "
+                       "noise came from a fixed seed")
+    return out
 
 
 # ---------------------------------------------------------------- verification
@@ -508,7 +607,7 @@ class Problem:
     """One failed check: the transcript line (1-based) and what is wrong."""
 
     line: int
-    kind: str  # missing | forged | contradicted | key
+    kind: str  # missing | forged | contradicted | key | unverified
     text: str
 
     def __str__(self) -> str:
@@ -594,7 +693,10 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
                             []).append(st)
     problems += _messages_match(records, good)
     problems += _observations_match(records, good)
-    problems += _sequences(signed, identities, scheme)
+    unclosed = {str(r.get("party")): (i, str(r.get("reason", "")))
+                for i, r in enumerate(records, 1) if r.get("type") == UNCLOSED}
+    problems += _sequences(signed, identities, scheme, unclosed,
+                           remote=bool(block.get("announced")))
     problems.sort(key=lambda p: (p.line == 0, p.line))  # records first, then wholes
     return problems
 
@@ -604,13 +706,14 @@ def _messages_match(records: list[dict[str, Any]],
     """Every message a signer sent has its statement and every statement its message,
     one to one, on (round, phase, stage, sender, receiver, digest)."""
     problems: list[Problem] = []
-    # a numbered statement (scheme v2) names its message exactly; an unnumbered one (a
-    # Flower node's: it labels an advertise ahead of a phase it does not know yet) by
-    # sender, receiver and digest
+    # a numbered statement (scheme v2) names its message exactly; an unnumbered one
+    # (scheme v1), or one without a phase (a Flower node's advertise ahead of a phase it
+    # does not know yet; its number still fixes its place), by sender, receiver and digest
     unmatched: dict[tuple[Any, ...], list[Statement]] = {}
     for k, v in good.items():
         for st in v:
-            key = (*k, st.digest) if st.seq is not None else (k[3], k[4], st.digest)
+            key = (*k, st.digest) if st.seq is not None and st.phase \
+                else (k[3], k[4], st.digest)
             unmatched.setdefault(key, []).append(st)
     for i, r in enumerate(records, 1):
         if r.get("type") != "message" or r.get("stage") == STAGE:
@@ -715,10 +818,16 @@ def _observations_match(records: list[dict[str, Any]],
 
 
 def _sequences(signed: list[tuple[int, Statement]], identities: Mapping[str, Any],
-               scheme: str) -> list[Problem]:
+               scheme: str, unclosed: Mapping[str, tuple[int, str]] | None = None,
+               remote: bool = False) -> list[Problem]:
     """Per-party sequence numbers (scheme :data:`SCHEME`): each party in ``identities``
     closes with one statement whose ``seq`` counts those before it, numbered 0 .. n-1,
-    each once, in file order; under :data:`SCHEME_V1`, only the numbers present."""
+    each once, in file order; under :data:`SCHEME_V1`, only the numbers present. A party
+    the server records as not answering its closing request (``unclosed``: party ->
+    (line, reason)) is a problem too (``unverified``): what it cannot check is named.
+    ``remote``: the signers were remote nodes (a gap may be a reply lost in transit, which
+    the text then says)."""
+    unclosed = unclosed or {}
     problems: list[Problem] = []
     by_party: dict[str, list[tuple[int, Statement]]] = {}
     for i, st in signed:
@@ -737,11 +846,19 @@ def _sequences(signed: list[tuple[int, Statement]], identities: Mapping[str, Any
             continue
         closes = [(i, st) for i, st in mine if st.closing]
         if not closes:
-            problems.append(Problem(line=0, kind="missing", text=(
-                f"party {party} signed no closing statement: "
-                + ("all its records were removed" if not mine else
-                   f"its last statements were removed (it has {len(mine)} left)"))))
             n = 1 + max((st.seq for _, st in mine), default=-1)  # type: ignore[type-var]
+            if party in unclosed:
+                line, why = unclosed[party]
+                problems.append(Problem(line=line, kind="unverified", text=(
+                    f"party {party} signed no closing statement; the server records that it "
+                    f"did not answer the closing request ({why}). Unverifiable for it: how "
+                    f"many statements it signed (so whether any after number {n - 1} were "
+                    "removed with their messages) and the DP terms it applied")))
+            else:
+                problems.append(Problem(line=0, kind="missing", text=(
+                    f"party {party} signed no closing statement: "
+                    + ("all its records were removed" if not mine else
+                       f"its last statements were removed (it has {len(mine)} left)"))))
         else:
             if len(closes) > 1:
                 problems.append(Problem(line=closes[1][0], kind="forged", text=(
@@ -759,7 +876,10 @@ def _sequences(signed: list[tuple[int, Statement]], identities: Mapping[str, Any
         if gone:
             problems.append(Problem(line=0, kind="missing", text=(
                 f"party {party}: statements number {_spans(gone)} of its 0-{n - 1} are "
-                "missing (its messages were removed with their statements)")))
+                "missing (its messages were removed with their statements"
+                + ("; or, on this remote runtime, replies that reached the server after "
+                   "their stage's timeout or not at all: the audit cannot tell those from "
+                   "deleted ones" if remote else "") + ")")))
         extra = sorted(k for k, c in counts.items() if c > 1 or k >= n)
         if extra:
             problems.append(Problem(line=0, kind="forged", text=(

@@ -176,18 +176,23 @@ def _close(a: Any, b: Any) -> bool:
 
 
 def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any]
-              ) -> tuple[dict[str, Any] | None, list[str], list[str]]:
+              ) -> tuple[dict[str, Any] | None, list[str], list[str], dict[str, Any] | None]:
     """(the DP terms the parties signed in their closing statements, the parties that
-    signed one, problems): only statements whose signature verifies under ``identities``
-    count; parties that signed different terms are a problem."""
+    signed one, problems, remote): only statements whose signature verifies under
+    ``identities`` count; parties that signed different terms are a problem. Remote nodes
+    (Flower) sign the releases they noised themselves beside the terms (``applied``),
+    which must agree (:func:`secagg.attest.check_applied`); ``remote`` is then
+    ``{"releases_checked": distinct releases the nodes noised}``, else None."""
     from cryptography.exceptions import InvalidSignature
 
-    from secagg.attest import AttestationError, Statement
+    from secagg.attest import AttestationError, Statement, check_applied
 
     terms: dict[str, Any] | None = None
     first: str | None = None
     signers: list[str] = []
     problems: list[str] = []
+    applied: set[tuple[Any, Any]] = set()
+    remote = [False]
     for i, r in enumerate(records, 1):
         if r.get("type") != "attestation":
             continue
@@ -201,13 +206,25 @@ def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any]
         except (AttestationError, ValueError, InvalidSignature):
             continue  # attest.verify reports it
         dp = st.params.get("dp")
+        if "applied" in st.params:  # a remote node: the releases it noised itself
+            mine = st.params.get("applied")
+            wrong = check_applied(dp, mine) if isinstance(mine, list) and all(
+                isinstance(a, dict) for a in mine) else ["its list is unreadable"]
+            if wrong:
+                problems.append(f"record {i}: contradicted: party {st.sender} signed DP terms "
+                                "that misdescribe the releases it noised itself: "
+                                + "; ".join(wrong))
+            applied.update((a.get("round"), a.get("phase")) for a in mine or []
+                           if isinstance(a, dict))
+            remote[0] = True
         if first is None:
             terms, first = dp, str(st.sender)
         elif dp != terms:
             problems.append(f"record {i}: contradicted: party {st.sender} signed other DP "
                             f"terms than party {first}")
         signers.append(str(st.sender))
-    return terms, signers, problems
+    nodes = {"releases_checked": len(applied)} if remote[0] else None
+    return terms, signers, problems, nodes
 
 
 def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any]
@@ -219,9 +236,10 @@ def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any]
     DP figures are then the server's word, and the report says so."""
     from secagg.attest import AttestationError, recompute_dp
 
-    terms, signers, problems = signed_dp(records, identities)
+    terms, signers, problems, remote = signed_dp(records, identities)
     if not signers:
         return None, problems
+    nodes = {} if remote is None else {"remote": remote}
     claims = [(i, r) for i, r in enumerate(records, 1) if r.get("type") == "privacy"]
     if terms is None:
         for i, r in claims:
@@ -230,7 +248,8 @@ def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any]
                 problems.append(f"record {i}: contradicted: the server's privacy record "
                                 f"claims eps={r['epsilon']:.4g}, but no party signed any DP "
                                 "terms (no DP noise was applied)")
-        return {"signers": len(signers), "events": 0, "epsilon": None, "fields": {}}, problems
+        return {"signers": len(signers), "events": 0, "epsilon": None, "fields": {},
+                **nodes}, problems
     try:
         led = recompute_dp(terms)
     except AttestationError as exc:
@@ -263,7 +282,7 @@ def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any]
     return {"signers": len(signers), "events": len(led.events), "delta": delta,
             "epsilon": total, "private": led.private,
             "not_private_reasons": list(led.not_private_reasons),
-            "fields": {f: g["epsilon"] for f, g in fields.items()}}, problems
+            "fields": {f: g["epsilon"] for f, g in fields.items()}, **nodes}, problems
 
 
 def trusted_root(identities: Mapping[str, Any], transcript_path: Path | None
@@ -425,8 +444,11 @@ def format_audit(report: dict[str, Any]) -> str:
     if att is None:
         lines.append(UNATTESTED)
     elif att:
+        unverified = sum(1 for p in att if ": unverified: " in p)
         lines.append(f"attestation: FAILED - {len(att)} record(s) contradict, lack or forge "
-                     "the clients' signed statements:")
+                     "the clients' signed statements"
+                     + (f" ({unverified} of them: a party whose statements cannot be checked "
+                        "to the end)" if unverified else "") + ":")
         lines.extend(f"  {p}" for p in att[:20])
         if len(att) > 20:
             lines.append(f"  ... and {len(att) - 20} more")
@@ -495,6 +517,12 @@ def format_audit(report: dict[str, Any]) -> str:
                      f"delta={dp['delta']:.2g} over {dp['events']} releases"
                      + ("" if dp.get("private") else " - NOT private: "
                         + "; ".join(dp.get("not_private_reasons", []))))
+        if dp.get("remote") is not None:
+            lines.append(
+                f"  (remote nodes: each signed these terms at the end of the run after checking "
+                f"them against the releases it noised itself, {dp['remote']['releases_checked']}"
+                " in all; noise the server adds itself (CentralDP) is described as the server "
+                "stated it then, which no node can check)")
     elif dp:
         lines.append(f"\nDP: no party signed any DP terms ({dp['signers']} closing "
                      "statements): no DP guarantee")

@@ -203,7 +203,10 @@ class Result:
         out = Path(out_dir)
         here = out.resolve()
         keys = Path(keys_dir) if keys_dir is not None else here.parent / f"{here.name}.keys"
-        own = self.attest_scheme == SCHEME  # the clients' own keys, made in this process
+        header = next((r for r in self.transcript.records if r.get("type") == "run"), {})
+        announced = bool((header.get("attestation") or {}).get("announced"))
+        # the clients' own keys, made in this process (not announced to a remote server)
+        own = self.attest_scheme == SCHEME and not announced
         if self.identities and own and _inside(keys, out):
             from secagg.errors import ConfigurationError
 

@@ -241,3 +241,26 @@ def test_a_statement_serialises_every_field_and_reads_back():
                    params={"layer": "z", "noise": {"z": 1.0}}, seq=5)
     assert set(st.to_json()) == {f.name for f in fields(Statement)}
     assert st.to_json() == asdict(st) and Statement.from_json(st.to_json()) == st
+
+
+def test_a_node_refuses_dp_terms_that_misdescribe_the_noise_it_applied():
+    """check_applied: what a Flower node holds the run's DP terms to before it signs them
+    (terms as secagg.attest.dp_terms writes them)."""
+    from secagg.attest import applied_release, check_applied
+
+    mine = [applied_release(0, "stats", "local-dp", ["stats"], 1.0, seeded=False)]
+    event = {"mechanism": "gaussian", "noise_multiplier": 1.0, "count": 1,
+             "fields": ["stats"], "phase": "stats", "round": 0, "not_private_reason": ""}
+    terms = {"delta": 1e-5, "events": [event], "unnoised": [], "not_private": []}
+    assert check_applied(terms, mine) == []
+    assert check_applied(terms, []) == []  # a node that noised nothing checks nothing
+    left_out = check_applied({**terms, "events": []}, mine)
+    assert len(left_out) == 1 and "leave out the release" in left_out[0]
+    less = check_applied({**terms, "events": [{**event, "noise_multiplier": 10.0}]}, mine)
+    assert len(less) == 1 and "other noise than this party added" in less[0]
+    moved = check_applied({**terms, "events": [{**event, "round": 1}]}, mine)
+    assert len(moved) == 1 and "leave out" in moved[0]
+    seeded = [applied_release(0, "stats", "local-dp", ["stats"], 1.0, seeded=True)]
+    called_private = check_applied(terms, seeded)
+    assert len(called_private) == 1 and "fixed seed" in called_private[0]
+    assert check_applied({**terms, "not_private": ["seed fixed"]}, seeded) == []

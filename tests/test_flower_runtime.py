@@ -733,8 +733,10 @@ def test_a_lying_node_revealing_its_true_keys_is_found_out_by_opening_the_shares
 
 @pytest.mark.parametrize("make", [lambda: SecureSum(threshold=0.7), lambda: Homomorphic(),
                                   lambda: LocalDP(Plaintext(), epsilon=2.0, delta=1e-5,
-                                                  seed=1)],
-                         ids=["secure-sum", "homomorphic", "local-dp"])
+                                                  seed=1),
+                                  lambda: DistributedDP(SecureSum(threshold=0.7),
+                                                        noise_multiplier=1.0, delta=1e-5)],
+                         ids=["secure-sum", "homomorphic", "local-dp", "distributed-dp"])
 def test_the_nodes_sign_and_an_attested_audit_verifies_and_catches_a_relabel(make):
     """Each node signs its messages with its own key (announced with the hello); the
     transcript verifies under those keys, and a relabelled record is named."""
@@ -756,10 +758,22 @@ def test_the_nodes_sign_and_an_attested_audit_verifies_and_catches_a_relabel(mak
     import tempfile
     from pathlib import Path
 
-    with tempfile.TemporaryDirectory() as d:
-        ids = read_identities(write_identities(Path(d) / "ids.json", result.identities))
+    from secagg.attest import SCHEME
+
+    with tempfile.TemporaryDirectory() as d:  # scheme v2: numbered, and every node closed
+        ids = read_identities(write_identities(Path(d) / "ids.json", result.identities,
+                                               scheme=SCHEME))
     records = result.transcript.records
     assert verify(records, ids) == []
+    closed = {str(r["statement"]["sender"]) for r in records if r.get("type") ==
+              "attestation" and r["statement"]["stage"] == "end"}
+    assert closed == set(result.identities)  # the HE decryptor closes as itself too
+    from secagg.audit import audit
+
+    report = audit(result.transcript, ids)  # the DP figures, recomputed from signed terms
+    assert report["attestation"] == []
+    if result.privacy is not None:
+        assert report["dp_recomputed"]["epsilon"] == pytest.approx(result.privacy.epsilon())
     rows = [r for r in result.costs.rows if r.stage == "attest"]
     assert {r.sender for r in rows} >= set(range(N)) and all(r.wire_bytes > 64 for r in rows)
     i = next(i for i, r in enumerate(records) if r.get("type") == "observation"

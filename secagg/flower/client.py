@@ -49,6 +49,15 @@ Steps (record field ``step``):
   sizes a DistributedDP noise share (``dp_sizing`` in the reply: ``pinned``, ``alone`` or
   ``server``); and its ledger's head file (``ledger-head``, ``ledger-init``), so a
   rolled-back ledger is refused.
+* Signed statements (:mod:`secagg.attest`, scheme v2): every message a node sends carries
+  its statement, numbered by the node's own counter of the run (kept in ``Context.state``,
+  record ``secagg-attest``, which a new run does not clear and a restarted ClientApp
+  process reads back), and the node remembers each release it noised itself. ``close``
+  (the run's last message): the node checks the run's DP terms (``dp_terms``) against
+  those releases (refusing terms that leave one out, describe less noise, or call seeded
+  noise private) and replies with its signed closing statement (its count, the terms, its
+  releases; the HE decryptor node closes as the decryptor too). It signs nothing more in
+  that run afterwards.
 * ``evaluate`` (personalized algorithms): the node's accuracy on its own local test set
   with its own model and the server's evaluation state, and whether it has a local test
   set. After every round but the last it rides on the node's first message of the next
@@ -88,6 +97,7 @@ PartitionLoader = Callable[[Context], tuple[Dataset, ClientData]]
 
 _STATE = "secagg-node"  # ConfigRecord in Context.state (stays on the node)
 _IDENTITY = "secagg-identity"  # the node's Ed25519 identity (kept across runs)
+_ATTEST = "secagg-attest"  # per run tag: the node's statement numbers (kept across runs)
 #: reply fields that are messages a node sends, signed (secagg.attest)
 _SIGNED = ("msg", "ack", "frames", "next_msg")
 #: steps whose message is booked under another stage name by the server
@@ -183,12 +193,91 @@ def _identity(context: Context) -> Any:
         context.state.config_records[_IDENTITY]["ed25519"])
 
 
+class _AttestBook:
+    """What a node keeps about its signed statements of one run, in its own
+    ``Context.state`` (record :data:`_ATTEST`, one entry per run tag, never sent anywhere
+    and never reset for a run: a ClientApp process restarted per message, or a message of
+    another run in between, does not restart the numbers): the next sequence number of
+    each party it signs as (its client id; ``decryptor`` for the HE decryptor), the
+    releases it noised itself (:func:`secagg.attest.applied_release`), and whether it
+    closed the run."""
+
+    def __init__(self, context: Context, run: str) -> None:
+        if _ATTEST not in context.state.config_records:
+            context.state.config_records[_ATTEST] = ConfigRecord()
+        self.record, self.run = context.state.config_records[_ATTEST], run
+        raw = self.record.get(run)
+        try:
+            doc = json.loads(raw) if isinstance(raw, str) else {}
+            self.seq: dict[str, int] = {str(k): int(v) for k, v in doc.get("seq", {}).items()}
+            self.applied: list[dict[str, Any]] = [dict(a) for a in doc.get("applied", [])]
+            self.closed: bool = bool(doc.get("closed", False))
+        except (ValueError, TypeError, AttributeError):
+            raise ProtocolError("the node's stored statement numbers do not read") from None
+
+    def take(self, party: Any, count: int) -> int:
+        """The first of ``count`` sequence numbers of ``party`` (they are then used);
+        none after the party closed the run (its count is signed)."""
+        if self.closed and count:
+            raise ProtocolError(f"this node closed its signed statements of run {self.run}: "
+                                "it signs no more messages in it")
+        first = int(self.seq.get(str(party), 0))
+        self.seq[str(party)] = first + int(count)
+        return first
+
+    def save(self) -> None:
+        """Write the book back into the node's state."""
+        self.record[self.run] = json.dumps({"seq": self.seq, "applied": self.applied,
+                                            "closed": self.closed}, sort_keys=True)
+
+
+def _close(rec: ConfigRecord, key: Any, context: Context, store: ConfigRecord
+           ) -> dict[str, Any]:
+    """The ``close`` step: sign one closing statement per party this node signed as
+    (:func:`secagg.attest.closing_statement`: its statement count and the run's DP terms,
+    ``dp_terms`` in the instruction), after checking those terms against every release
+    the node noised itself (:func:`secagg.attest.check_applied`): terms that leave one
+    out, describe less noise than the node added, or call seeded noise private are
+    refused (an error reply: the node signs nothing, and the audit names it as
+    unclosed)."""
+    from secagg.attest import check_applied, closing_statement
+
+    t0 = time.process_time()
+    if "cid" not in store:
+        raise ProtocolError("a closing request for a run this node did not join")
+    book = _AttestBook(context, str(store["run"]))
+    try:
+        terms = json.loads(field(rec, "dp_terms", str)) if "dp_terms" in rec else None
+    except ValueError:
+        raise ProtocolError("closing request: dp_terms is not JSON") from None
+    if terms is not None and not isinstance(terms, dict):
+        raise ProtocolError("closing request: dp_terms is not a JSON object")
+    wrong = check_applied(terms, book.applied)
+    if wrong:
+        raise ProtocolError("closing request refused: the DP terms the server asks this node "
+                            f"to sign misdescribe the noise it applied: {'; '.join(wrong)}")
+    params: dict[str, Any] = {"applied": book.applied}
+    if terms is not None:
+        params["dp"] = terms
+    rnd = field(rec, "round", int) if "round" in rec else -1
+    parties: list[Any] = [int(store["cid"])]
+    if book.seq.get("decryptor", 0) > 0:
+        parties.append("decryptor")
+    atts = [closing_statement(key, run=str(store["run"]), round=rnd, sender=p,
+                              count=book.seq.get(str(p), 0), params=params) for p in parties]
+    book.closed = True
+    book.save()
+    return {"att": json.dumps(atts), "att_cpu_s": time.process_time() - t0}
+
+
 def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
-            store: ConfigRecord) -> dict[str, Any]:
+            store: ConfigRecord, context: Context) -> dict[str, Any]:
     """Sign a statement for every message of the reply ``out`` (the one place a node's
     messages leave it; :func:`secagg.attest.sign_reply`): labelled with the round, phase
     and stage the instruction names (``att``), the form read from the message itself,
-    the noise parameters this node applied (``dp``) and the noised fields."""
+    the noise parameters this node applied (``dp``) and the noised fields, and numbered
+    with the node's own sequence numbers (:class:`_AttestBook`, in its ``Context.state``:
+    scheme :data:`secagg.attest.SCHEME`)."""
     from secagg.attest import params_digest, sign_reply
 
     t0 = time.process_time()
@@ -203,14 +292,21 @@ def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
         params["noise"] = json.loads(field(rec, "dp", str))
     noised = json.loads(store["att_noised"]) if "att_noised" in store else []
     msgs = {k: (stage, out[k]) for k in _SIGNED if k in out and k != "next_msg"}
+    book = _AttestBook(context, str(store["run"]))
+    if "att_release" in store:  # a release this node noised, now sent
+        if step in _UPLOADS:
+            book.applied.append(json.loads(store["att_release"]))
+        del store["att_release"]
     atts = json.loads(sign_reply(key, run=str(store["run"]), round=rnd, phase=phase,
                                  sender=sender, messages=msgs, params=params,
-                                 noised=noised if step in _UPLOADS else ()))
+                                 noised=noised if step in _UPLOADS else (),
+                                 first_seq=book.take(sender, len(msgs))))
     if "next_msg" in out:  # ADVERTISE ahead for the next session
         atts += json.loads(sign_reply(
             key, run=str(store["run"]), round=int(rec.get("next_round", -1)), phase="",
             sender=sender, messages={"next_msg": ("advertise", out["next_msg"])},
-            params={}))
+            params={}, first_seq=book.take(sender, 1)))
+    book.save()
     if atts:
         out["att"] = json.dumps(atts)
         out["att_cpu_s"] = time.process_time() - t0
@@ -296,7 +392,10 @@ class _Node:
                 out["ledger_head"] = head
             if "next_session" in rec:
                 out.update(self._advertise_next(rec, context, store))
-            return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
+            return Message(content(**_attest(rec, step, out, key, store, context)),
+                           reply_to=msg)
+        if step == "close":  # the end of the run: the node's closing statements
+            return Message(content(**_close(rec, key, context, store)), reply_to=msg)
         if step in _UPLOADS and (step != "share" or rec.get("with_step") is True):
             # the node's own checks, before its data is touched: its policy floor, then its
             # budget (the release is charged, durably, before the step runs)
@@ -334,7 +433,7 @@ class _Node:
                 out.update(self._advertise_next(rec, context, store))
         if "cid" not in store:
             store["cid"] = int(self._load(context)[1].id)
-        return Message(content(**_attest(rec, step, out, key, store)), reply_to=msg)
+        return Message(content(**_attest(rec, step, out, key, store, context)), reply_to=msg)
 
     def _cid(self, context: Context, store: ConfigRecord) -> int:
         """This node's client id (from its hello, else its partition)."""
@@ -363,6 +462,8 @@ class _Node:
         before ``admit``."""
         rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
         seed = field(rec, "seed", int)
+        if "att_release" in store:  # (left by a step that failed after its noise)
+            del store["att_release"]
         scored: dict[str, Any] = {}
         if rec.get("evaluate") is True and score:  # the previous round's, before this step
             scored = self._evaluate(field(rec, "eval_state", bytes), seed, dataset, data, store)
@@ -411,8 +512,17 @@ class _Node:
             plain = spec
             noiser, rng, up, spec = noise_on_node(rec, spec, up, st.id)
             out["cpu_s"] = cpu = cpu + time.process_time() - t0
+            from secagg.attest import applied_release
+
+            mine: list[str] = []
             if hasattr(noiser, "noise_plan"):  # LocalDP: the fields it noised (attested)
-                store["att_noised"] = json.dumps(sorted(noiser.noise_plan(plain)[0]))
+                mine = sorted(noiser.noise_plan(plain)[0])
+                store["att_noised"] = json.dumps(mine)
+            # the release as this node noised it, checked against the run's DP terms at
+            # the end (kept once the reply is signed; DistributedDP: its round and phase)
+            store["att_release"] = json.dumps(applied_release(
+                rnd, name, str(getattr(noiser, "name", "")), mine,
+                float(noiser.noise_multiplier) if mine else None, noiser.seed is not None))
         elif "att_noised" in store:
             del store["att_noised"]
         # the upload leaves the node the layer's way

@@ -19,6 +19,11 @@ SecureSum then recovers through its dropout path (the server rebuilds a dropped 
 mask key from the others' shares); every such loss is booked as a zero-byte ledger row of
 stage ``"dropped:<stage>"`` from that client and listed in the aggregate's
 ``notes["dropped"]``.
+
+The run ends with a ``close`` exchange (:meth:`FlowerFederation._close_nodes`): every node
+that said hello is sent the run's DP terms and answers with its signed closing statement
+(:mod:`secagg.attest`, scheme v2); a node that does not answer is recorded in the
+transcript as ``unclosed``, with the reason.
 """
 
 from __future__ import annotations
@@ -349,6 +354,27 @@ class FlowerFederation(TransportHooks):
                 cohort=ins.get("n"), layer=ins.get("layer"), sizing=sizing)}
         return replace(self._events[key], client=str(client), **kw).to_dict()
 
+    def _close_nodes(self, terms: Mapping[str, Any] | None) -> dict[int, str]:
+        """The run's last exchange (step ``close``): every node that said hello is sent
+        the run's DP terms (``dp_terms``: :func:`secagg.attest.dp_terms` of the privacy
+        ledger; none without DP) and answers with its signed closing statement (its
+        statement count, and the terms, which it checks against the noise it applied
+        itself). Returns why each node that did not answer failed (the Collector records
+        it in the transcript, and the audit then names what it cannot check of it)."""
+        if not self.nodes:
+            return {}
+        last = max(len(self.round_wall_s) - 1, 0)
+        extra = {} if terms is None else {"dp_terms": json.dumps(terms, sort_keys=True)}
+        payloads = {c: content(step="close", run=self._run_tag, round=last, **extra)
+                    for c in sorted(self.nodes)}
+        got, failed = self._exchange(self._grid, "close", None,  # type: ignore[arg-type]
+                                     payloads, needs=(("att", str),), tag=f"{last}/close")
+        # our bytes: the terms to each node, the signed closing statements back (not on the
+        # cost ledger: once per node per run, as in one process)
+        self.transport.add("close", ours=len(extra.get("dp_terms", "")) * len(payloads)
+                           + sum(len(rec["att"]) for rec in got.values()))
+        return failed
+
     def _statements(self, client: int, rec: Any) -> None:
         """Keep the signed statements a node's reply carries (``att``), for the transcript
         (:class:`secagg.attest.Collector`)."""
@@ -535,7 +561,8 @@ class FlowerFederation(TransportHooks):
         self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
         self._node_ledgers = []
         self._sizings = {}
-        self.collector = Collector(run=self._run_tag)  # the nodes' signed statements
+        # the nodes' signed statements, closed at the end of the run (step "close")
+        self.collector = Collector(run=self._run_tag, closer=self._close_nodes)
         engine = Engine(
             algorithm=self.algorithm, layer=self.layer, transport=self, rounds=self.rounds,
             fraction=self.fraction, seed=self.seed, dropouts=self.dropouts,
