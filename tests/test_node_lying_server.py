@@ -360,7 +360,7 @@ def test_with_neither_the_ledger_says_the_figure_rests_on_the_server(tmp_path):
     assert "cohort of 4" in event["assumes"]
     assert reconcile(tmp_path / "l.jsonl", result.transcript.records, 0)["ok"]
     # and so does the run's printed guarantee
-    (said,) = [h for h in result.privacy.holds_against if "follows the protocol" in h]
+    (said,) = [h for h in result.privacy.holds_against if "only as far as this server follows" in h]
     assert "node(s) [0, 1, 2, 3]" in said
 
 

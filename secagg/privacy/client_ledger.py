@@ -83,8 +83,8 @@ from secagg.privacy.events import (
     PrivacyEvent,
     SampledGaussianEvent,
     SkellamEvent,
+    positive_or_none,
 )
-from secagg.privacy.policy import positive_or_none
 
 __all__ = [
     "ACTIONS",

@@ -244,3 +244,14 @@ class NonPrivateEvent(PrivacyEvent):
     def dp_event(self) -> dp_event.DpEvent:
         """``NonPrivateDpEvent()``."""
         return dp_accounting.NonPrivateDpEvent()
+
+
+def positive_or_none(what: str, v: Any) -> float | None:
+    """``v`` as a float when it is a finite number > 0, None when it is None; anything else
+    raises :class:`PrivacyError` naming ``what`` (e.g. "node policy max_clip")."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+            math.isfinite(v) and v > 0):
+        raise PrivacyError(f"{what} must be a positive number, got {v!r}")
+    return float(v)

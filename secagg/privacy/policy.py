@@ -52,25 +52,14 @@ always learns the cohort, so no such amplification holds against it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from secagg.errors import PrivacyError
+from secagg.privacy.events import positive_or_none
 
 __all__ = ["SERVER_WORD", "NodePolicy"]
-
-
-def positive_or_none(what: str, v: Any) -> float | None:
-    """``v`` as a float when it is a finite number > 0, None when it is None; anything else
-    raises :class:`PrivacyError` naming ``what`` (e.g. "node policy max_clip")."""
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
-            math.isfinite(v) and v > 0):
-        raise PrivacyError(f"{what} must be a positive number, got {v!r}")
-    return float(v)
 
 
 def _flag(config: Mapping[str, Any], key: str) -> bool:
