@@ -19,6 +19,7 @@ it can make (:func:`secagg.validated_sum.proof.prove`).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,14 +27,17 @@ from secagg.secure_sum.errors import StageOrderError
 from secagg.validated_sum import field as F
 from secagg.validated_sum import proof as proofs
 from secagg.validated_sum import wire as W
-from secagg.validated_sum.errors import CoinError
+from secagg.validated_sum.errors import BoundExceeded, CoinError
 
 
 class Client:
     """One client for one round of the validated sum."""
 
     def __init__(self, client_id: int, params: proofs.Params, run_id: bytes, round: int,
-                 *, honest: bool = True, scale_by: float = 1.0) -> None:
+                 *, honest: bool = True, scale_by: float = 1.0,
+                 randbytes: Callable[[int], bytes] = secrets.token_bytes) -> None:
+        """``randbytes`` is where seeds come from (``secrets.token_bytes``; a test passes a
+        seeded source for reproducibility)."""
         if len(run_id) != 16:
             raise ValueError("run_id is 16 bytes")
         self.id = int(client_id)
@@ -42,6 +46,7 @@ class Client:
         self.round = int(round)
         self.honest = honest
         self.scale_by = float(scale_by)
+        self._rand = randbytes
         self._x: np.ndarray | None = None
         self._stage = "new"
 
@@ -49,7 +54,7 @@ class Client:
         return W.context(self.run_id, self.round, self.id, what)
 
     def _split(self, kind: int, values: np.ndarray, what: str) -> tuple[bytes, bytes]:
-        seed = secrets.token_bytes(W.SEED_LEN)
+        seed = self._rand(W.SEED_LEN)
         share_a = F.expand(seed, self._ctx(what), values.shape[0])
         body_a = seed
         body_b = W.pack_elements(F.sub(values, share_a))
@@ -64,6 +69,8 @@ class Client:
         v = np.asarray(update, dtype=np.float64) * self.scale_by
         if self.honest:
             x = proofs.encode(v, self.params)
+            if proofs.squared_norm(x) > self.params.units ** 2:
+                raise BoundExceeded(float(np.linalg.norm(v)), self.params.bound)
         else:  # a cheater encodes whatever it likes, modulo p
             x = np.trunc(np.asarray(v).reshape(-1) * self.params.scale).astype(np.int64)
         self._x = x
@@ -84,6 +91,7 @@ class Client:
         if coins[0] != coins[1]:
             raise CoinError(f"client {self.id}: the aggregators sent different challenges")
         wrap = proofs.wrap_vectors(coins[0], self._ctx("challenge"), self.params)
-        u = proofs.prove(self._x, wrap, self.params, honest=self.honest)
+        u = proofs.prove(self._x, wrap, self.params, honest=self.honest,
+                         randbytes=self._rand)
         self._stage = "done"
         return self._split(W.SHARE_PROOF, u, "proof")

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,16 +164,22 @@ class Params:
 
 
 def encode(update: np.ndarray, params: Params) -> np.ndarray:
-    """Fixed point, truncated toward zero (never grows the norm): int64 vector."""
+    """Fixed point, truncated toward zero (never grows the norm): int64 vector. Raises
+    :class:`BoundExceeded` for a coordinate beyond the bound (the norm is then too)."""
     v = np.asarray(update, dtype=np.float64).reshape(-1)
     if v.shape[0] != params.dim:
         raise ValueError(f"update has {v.shape[0]} coordinates, expected {params.dim}")
     if not np.all(np.isfinite(v)):
         raise ValueError("update has a non-finite coordinate")
-    limit = float(1 << 62) / params.scale
-    if np.any(np.abs(v) >= limit):
+    if np.any(np.abs(v) > params.bound):  # then |x_i| <= B, and d B^2 < p: no wrap below
         raise BoundExceeded(float(np.linalg.norm(v)), params.bound)
     return np.trunc(v * params.scale).astype(np.int64)
+
+
+def squared_norm(x: np.ndarray) -> int:
+    """sum x_i^2 of an :func:`encode`'d vector, exactly (each |x_i| <= B and d B^2 < p)."""
+    xf = F.from_signed(x)
+    return int(F.total(F.mul(xf, xf)))
 
 
 def decode(total: np.ndarray, params: Params) -> np.ndarray:
@@ -190,7 +197,8 @@ def _flp_values(first: np.ndarray, lag: F.Lagrange, m: int) -> np.ndarray:
 
 
 def prove(x: np.ndarray, wrap: np.ndarray, params: Params, *, honest: bool = True,
-          claimed_norm: int | None = None) -> np.ndarray:
+          claimed_norm: int | None = None,
+          randbytes: Callable[[int], bytes] = secrets.token_bytes) -> np.ndarray:
     """The proof vector u for the encoded update ``x`` (int64) and the wraparound
     projections ``wrap`` (R x d in {-1, 0, 1}).
 
@@ -219,13 +227,13 @@ def prove(x: np.ndarray, wrap: np.ndarray, params: Params, *, honest: bool = Tru
     # FLP1: the squares
     padded = np.zeros(L * c, dtype=np.uint64)
     padded[:params.dim] = xf
-    seed1 = F.expand(secrets.token_bytes(32), b"flp1-seed", c)
+    seed1 = F.expand(randbytes(32), b"flp1-seed", c)
     first = np.vstack([seed1[None, :], padded.reshape(L, c)])
     vals = _flp_values(first, F.lagrange(L + 1), 2 * L + 1)
     p1 = F.total(F.mul(vals, vals), axis=1)
 
     # FLP2: the bits
-    seed2 = F.expand(secrets.token_bytes(32), b"flp2-seed", 1)
+    seed2 = F.expand(randbytes(32), b"flp2-seed", 1)
     first2 = np.concatenate([seed2, np.array(bits, dtype=np.uint64)])[:, None]
     v2 = _flp_values(first2, F.lagrange(nb + 1), 2 * nb + 1)[:, 0]
     p2 = F.sub(F.mul(v2, v2), v2)

@@ -2,14 +2,16 @@
 in-memory messages (the parties stay byte-in/byte-out, so a transport-backed driver can
 replace this one message for message).
 
-``tamper(client, kind, role, msg) -> msg`` lets tests play a network or client attacker on
-any client message; ``dropped`` maps a client to the step it does not finish
+``tamper(client, kind, (to_a, to_b)) -> (to_a, to_b)`` lets tests play a network or client
+attacker on any client message pair; ``randbytes`` (default ``secrets.token_bytes``) is the clients'
+seed source; ``dropped`` maps a client to the step it does not finish
 (``"upload"``: never uploads; ``"proof"``: uploads, then disappears).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from secagg.validated_sum.aggregator import ALL_CHECKS, Aggregator
 from secagg.validated_sum.client import Client
 from secagg.validated_sum.errors import ClientRejected
 
-Tamper = Callable[[int, int, int, bytes], bytes]
+Tamper = Callable[[int, int, tuple[bytes, bytes]], tuple[bytes, bytes]]
 
 
 @dataclass
@@ -72,6 +74,7 @@ def run_round(
     dropped: Mapping[int, str] | None = None,
     tamper: Tamper | None = None,
     checks: frozenset[str] = ALL_CHECKS,
+    randbytes: Callable[[int], bytes] | None = None,
 ) -> RoundResult:
     """Run one round: ``updates`` (client -> float vector of length ``params.dim``);
     ``cheaters`` (client -> factor): those clients skip the clip and scale their update.
@@ -79,24 +82,27 @@ def run_round(
     contend for the cores."""
     with threadpool_limits(limits=1, user_api="blas"):
         return _round(updates, params, round, run_id, dict(cheaters or {}),
-                      dict(dropped or {}), tamper, checks)
+                      dict(dropped or {}), tamper, checks, randbytes or secrets.token_bytes)
 
 
 def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
            run_id: bytes | None, cheaters: dict[int, float], dropped: dict[int, str],
-           tamper: Tamper | None, checks: frozenset[str]) -> RoundResult:
+           tamper: Tamper | None, checks: frozenset[str],
+           randbytes: Callable[[int], bytes]) -> RoundResult:
     run_id = run_id if run_id is not None else os.urandom(16)
     aggs = (Aggregator(0, params, run_id, round, checks=checks),
             Aggregator(1, params, run_id, round, checks=checks))
     agg_s = [0.0, 0.0]
     clients = {c: Client(c, params, run_id, round, honest=c not in cheaters,
-                         scale_by=cheaters.get(c, 1.0)) for c in updates}
+                         scale_by=cheaters.get(c, 1.0), randbytes=randbytes) for c in updates}
     client_s = dict.fromkeys(clients, 0.0)
     up_bytes = {c: (0, 0) for c in clients}
 
     def deliver(c: int, kind: int, msgs: tuple[bytes, bytes], step: str) -> None:
+        if tamper is not None:
+            msgs = tamper(c, kind, msgs)
         for role in (0, 1):
-            msg = msgs[role] if tamper is None else tamper(c, kind, role, msgs[role])
+            msg = msgs[role]
             up_bytes[c] = tuple(up_bytes[c][i] + (len(msg) if i == role else 0)
                                 for i in (0, 1))  # type: ignore[assignment]
             t0 = time.process_time()
@@ -140,7 +146,10 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
     t0 = time.process_time()
     total_field = aggs[0].finish(aggs[1].sum_message())
     agg_s[0] += time.process_time() - t0
-    rejected = {**aggs[1].rejected, **aggs[0].rejected}
+    rejected = dict(aggs[0].rejected)
+    for c, err in aggs[1].rejected.items():  # the aggregator that saw the fault names it
+        if c not in rejected or type(rejected[c]) is ClientRejected:
+            rejected[c] = err
     accepted = aggs[0].accepted
     absent = tuple(sorted(c for c in clients if c not in accepted and c not in rejected))
     return RoundResult(
