@@ -268,7 +268,9 @@ def test_fedavg_with_two_cheaters_stays_close():
     """Federated averaging of a linear softmax model on the digits data, 20 clients, two
     of which skip their clip and scale their update by 100 each round: under the validated
     sum the accuracy stays within 2 points of the cheater-free run; a sum that checks
-    nothing (what SecureSum computes) falls far."""
+    nothing falls to chance. The unchecked run is a plain sum: what SecureSum returns, as
+    it adds whatever fits its ring (exact modular sum), so it is modelled without running
+    its masking."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
@@ -295,7 +297,7 @@ def test_fedavg_with_two_cheaters_stays_close():
 
     def train_run(cheat: bool, validated: bool) -> float:
         w = np.zeros(dim)
-        for rnd in range(8):
+        for rnd in range(3):
             ups = {c: local_update(w, parts[c]) for c in range(20)}
             cheaters = {0: -100.0, 1: -100.0} if cheat else {}
             if validated:
@@ -311,9 +313,12 @@ def test_fedavg_with_two_cheaters_stays_close():
         clean = train_run(cheat=False, validated=True)
         attacked = train_run(cheat=True, validated=True)
         unchecked = train_run(cheat=True, validated=False)
-    assert clean > 0.8
+    print(f"digits FedAvg: clean {clean:.3f}, 2 cheaters validated {attacked:.3f}, "
+          f"unchecked {unchecked:.3f}")
+    assert clean > 0.85
     assert abs(clean - attacked) <= 0.02, (clean, attacked)
-    assert clean - unchecked > 0.2, (clean, unchecked)  # the unchecked sum falls far
+    # the unchecked sum falls by about 79 points (0.90 -> 0.11, chance level)
+    assert clean - unchecked > 0.5, (clean, unchecked)
 
 
 def test_protocol_errors_are_rooted():

@@ -66,6 +66,7 @@ class Aggregator:
         self._x: dict[int, np.ndarray] = {}
         self._u: dict[int, np.ndarray] = {}
         self._opened: dict[int, np.ndarray] = {}
+        self._wrap_vectors: np.ndarray | None = None
         self._dig: dict[int, bytes] = {}
         self._coins: list[bytes] = []
         self._nonce: bytes | None = None
@@ -188,9 +189,11 @@ class Aggregator:
         self._dig[client] += dig
 
     # -- step 5 ----------------------------------------------------------------------------
-    def _wrap(self, client: int) -> np.ndarray:
-        ctx = W.context(self.run_id, self.round, client, "challenge")
-        return proofs.wrap_vectors(self._coins[0], ctx, self.params)
+    def _wrap(self) -> np.ndarray:
+        if self._wrap_vectors is None:
+            ctx = W.context(self.run_id, self.round, W.NO_CLIENT, "wrap")
+            self._wrap_vectors = proofs.wrap_vectors(self._coins[0], ctx, self.params)
+        return self._wrap_vectors
 
     def check_message(self) -> bytes:
         """Open this aggregator's shares of every proved client's check values."""
@@ -199,10 +202,10 @@ class Aggregator:
             self._x.pop(c)  # no proof: the client did not finish and is simply absent
         parts = [W.Header(W.CHECK, self.run_id, self.round, W.NO_CLIENT, 1 - self.role).pack(),
                  _ID.pack(len(self._u))]
+        ctx = W.context(self.run_id, self.round, W.NO_CLIENT, "check")
+        ch = proofs.challenge(self._coins[1], ctx, self.params)
         for c in sorted(self._u):
-            ctx = W.context(self.run_id, self.round, c, "check")
-            ch = proofs.challenge(self._coins[1], ctx, self.params)
-            share = proofs.check_share(self.role, self._x[c], self._u[c], self._wrap(c), ch,
+            share = proofs.check_share(self.role, self._x[c], self._u[c], self._wrap(), ch,
                                        self.params)
             self._opened[c] = share
             parts += [_ID.pack(c), self._dig[c], W.pack_elements(share)]

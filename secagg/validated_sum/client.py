@@ -90,7 +90,8 @@ class Client:
             coins.append(body)
         if coins[0] != coins[1]:
             raise CoinError(f"client {self.id}: the aggregators sent different challenges")
-        wrap = proofs.wrap_vectors(coins[0], self._ctx("challenge"), self.params)
+        wrap = proofs.wrap_vectors(
+            coins[0], W.context(self.run_id, self.round, W.NO_CLIENT, "wrap"), self.params)
         u = proofs.prove(self._x, wrap, self.params, honest=self.honest,
                          randbytes=self._rand)
         self._stage = "done"

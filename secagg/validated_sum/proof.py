@@ -242,24 +242,32 @@ def prove(x: np.ndarray, wrap: np.ndarray, params: Params, *, honest: bool = Tru
 
 @dataclass(frozen=True)
 class Challenge:
-    """The verification randomness for one client (from the aggregators' joint coin)."""
+    """The verification randomness of one round (from the aggregators' joint coin, drawn
+    after every proof of the round is fixed, so it is as good as fresh per client), with
+    the Lagrange coefficients at the points computed once."""
 
     r1: int
     r2: int
     gamma: np.ndarray
+    lam_f1: np.ndarray
+    lam_p1: np.ndarray
+    lam_f2: np.ndarray
+    lam_p2: np.ndarray
 
 
 def challenge(coin: bytes, context: bytes, params: Params) -> Challenge:
-    """Derive a client's FLP points and bit-check weights from the joint coin."""
+    """Derive the FLP points and bit-check weights from the joint coin."""
     L, nb = params.calls, params.nbits
     r1 = F.expand_ints(coin, context + b"|r1", 1, 2 * L + 1, F.P)[0]
     r2 = F.expand_ints(coin, context + b"|r2", 1, 2 * nb + 1, F.P)[0]
     gamma = F.expand(coin, context + b"|gamma", nb)
-    return Challenge(r1, r2, gamma)
+    return Challenge(r1, r2, gamma, F.lagrange(L + 1).at(r1), F.lagrange(2 * L + 1).at(r1),
+                     F.lagrange(nb + 1).at(r2), F.lagrange(2 * nb + 1).at(r2))
 
 
 def wrap_vectors(coin: bytes, context: bytes, params: Params) -> np.ndarray:
-    """The R wraparound projections for one client, from the joint coin."""
+    """The R wraparound projections of one round, from the joint coin drawn after every
+    update of the round is fixed."""
     return F.expand_ternary(coin, context + b"|wrap", (params.reps, params.dim))
 
 
@@ -271,9 +279,9 @@ def check_share(role: int, x_share: np.ndarray, u_share: np.ndarray, wrap: np.nd
     padded = np.zeros(L * c, dtype=np.uint64)
     padded[:params.dim] = x_share
     first = np.vstack([u_share[s["seed1"]][None, :], padded.reshape(L, c)])
-    f1 = F.matmul(F.lagrange(L + 1).at(ch.r1)[None, :], first)[0]
+    f1 = F.matmul(ch.lam_f1[None, :], first)[0]
     p1s = u_share[s["p1"]]
-    p1r = F.dot(F.lagrange(2 * L + 1).at(ch.r1), p1s)
+    p1r = F.dot(ch.lam_p1, p1s)
     bits = u_share[s["bits"]]
     nbits = params.norm_bits
     pow2n = np.array([pow(2, j, F.P) for j in range(max(nbits, w))], dtype=np.uint64)
@@ -281,9 +289,9 @@ def check_share(role: int, x_share: np.ndarray, u_share: np.ndarray, wrap: np.nd
     comp = F.dot(pow2n[:nbits], bits[nbits:2 * nbits])
     out1 = (int(F.total(p1s[1:L + 1])) - norm) % F.P
     first2 = np.concatenate([u_share[s["seed2"]], bits])
-    f2 = F.dot(F.lagrange(nb + 1).at(ch.r2), first2)
+    f2 = F.dot(ch.lam_f2, first2)
     p2s = u_share[s["p2"]]
-    p2r = F.dot(F.lagrange(2 * nb + 1).at(ch.r2), p2s)
+    p2r = F.dot(ch.lam_p2, p2s)
     out2 = F.dot(ch.gamma, p2s[1:nb + 1])
     units2 = params.units * params.units
     lin = (norm + comp - (units2 if role == 0 else 0)) % F.P
