@@ -26,6 +26,14 @@ from secagg.validated_sum.client import Client
 from secagg.validated_sum.errors import ClientRejected
 
 Tamper = Callable[[int, int, tuple[bytes, bytes]], tuple[bytes, bytes]]
+#: ``on_message(sender, receiver, stage, msg, sender_cpu_s, receiver_cpu_s)``; parties are
+#: client ids and the aggregators' names ``"A"`` and ``"B"``
+OnMessage = Callable[[object, object, str, bytes, float, float], None]
+AGGREGATORS = ("A", "B")
+
+
+def _quiet(*_: object) -> None:
+    return None
 
 
 @dataclass
@@ -53,15 +61,23 @@ class RoundResult:
     aggregator_s: tuple[float, float] = (0.0, 0.0)
 
 
-def _coin(aggs: tuple[Aggregator, Aggregator], timer: list[float]) -> None:
-    t = [time.process_time()]
-    commits = [a.coin_commit() for a in aggs]
-    opens = [a.coin_open() for a in aggs]
-    aggs[0].coin_finish(commits[1], opens[1])
-    aggs[1].coin_finish(commits[0], opens[0])
-    t.append(time.process_time())
-    timer[0] += (t[1] - t[0]) / 2
-    timer[1] += (t[1] - t[0]) / 2
+def _coin(aggs: tuple[Aggregator, Aggregator], timer: list[float], book: OnMessage,
+          stage: str) -> None:
+    secs = [0.0, 0.0]
+    msgs: list[list[bytes]] = [[], []]
+    for step in ("coin_commit", "coin_open"):
+        for role in (0, 1):
+            t0 = time.process_time()
+            msgs[role].append(getattr(aggs[role], step)())
+            secs[role] += time.process_time() - t0
+    for role in (0, 1):
+        t0 = time.process_time()
+        aggs[role].coin_finish(*msgs[1 - role])
+        secs[role] += time.process_time() - t0
+    for role in (0, 1):
+        timer[role] += secs[role]
+        for m in msgs[role]:
+            book(AGGREGATORS[role], AGGREGATORS[1 - role], stage, m, secs[role] / 2, 0.0)
 
 
 def run_round(
@@ -75,6 +91,7 @@ def run_round(
     tamper: Tamper | None = None,
     checks: frozenset[str] = ALL_CHECKS,
     randbytes: Callable[[int], bytes] | None = None,
+    on_message: OnMessage | None = None,
 ) -> RoundResult:
     """Run one round: ``updates`` (client -> float vector of length ``params.dim``);
     ``cheaters`` (client -> factor): those clients skip the clip and scale their update.
@@ -82,13 +99,14 @@ def run_round(
     contend for the cores."""
     with threadpool_limits(limits=1, user_api="blas"):
         return _round(updates, params, round, run_id, dict(cheaters or {}),
-                      dict(dropped or {}), tamper, checks, randbytes or secrets.token_bytes)
+                      dict(dropped or {}), tamper, checks, randbytes or secrets.token_bytes,
+                      on_message or _quiet)
 
 
 def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
            run_id: bytes | None, cheaters: dict[int, float], dropped: dict[int, str],
            tamper: Tamper | None, checks: frozenset[str],
-           randbytes: Callable[[int], bytes]) -> RoundResult:
+           randbytes: Callable[[int], bytes], book: OnMessage) -> RoundResult:
     run_id = run_id if run_id is not None else os.urandom(16)
     aggs = (Aggregator(0, params, run_id, round, checks=checks),
             Aggregator(1, params, run_id, round, checks=checks))
@@ -98,7 +116,8 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
     client_s = dict.fromkeys(clients, 0.0)
     up_bytes = {c: (0, 0) for c in clients}
 
-    def deliver(c: int, kind: int, msgs: tuple[bytes, bytes], step: str) -> None:
+    def deliver(c: int, kind: int, msgs: tuple[bytes, bytes], step: str, stage: str,
+                sent_s: float) -> None:
         if tamper is not None:
             msgs = tamper(c, kind, msgs)
         for role in (0, 1):
@@ -111,29 +130,36 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
             except ClientRejected:
                 pass  # recorded in aggs[role].rejected
             finally:
-                agg_s[role] += time.process_time() - t0
+                spent = time.process_time() - t0
+                agg_s[role] += spent
+                book(c, AGGREGATORS[role], stage, msg, sent_s / 2, spent)
 
     for c, cl in clients.items():
         if dropped.get(c) == "upload":
             continue
         t0 = time.process_time()
         msgs = cl.upload(updates[c])
-        client_s[c] += time.process_time() - t0
-        deliver(c, W.SHARE_X, msgs, "receive_upload")
-    _coin(aggs, agg_s)
+        spent = time.process_time() - t0
+        client_s[c] += spent
+        deliver(c, W.SHARE_X, msgs, "receive_upload", "share", spent)
+    _coin(aggs, agg_s, book, "coin-wrap")
     live = set(aggs[0].live) & set(aggs[1].live)
     for c in sorted(live):
         if dropped.get(c) == "proof":
             continue
-        t0 = time.process_time()
-        chal = (aggs[0].challenge(c), aggs[1].challenge(c))
-        agg_s[0] += (time.process_time() - t0) / 2
-        agg_s[1] += (time.process_time() - t0) / 2
+        chal = []
+        for role in (0, 1):
+            t0 = time.process_time()
+            chal.append(aggs[role].challenge(c))
+            spent = time.process_time() - t0
+            agg_s[role] += spent
+            book(AGGREGATORS[role], c, "challenge", chal[role], spent, 0.0)
         t0 = time.process_time()
         msgs = clients[c].respond(*chal)
-        client_s[c] += time.process_time() - t0
-        deliver(c, W.SHARE_PROOF, msgs, "receive_proof")
-    _coin(aggs, agg_s)
+        spent = time.process_time() - t0
+        client_s[c] += spent
+        deliver(c, W.SHARE_PROOF, msgs, "receive_proof", "proof", spent)
+    _coin(aggs, agg_s, book, "coin-check")
     checks_msgs = []
     for role in (0, 1):
         t0 = time.process_time()
@@ -142,10 +168,19 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
     for role in (0, 1):
         t0 = time.process_time()
         aggs[role].receive_check(checks_msgs[1 - role])
-        agg_s[role] += time.process_time() - t0
+        spent = time.process_time() - t0
+        agg_s[role] += spent
+        book(AGGREGATORS[1 - role], AGGREGATORS[role], "check", checks_msgs[1 - role], 0.0,
+             spent)
     t0 = time.process_time()
-    total_field = aggs[0].finish(aggs[1].sum_message())
-    agg_s[0] += time.process_time() - t0
+    sum_msg = aggs[1].sum_message()
+    spent_b = time.process_time() - t0
+    t0 = time.process_time()
+    total_field = aggs[0].finish(sum_msg)
+    spent_a = time.process_time() - t0
+    agg_s[0] += spent_a
+    agg_s[1] += spent_b
+    book("B", "A", "sum", sum_msg, spent_b, spent_a)
     rejected = dict(aggs[0].rejected)
     for c, err in aggs[1].rejected.items():  # the aggregator that saw the fault names it
         if c not in rejected or type(rejected[c]) is ClientRejected:
