@@ -28,6 +28,7 @@ from secagg.costs import SERVER
 from secagg.errors import InadmissibleField
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
+from secagg.transcript import digest
 from secagg.validated_sum import proof as proofs
 from secagg.validated_sum.protocol import run_round
 
@@ -119,8 +120,10 @@ class ValidatedSum(Layer):
             server_s = receiver_s + (0.0 if isinstance(s, int) else sender_s)
             ctx.message(s, r, stage, wire_bytes=msg, client_cpu_s=client_s,
                         server_cpu_s=server_s)
-            if isinstance(s, int) and stage in ("share", "proof"):
-                ctx.observe(r, s, stage, "*", "masked", msg)
+            if isinstance(s, int) and stage == "share":
+                sha = digest(msg)  # an additive share of every field: uniform on its own
+                for f in fields:
+                    ctx.observe(r, s, stage, f.name, "masked", msg, value_digest=sha)
 
         run_id = ctx.seed.to_bytes(8, "big", signed=True) + os.urandom(8)
         res = run_round(vecs, params, round=ctx.round, run_id=run_id, cheaters=cheaters,
