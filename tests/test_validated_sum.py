@@ -197,6 +197,10 @@ def test_malformed_proof_rejected_naming_the_client(what):
     assert isinstance(err, expected), err
     assert res.accepted == (0, 1, 3, 4, 5)
     np.testing.assert_array_equal(res.total, _exact_sum(ups, res.accepted))
+    if what == "random-proof":  # negative control: only the proof check stops it
+        off = _run(ups, tamper=_MaliciousClient(2, W.SHARE_PROOF, new_body),
+                   checks=ALL_CHECKS - {"proof"})
+        assert 2 in off.accepted
 
 
 def test_wrong_length_share_rejected_naming_the_client():
