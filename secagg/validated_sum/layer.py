@@ -6,8 +6,10 @@ Trust assumption: two non-colluding aggregators. The server is aggregator A; agg
 layer's decryptor, and its traffic with the server is booked as internal. Each sees only
 additive shares of every upload (uniform on its own), the joint coins, and the other's
 openings of the proof checks (pass/fail only; :mod:`.proof`). If A and B collude they see
-every upload in the clear; a single deviating aggregator can stop a round (no sum) but cannot
-make a false proof pass.
+every upload in the clear. Rejecting cheaters (robustness) assumes both aggregators follow
+the protocol (one colluding with a client can make it pass); a single actively deviating
+aggregator can stop a round, or learn one bit per client by selective failure (as in Prio),
+but not read an update.
 
 The layer carries the additive float fields of an upload, concatenated into one vector whose
 L2 norm must be at most ``bound`` (a client-level bound); a client whose proof fails is

@@ -26,15 +26,19 @@ Checks (all linear in the shares, except the two gadget tests on revealed values
 Parameters: w is the largest integer with d * 4^w <= 2^60, H = 2^(w-1), B = floor(H / alpha)
 with alpha = 9, R = 41.
 
-Soundness (a cheating client, at least one honest aggregator so every challenge is uniform
-and drawn after what it tests is fixed). Let x be the (signed, |x_i| < p/2) vector the
-shares define.
-    (a) If some |x_j| >= 2^w: fix every entry of r_k but r_kj; the three candidates c, c+x_j,
-        c-x_j pairwise differ by x_j or 2x_j mod p, never by less than 2^w in absolute value,
-        while any two points of the accepted window [-H, H) differ by less than 2^w; so at
-        most one candidate passes if c does (pass iff r_kj = 0, prob 1/2), and otherwise only
-        r_kj != 0 can pass (prob 1/2). Each projection passes w.p. <= 1/2, all R of them
-        w.p. <= 2^-R (checks 1 and the bit identity make the window exact).
+Soundness against a cheating client (robustness). As in Prio and the VDAF drafts it assumes
+both aggregators follow the protocol: one that colludes with a client can open whatever
+makes that client pass. Every challenge is the hash of both aggregators' committed halves,
+drawn after what it tests is fixed (the wraparound vectors after every upload of the round,
+the FLP points and weights after every proof), so it is uniform and unknown to the client
+when it commits. Let x be the (signed, |x_i| < p/2) vector the shares define.
+    (a) If some |x_j| >= 2^w: fix every entry of r_k but r_kj, and let c be the projection
+        with r_kj = 0. The candidates c + x_j and c - x_j each differ from c by +-x_j, at
+        least 2^w in absolute value, while two points of the accepted window [-H, H) differ
+        by less than 2^w. So if c passes, neither other candidate does (pass iff r_kj = 0,
+        prob 1/2); if c fails, passing needs r_kj != 0 (prob 1/2). Each projection passes
+        w.p. <= 1/2, independently, all R of them w.p. <= 2^-R (check 1 and the bit
+        identity make the window exact).
     (b) Otherwise sum x_i^2 < d * 4^w <= 2^60 < p as an integer, and check 3 with check 2
         makes it equal to N <= B^2 over the integers: the statement is true.
     FLP errors: if some p1(k) != G(chunk k), p1 - G(f1) is a nonzero polynomial of degree
@@ -48,11 +52,14 @@ Completeness: an honest z_k is a sum of independent terms in [-|x_i|, |x_i|] wit
 so P(|z_k| >= H) <= 2 exp(-H^2 / (2 B^2)) <= 2 exp(-alpha^2 / 2) < 2^-57 (Hoeffding); an
 honest client fails one of R projections w.p. < 2^-51 (it then refuses to prove).
 
-Zero knowledge (against one aggregator, passive or not: it only chooses challenges): its
-shares are uniform (the other aggregator's share is the client's fresh randomness); it
-learns the other's opened values: f1(r1), f2(r2), uniform because f1(0) and f2(0) are fresh
-random seeds and lambda_0(r) != 0 off the nodes; p1(r1) and p2(r2), functions of those; and
-linear checks that are 0 for an honest client. So it learns pass/fail only.
+Zero knowledge (against one honest-but-curious aggregator): its shares are uniform (the
+other aggregator's share is the client's fresh randomness); it learns the other's opened
+values: f1(r1), f2(r2), uniform because f1(0) and f2(0) are fresh random seeds and
+lambda_0(r) != 0 off the nodes; p1(r1) and p2(r2), functions of those; and linear checks
+that are 0 for an honest client. So it learns pass/fail only. An actively deviating
+aggregator can learn one bit per client and run by the selective-failure attack (shift its
+share of x by delta and watch whether the client still passes), as in Prio; it cannot bias
+the challenges (commit, then open) and cannot read any update.
 """
 
 from __future__ import annotations
