@@ -154,6 +154,27 @@ def test_wraparound_cheater_rejected_only_by_the_wraparound_check():
     assert _verify(x, u, wrap, p, skip=frozenset({"wrap"})) is None  # negative control
 
 
+def test_a_non_bit_in_the_norm_range_is_caught():
+    """A client over the bound writes B^2 - N = -1 as the 'bit' p - 1 (every linear identity
+    then holds, and FLP2 is computed honestly on that value): only the bits-are-bits check
+    rejects it."""
+    p = PARAMS
+    wrap = proofs.wrap_vectors(b"w" * 32, b"t", p)
+    x = np.zeros(DIM, dtype=np.int64)
+    x[0], x[1] = p.units, 1  # N = B^2 + 1
+    u = proofs.prove(x, wrap, p, honest=False, claimed_norm=p.units ** 2 + 1)
+    s = p.slices()
+    bits = u[s["bits"]].copy()
+    nbits = p.norm_bits
+    n = p.units ** 2 + 1
+    bits[:nbits] = [(n >> j) & 1 for j in range(nbits)]
+    bits[nbits:2 * nbits] = 0
+    bits[nbits] = F.P - 1  # "bit" 0 of B^2 - N holds -1
+    u = np.concatenate([u[:s["bits"].start], proofs.bits_proof(bits)])
+    assert _verify(x, u, wrap, p) == "a shared bit is not 0 or 1"
+    assert _verify(x, u, wrap, p, skip=frozenset({"bits"})) is None  # negative control
+
+
 def _body(msg: bytes) -> bytes:
     return msg[W.HEADER_LEN + 2 * W.DIGEST_LEN:]
 

@@ -239,12 +239,19 @@ def prove(x: np.ndarray, wrap: np.ndarray, params: Params, *, honest: bool = Tru
     vals = _flp_values(first, F.lagrange(L + 1), 2 * L + 1)
     p1 = F.total(F.mul(vals, vals), axis=1)
 
-    # FLP2: the bits
+    return np.concatenate([seed1, p1, bits_proof(np.array(bits, dtype=np.uint64), randbytes)])
+
+
+def bits_proof(bits: np.ndarray, randbytes: Callable[[int], bytes] = secrets.token_bytes
+               ) -> np.ndarray:
+    """The tail of the proof vector for the claimed ``bits`` (field elements): the bits, the
+    seed f2(0) and p2 = f2^2 - f2 at the nodes 0..2 L2 (FLP2)."""
+    nb = bits.shape[0]
     seed2 = F.expand(randbytes(32), b"flp2-seed", 1)
-    first2 = np.concatenate([seed2, np.array(bits, dtype=np.uint64)])[:, None]
+    first2 = np.concatenate([seed2, bits])[:, None]
     v2 = _flp_values(first2, F.lagrange(nb + 1), 2 * nb + 1)[:, 0]
     p2 = F.sub(F.mul(v2, v2), v2)
-    return np.concatenate([seed1, p1, np.array(bits, dtype=np.uint64), seed2, p2])
+    return np.concatenate([bits, seed2, p2])
 
 
 @dataclass(frozen=True)
@@ -316,8 +323,8 @@ def decide(share_a: np.ndarray, share_b: np.ndarray, params: Params, *,
            skip: frozenset[str] = frozenset()) -> str | None:
     """Both aggregators' opened shares -> None when the proof holds, else the failed check.
 
-    ``skip`` is test-only: ``{"wrap"}`` leaves the wraparound check out, to show a test
-    fails without it."""
+    ``skip`` is test-only: ``{"wrap"}`` or ``{"bits"}`` leaves the wraparound or the
+    bits-are-bits check out, to show a test fails without it."""
     v = F.add(share_a, share_b)
     c = params.chunk
     f1 = v[:c]
@@ -329,7 +336,7 @@ def decide(share_a: np.ndarray, share_b: np.ndarray, params: Params, *,
         return "sum of squares differs from the claimed norm"
     if p2r != (f2 * f2 - f2) % F.P:
         return "bits proof (FLP2) fails at the random point"
-    if out2 != 0:
+    if "bits" not in skip and out2 != 0:
         return "a shared bit is not 0 or 1"
     if lin != 0:
         return "claimed squared norm is not within [0, bound^2]"
