@@ -308,3 +308,18 @@ def test_a_coin_opened_differently_from_its_commitment_stops_the_round():
     b.coin_finish(com_a, open_a)
     with pytest.raises(StageOrderError):
         b.receive_upload(0, b"")  # the upload stage is over
+
+
+def test_a_retransmitted_message_is_ignored_and_a_different_second_one_rejected():
+    from secagg.validated_sum.aggregator import Aggregator
+    from secagg.validated_sum.client import Client
+
+    b = Aggregator(1, PARAMS, bytes(16), 0)
+    first = Client(3, PARAMS, bytes(16), 0, randbytes=_randbytes(5)).upload(np.zeros(DIM))[1]
+    b.receive_upload(3, first)
+    b.receive_upload(3, first)  # the same bytes again: a retransmission
+    assert b.live == (3,) and not b.rejected
+    other = Client(3, PARAMS, bytes(16), 0, randbytes=_randbytes(6)).upload(np.zeros(DIM))[1]
+    with pytest.raises(ReplayedShare):
+        b.receive_upload(3, other)
+    assert b.live == () and isinstance(b.rejected[3], ReplayedShare)

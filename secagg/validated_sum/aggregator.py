@@ -67,6 +67,7 @@ class Aggregator:
         self._u: dict[int, np.ndarray] = {}
         self._opened: dict[int, np.ndarray] = {}
         self._wrap_vectors: np.ndarray | None = None
+        self._received: dict[tuple[int, str], bytes] = {}
         self._dig: dict[int, bytes] = {}
         self._coins: list[bytes] = []
         self._nonce: bytes | None = None
@@ -111,6 +112,17 @@ class Aggregator:
         except ClientRejected as err:
             raise self._reject(err) from None
 
+    def _seen(self, client: int, what: str, msg: bytes) -> bool:
+        """True when ``msg`` repeats, byte for byte, the message this client already sent
+        for ``what`` (a retransmission is ignored; a different second message is not)."""
+        h = hashlib.sha256(bytes(msg) if isinstance(msg, (bytes, bytearray, memoryview))
+                           else b"").digest()
+        key = (client, what)
+        if key in self._received:
+            return self._received[key] == h
+        self._received[key] = h
+        return False
+
     def _need(self, stage: str) -> None:
         if self._stage != stage:
             raise StageOrderError(f"aggregator {self.role}: {stage} step during {self._stage}")
@@ -119,6 +131,8 @@ class Aggregator:
     def receive_upload(self, client: int, msg: bytes) -> None:
         """Store a client's share of its update (SHARE_X)."""
         self._need("upload")
+        if self._seen(client, "x", msg):
+            return  # the same message again (a retransmission): nothing new
         if client in self._x or client in self.rejected:
             raise self._reject(ReplayedShare(client, "second upload in one round"))
         dig, share = self._client_body(client, msg, W.SHARE_X, self.params.dim, "x")
@@ -179,6 +193,8 @@ class Aggregator:
     def receive_proof(self, client: int, msg: bytes) -> None:
         """Store a client's share of its proof (SHARE_PROOF)."""
         self._need("proof")
+        if self._seen(client, "proof", msg):
+            return  # the same message again (a retransmission): nothing new
         if client not in self._x:
             raise self._reject(ReplayedShare(client, "proof without an upload"))
         if client in self._u:
@@ -232,6 +248,8 @@ class Aggregator:
             dig = body[off + 4:off + 4 + 4 * W.DIGEST_LEN]
             vec = np.frombuffer(body, dtype="<u8", count=n_check,
                                 offset=off + 4 + 4 * W.DIGEST_LEN).astype(np.uint64)
+            if np.any(vec >= np.uint64(F.P)):
+                raise CoinError(f"aggregator {1 - self.role}: CHECK value >= p")
             other[c] = (dig, vec)
         mine = self._opened
         accepted = []
