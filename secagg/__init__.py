@@ -23,6 +23,7 @@ _EXPORTS = {
     "RoundContext": "secagg.layers.base", "Plaintext": "secagg.layers.plaintext",
     "PerGroup": "secagg.layers.per_group", "SecureSum": "secagg.secure_sum",
     "Homomorphic": "secagg.homomorphic",
+    "ValidatedSum": "secagg.validated_sum",
     "CentralDP": "secagg.privacy", "LocalDP": "secagg.privacy", "DistributedDP": "secagg.privacy",
     "PrivacyLedger": "secagg.privacy", "calibrate": "secagg.privacy",
     # engine, costs, transcript
