@@ -623,7 +623,8 @@ def _label(st: Statement) -> str:
 
 
 def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519PublicKey], *,
-           scheme: str | None = None) -> list[Problem]:
+           scheme: str | None = None,
+           closings: dict[int, Statement] | None = None) -> list[Problem]:
     """Check a transcript's records against public keys held outside it.
 
     Every ``attestation`` record must carry a valid signature by its sender's key in
@@ -640,6 +641,10 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
     statement, and its statements must be numbered 0 .. n-1 with no gap, no repeat and in
     file order: a party's records removed whole, a message removed with its statement,
     or a statement moved, all fail.
+
+    ``closings``, when given, receives every closing statement whose signature verified
+    (line -> statement), so that a caller reading their DP terms
+    (:func:`secagg.audit.signed_dp`) need not parse and verify them again.
     """
     scheme = scheme or getattr(identities, "scheme", SCHEME_V1)
     problems: list[Problem] = []
@@ -688,6 +693,8 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
             problems.append(Problem(line=i, kind="contradicted", text=(
                 f"{st.sender} was told other layer parameters than the run header states")))
         signed.append((i, st))
+        if st.closing and closings is not None:
+            closings[i] = st
         if not st.closing:
             good.setdefault((st.round, st.phase, st.stage, str(st.sender), str(st.receiver)),
                             []).append(st)

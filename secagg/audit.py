@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,14 +175,18 @@ def _close(a: Any, b: Any) -> bool:
     return abs(a - b) <= _EPS_RTOL * max(1.0, abs(b))
 
 
-def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any]
+def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any],
+              closings: Mapping[int, Any] | None = None,
               ) -> tuple[dict[str, Any] | None, list[str], list[str], dict[str, Any] | None]:
     """(the DP terms the parties signed in their closing statements, the parties that
     signed one, problems, remote): only statements whose signature verifies under
     ``identities`` count; parties that signed different terms are a problem. Remote nodes
     (Flower) sign the releases they noised themselves beside the terms (``applied``),
     which must agree (:func:`secagg.attest.check_applied`); ``remote`` is then
-    ``{"releases_checked": distinct releases the nodes noised}``, else None."""
+    ``{"releases_checked": distinct releases the nodes noised}``, else None.
+    ``closings``: the closing statements :func:`secagg.attest.verify` already verified
+    (line -> statement; the only ones then read), else every record is parsed and checked
+    here."""
     from cryptography.exceptions import InvalidSignature
 
     from secagg.attest import AttestationError, Statement, check_applied
@@ -193,18 +197,26 @@ def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any]
     problems: list[str] = []
     applied: set[tuple[Any, Any]] = set()
     remote = [False]
-    for i, r in enumerate(records, 1):
-        if r.get("type") != "attestation":
-            continue
-        try:
-            st = Statement.from_json(r.get("statement") or {})
-            sig = bytes.fromhex(str(r.get("signature", "")))
-            key = identities.get(str(st.sender))
-            if not st.closing or key is None:
+
+    def verified() -> Iterator[tuple[int, Any]]:
+        if closings is not None:
+            yield from sorted(closings.items())
+            return
+        for i, r in enumerate(records, 1):
+            if r.get("type") != "attestation":
                 continue
-            key.verify(sig, st.signed_bytes())
-        except (AttestationError, ValueError, InvalidSignature):
-            continue  # attest.verify reports it
+            try:
+                st = Statement.from_json(r.get("statement") or {})
+                sig = bytes.fromhex(str(r.get("signature", "")))
+                key = identities.get(str(st.sender))
+                if not st.closing or key is None:
+                    continue
+                key.verify(sig, st.signed_bytes())
+            except (AttestationError, ValueError, InvalidSignature):
+                continue  # attest.verify reports it
+            yield i, st
+
+    for i, st in verified():
         dp = st.params.get("dp")
         if "applied" in st.params:  # a remote node: the releases it noised itself
             mine = st.params.get("applied")
@@ -227,7 +239,8 @@ def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any]
     return terms, signers, problems, nodes
 
 
-def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any]
+def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any],
+                  closings: Mapping[int, Any] | None = None,
                   ) -> tuple[dict[str, Any] | None, list[str]]:
     """The audit's own DP figures, recomputed by its own accountant
     (:func:`secagg.attest.recompute_dp`) from the DP terms the parties signed, and every
@@ -236,7 +249,7 @@ def check_privacy(records: list[dict[str, Any]], identities: Mapping[str, Any]
     DP figures are then the server's word, and the report says so."""
     from secagg.attest import AttestationError, recompute_dp
 
-    terms, signers, problems, remote = signed_dp(records, identities)
+    terms, signers, problems, remote = signed_dp(records, identities, closings)
     if not signers:
         return None, problems
     nodes = {} if remote is None else {"remote": remote}
@@ -387,9 +400,10 @@ def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None, *
 
         trusted, root = trusted_root(identities, None if transcript_path is None
                                      else Path(transcript_path))
-        dp, wrong = check_privacy(transcript.records, identities)
-        attestation = [*root, *(str(p) for p in verify(transcript.records, identities)),
-                       *wrong]
+        closings: dict[int, Any] = {}
+        found = [str(p) for p in verify(transcript.records, identities, closings=closings)]
+        dp, wrong = check_privacy(transcript.records, identities, closings)
+        attestation = [*root, *found, *wrong]
         extra = {"trusted": trusted, "dp_recomputed": dp}
     return {"run": header, "complete": reason is None, "incomplete_reason": reason,
             "end": end, "traffic": traffic(transcript), "fields": out, "privacy": privacy,
