@@ -142,9 +142,9 @@ def test_an_unpinned_key_is_refused_at_advertise_and_no_roster_is_poisoned(monke
 # ------------------------------------------------------------------ our variants
 
 def test_two_colluding_liars_within_the_bound_are_corrected_exactly(monkeypatch):
-    """threshold 6: h = 10 shares, t_k = 6, floor((10 - 6) / 2) = 2 wrong shares corrected
-    per secret. Clients 1 and 8 both lie in every share of their unmask responses: two wrong
-    shares of every seed, within the bound."""
+    """threshold 6: h = 10 shares, t_k = 6. Clients 1 and 8 both lie in every share of their
+    unmask responses: each wrong share contradicts its dealer's signed digest, so both are
+    named and their shares set aside; 8 shares of each seed are left and the sum is exact."""
     bad = {1: liar(wrong_unmask(), "unmask"), 8: liar(wrong_unmask(), "unmask")}
     vecs, rep = _run(monkeypatch, bad, t=6)
     _exact(vecs, rep, range(N))
@@ -308,3 +308,78 @@ def test_a_commitment_lie_and_a_lying_holder_name_each_their_own_liar(monkeypatc
     _exact(vecs, rep, range(N))
     assert set(rep.faults) == {4, 6}
     assert "commitment" in rep.faults[4] and "client 4's self-mask seed" in rep.faults[6]
+
+
+# ------------------------------------------------------------------ attribution (signed digests)
+
+def _lies_about_mask_keys(client, msg):
+    """Its UNMASK_RESPONSE with every requested mask-key share changed."""
+    from secagg.secure_sum import shamir, wire
+
+    body = wire.decode_header(msg, wire.MsgType.UNMASK_RESPONSE, client.session,
+                              wire.SERVER_ID)[1]
+    b, s = wire.parse_unmask_response(body)
+    s = {v: [(e + 1) % shamir.P for e in els] for v, els in s.items()}
+    return wire.encode(wire.MsgType.UNMASK_RESPONSE, client.session, client.cid,
+                       wire.SERVER_ID, wire.unmask_response_body(b, s))
+
+
+def test_a_wrong_mask_key_share_of_a_dropped_client_names_its_holder(monkeypatch):
+    """Client 9 is dropped (its tag is for another round), so its mask key is rebuilt from
+    its holders; client 6 returns wrong shares of it. Each contradicts the mask-key digest
+    client 9 signed for client 6: client 6 is named (client 9 only for its tag), and the
+    rebuilt key removes 9's pairwise masks exactly."""
+    bad = {9: liar(other_round_tag), 6: liar(_lies_about_mask_keys, "unmask")}
+    vecs, rep = _run(monkeypatch, bad, t=6)
+    _exact(vecs, rep, set(range(N)) - {9})
+    assert set(rep.faults) == {6, 9}
+    assert "client 9's mask key" in rep.faults[6] and "integrity tag" in rep.faults[9]
+
+
+def test_a_holder_that_accepts_an_unsigned_share_is_named_not_the_dealer(monkeypatch):
+    """Client 4 deals client 5 a wrong share under a broken signature; client 5 deviates too:
+    it accepts the share without checking the signature (an honest holder complains), then
+    returns it. The share matches the digest in the entry, so the decoder corrects it; the
+    entry does not carry client 4's signature, so nothing shows client 4 dealt it and the
+    fault is client 5's (it provably accepted a share its dealer never signed)."""
+    import secagg.secure_sum.client as client_mod
+    from secagg.secure_sum import wire
+
+    def unsigned(client, msg):
+        msg = wrong_share_to([5])(client, msg)
+        body = wire.decode_header(msg, wire.MsgType.SHARES, client.session, wire.SERVER_ID)[1]
+        commitment, entries = wire.parse_shares(body)
+        n = wire.SIGNED_SHARE_BYTES
+        e = entries[5]
+        entries[5] = e[:n] + bytes(wire.SIGNATURE_BYTES) + e[n + wire.SIGNATURE_BYTES:]
+        return wire.encode(wire.MsgType.SHARES, client.session, client.cid, wire.SERVER_ID,
+                           wire.shares_body(commitment, entries))
+
+    class Credulous(Client):
+        def receive_forward(self, forward_msg):
+            real = client_mod.verify_signature
+            client_mod.verify_signature = lambda *a: True  # checks no sender signature
+            try:
+                return super().receive_forward(forward_msg)
+            finally:
+                client_mod.verify_signature = real
+
+    vecs, rep = _run(monkeypatch, {4: liar(unsigned, "share_keys"), 5: Credulous})
+    _exact(vecs, rep, range(N))
+    assert set(rep.faults) == {5} and "never signed" in rep.faults[5]
+    assert rep.verdicts == []
+
+
+def test_share_digests_bind_owner_holder_kind_and_round():
+    """The digest a dealer signs changes with each field it binds, so a signed digest cannot
+    be replayed for another holder, secret, round or session."""
+    from secagg.secure_sum.client import share_digest
+
+    els, s = [1, 2, 3], b"\x01" * 16
+    base = share_digest(s, 2, 4, 5, "b", els)
+    others = [share_digest(s, 2, 5, 4, "b", els), share_digest(s, 2, 4, 5, "sk", els),
+              share_digest(s, 3, 4, 5, "b", els), share_digest(b"\x02" * 16, 2, 4, 5, "b", els),
+              share_digest(s, 2, 4, 5, "b", [1, 2, 4])]
+    assert len({base, *others}) == 6
+    with pytest.raises(ValueError):
+        share_digest(s, 2, 4, 5, "x", els)
