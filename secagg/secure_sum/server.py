@@ -645,7 +645,8 @@ class Server:
         if dealt:
             self._fault(owner, (
                 f"share: dealt client(s) {dealt} a wrong share of its {what} under its "
-                "signed digest (corrected; its input stays in the sum)"))
+                "signed digest (corrected" + ("; its input stays in the sum: dropping it now "
+                                              "would reveal it)" if kind == "b" else ")")))
 
     def finish(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """Close stage 4: unmask the running sum.

@@ -26,9 +26,10 @@ Bodies:
 * FORWARD (server -> client): count u32 | count x (sender u32 | AEAD ciphertext 112 |
   share digests 2 x 32 | the sender's signature 64)
 * ACK (client -> server): count u32 | count x (sender u32 | kind u8 | share key 32 |
-  commitment 32) -- complaints: kind 0, the sender's signed share failed AEAD, with the
-  revealed key of that direction and the commitment to the reverse direction's key (the
-  evidence the server checks, see :mod:`secagg.secure_sum.server`); kind 1, the share does
+  commitment 32) -- complaints: kind 0, the sender's signed share failed AEAD or contradicts
+  its signed share digests, with the revealed key of that direction and the commitment to
+  the reverse direction's key (the evidence the server checks, see
+  :mod:`secagg.secure_sum.server`); kind 1, the share does
   not carry the sender's signature (key and commitment all zero: nothing is revealed). An
   ACK without complaints is 4 zero bytes
 * MASKED (client -> server): ring_bits u8 | length u32 | tag 64 | length x ceil(ring_bits/8)
