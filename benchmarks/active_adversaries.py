@@ -102,10 +102,6 @@ def describe(vecs, rep, bits, n):
     named = sorted(set(faults) - set(gone))
     if named:
         out.append(f"named {named}")
-    disputes = getattr(rep, "disputes", [])
-    if disputes:
-        out.append(f"{len(disputes)} shares corrected (holders "
-                   f"{sorted({h for _, h, _ in disputes})})")
     out.append("sum exact" if exact else "SUM WRONG")
     return "; ".join(out)
 
@@ -148,9 +144,6 @@ elif task["kind"] == "flower":
         named = sorted(set(ss.get("faults", {})) - set(ss.get("recovered", [])))
         if named:
             out.append(f"named {named}")
-        if ss.get("disputes"):
-            out.append(f"{len(ss['disputes'])} shares corrected (holders "
-                       f"{sorted({d[1] for d in ss['disputes']})})")
         out.append("sum = embedded engine's" if exact else "SUM DIFFERS")
         print(json.dumps({"outcome": "; ".join(out)}))
     except Exception as exc:

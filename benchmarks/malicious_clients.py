@@ -67,12 +67,14 @@ class GarbageSender(Client):
         body = wire.decode_header(msg, wire.MsgType.SHARES, self.session, wire.SERVER_ID)[1]
         commitment, entries = wire.parse_shares(body)
         n_ct, n_fw = wire.SHARE_CIPHERTEXT_BYTES, wire.FORWARD_ENTRY_BYTES
+        n_signed = wire.SIGNED_SHARE_BYTES  # the ciphertext and the share digests
         assert self._sign is not None
         out = {}
         for v, e in entries.items():
-            ct = os.urandom(n_ct)
-            sig = self._sign.sign(share_statement(self.session, self.round, self.cid, v, ct))
-            out[v] = ct + sig + e[n_fw:]
+            signed = os.urandom(n_ct) + e[n_ct:n_signed]
+            sig = self._sign.sign(share_statement(self.session, self.round, self.cid, v,
+                                                  signed))
+            out[v] = signed + sig + e[n_fw:]
         return wire.encode(wire.MsgType.SHARES, self.session, self.cid, wire.SERVER_ID,
                            wire.shares_body(commitment, out))
 

@@ -65,13 +65,17 @@ def bad_commitment(client, msg):
                        wire.shares_body(fake, entries))
 
 
-def wrong_share_to(victims):
+def wrong_share_to(victims, digest_of="dealt"):
     """Deals each of ``victims`` a wrong self-mask share inside a correctly encrypted and
-    signed ciphertext (the victims cannot tell: the ciphertext opens and is signed)."""
+    signed ciphertext. Where the tree signs share digests (issue 33's attribution), the
+    liar signs, with ``digest_of="dealt"``, the digests of the wrong share it deals (its
+    victims cannot tell: the share opens, is signed and matches its digest), and with
+    ``"true"`` those of the true share (its victims can: the share contradicts its digest)."""
 
     def lie(client, msg):
         commitment, entries = wire.parse_shares(_body(client, msg, wire.MsgType.SHARES))
         n_ct = wire.SHARE_CIPHERTEXT_BYTES
+        n_signed = getattr(wire, "SIGNED_SHARE_BYTES", n_ct)  # ciphertext | share digests
         mine = (client._keys.enc_public, client._keys.mask_public)
         for v in victims:
             k_send = client._channels[v][0]
@@ -81,9 +85,14 @@ def wrong_share_to(victims):
                                                         entries[v][:n_ct], aad))
             b[0] = (b[0] + 1) % shamir.P
             ct = AESGCM(k_send).encrypt(share_nonce(client.cid, v), encode_share(b, sk), aad)
+            digests = entries[v][n_ct:n_signed]
+            if digests and digest_of == "dealt":
+                from secagg.secure_sum.client import share_digests  # this tree's digests
+
+                digests = share_digests(client.session, client.round, client.cid, v, b, sk)
             sig = client._sign.sign(share_statement(client.session, client.round,
-                                                    client.cid, v, ct))
-            entries[v] = ct + sig + entries[v][wire.FORWARD_ENTRY_BYTES:]
+                                                    client.cid, v, ct + digests))
+            entries[v] = ct + digests + sig + entries[v][wire.FORWARD_ENTRY_BYTES:]
         return wire.encode(wire.MsgType.SHARES, client.session, client.cid, wire.SERVER_ID,
                            wire.shares_body(commitment, entries))
 

@@ -161,21 +161,27 @@ def test_a_bad_commitment_on_flower_is_named_and_the_sum_exact(monkeypatch, hone
     assert "commitment" in agg.notes["secure_sum"]["faults"][3]
 
 
-def test_a_wrong_dealt_share_on_flower_is_corrected(monkeypatch, honest):
+def test_a_wrong_dealt_share_on_flower_is_corrected_and_names_its_dealer(monkeypatch, honest):
+    """Node 3 deals node 4 a wrong share under its own signed digest: corrected, and the
+    fault is node 3's alone (it stays a contributor: its input is already in the sum)."""
     _, agg = _flower(monkeypatch, {3: liar(wrong_share_to([4]), "share_keys")})
     np.testing.assert_array_equal(agg["stats"], honest["stats"])
-    assert agg.notes["secure_sum"]["disputes"] == [[3, 4, "self-mask seed"]]
+    faults = agg.notes["secure_sum"]["faults"]
+    assert set(faults) == {3} and "dealt client(s) [4]" in faults[3]
 
 
-def test_a_wrong_unmask_response_on_flower_is_corrected(monkeypatch, honest):
-    """Node 4 is in every window of t_k = 5 contiguous holders (the old server's fallback)."""
+def test_a_wrong_unmask_response_on_flower_names_only_its_node(monkeypatch, honest):
+    """Node 4 is in every window of t_k = 5 contiguous holders (the old server's fallback):
+    its wrong shares contradict their dealers' signed digests, so node 4 alone is named and
+    its reply set aside; the other seven holders give the exact sum."""
     _, agg = _flower(monkeypatch, {4: liar(wrong_unmask(), "unmask")})
     assert agg.contributors == tuple(range(N))
     np.testing.assert_array_equal(agg["stats"], honest["stats"])
-    assert {h for _, h, _ in agg.notes["secure_sum"]["disputes"]} == {4}
+    faults = agg.notes["secure_sum"]["faults"]
+    assert set(faults) == {4} and "contradicts the digest" in faults[4]
 
 
-def test_a_node_reply_rewritten_after_the_real_step_is_corrected(monkeypatch, honest):
+def test_a_node_reply_rewritten_after_the_real_step_names_that_node(monkeypatch, honest):
     """A tampering ClientApp: the real node step runs, then its unmask reply's message is
     rewritten (every share of owner 0 changed) before it leaves the node."""
 
@@ -191,7 +197,8 @@ def test_a_node_reply_rewritten_after_the_real_step_is_corrected(monkeypatch, ho
     result, agg = _flower(monkeypatch, fault=fault)
     np.testing.assert_array_equal(agg["stats"], honest["stats"])
     assert agg.contributors == tuple(range(N)) and result.aborted == []
-    assert agg.notes["secure_sum"]["disputes"] == [[0, 3, "self-mask seed"]]
+    faults = agg.notes["secure_sum"]["faults"]
+    assert set(faults) == {3} and "client 0's self-mask seed" in faults[3]
 
 
 def _pin_files(root, liar_cid):

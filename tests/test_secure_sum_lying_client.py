@@ -74,7 +74,6 @@ def test_a_bad_integrity_tag_drops_only_its_sender(monkeypatch, lie):
     _exact(vecs, rep, set(range(N)) - {4})
     assert [(st, u) for st, u, _ in rep.failures] == [("masked-input", 4)]
     assert "integrity tag" in rep.faults[4] and set(rep.faults) == {4}
-    assert rep.disputes == []
 
 
 def test_an_inconsistent_seed_commitment_is_its_senders_fault_and_the_sum_stays_exact(
@@ -84,26 +83,43 @@ def test_an_inconsistent_seed_commitment_is_its_senders_fault_and_the_sum_stays_
     vecs, rep = _run(monkeypatch, {4: liar(bad_commitment)})
     _exact(vecs, rep, range(N))
     assert set(rep.faults) == {4} and "commitment" in rep.faults[4]
-    assert rep.failures == [] and rep.disputes == []
+    assert rep.failures == []
 
 
-def test_one_wrong_share_inside_a_signed_ciphertext_is_corrected(monkeypatch):
-    """Client 4 deals client 5 a wrong share of its seed (encrypted and signed as any other;
-    every window of 7 contiguous holders holds it, so the old server gave up)."""
+def test_one_wrong_share_inside_a_signed_ciphertext_is_corrected_and_names_its_dealer(
+        monkeypatch):
+    """Client 4 deals client 5 a wrong share of its seed (encrypted and signed as any other,
+    under a signed digest of that wrong share, so client 5 cannot tell): client 5 returns what
+    4 signed, the decoder corrects it, and the fault is the dealer's alone (before issue 33's
+    digests the server could only record a dispute between 4 and 5). Client 4's input is
+    already in the sum: it stays a contributor, named, its wrong share corrected."""
     vecs, rep = _run(monkeypatch, {4: liar(wrong_share_to([5]), "share_keys")})
     _exact(vecs, rep, range(N))
-    assert rep.disputes == [(4, 5, "self-mask seed")]
-    assert rep.faults == {} and rep.failures == []
+    assert set(rep.faults) == {4}
+    assert "dealt client(s) [5] a wrong share of its self-mask seed" in rep.faults[4]
+    assert rep.failures == [] and rep.excluded == () and rep.verdicts == []
 
 
-def test_wrong_values_in_an_unmask_response_blame_no_honest_client(monkeypatch):
-    """Client 6 changes every share in its unmask response: each is corrected, and the only
-    party every dispute names on both sides of is client 6 (the old code blamed client 0)."""
+def test_a_wrong_share_under_the_true_digest_is_caught_by_its_holder_at_forward(monkeypatch):
+    """Client 4 deals client 5 a wrong share but signs the digest of the true one: client 5
+    finds the mismatch when it decrypts, complains with its key, the server opens the relayed
+    ciphertext, sees the mismatch itself and excludes the dealer (not the holder)."""
+    vecs, rep = _run(monkeypatch, {4: liar(wrong_share_to([5], digest_of="true"),
+                                           "share_keys")})
+    _exact(vecs, rep, set(range(N)) - {4})
+    assert rep.verdicts == [(5, 4, "upheld")] and rep.excluded == (4,)
+    assert rep.faults == {}
+
+
+def test_wrong_values_in_an_unmask_response_name_only_their_holder(monkeypatch):
+    """Client 6 changes every share in its unmask response: each contradicts the digest its
+    dealer signed, so client 6 alone is named, none of its shares is used, and the sum is
+    exact from the other nine holders (the old code blamed client 0, then disputed)."""
     vecs, rep = _run(monkeypatch, {6: liar(wrong_unmask(), "unmask")})
     _exact(vecs, rep, range(N))
-    assert {h for _, h, _ in rep.disputes} == {6}
-    assert sorted(o for o, _, _ in rep.disputes) == list(range(N))
-    assert rep.faults == {}
+    assert set(rep.faults) == {6} and "contradicts the digest" in rep.faults[6]
+    assert [(st, u) for st, u, _ in rep.failures] == [("unmask", 6)]
+    assert rep.live["unmask"] == N - 1
 
 
 def test_an_unpinned_key_is_refused_at_advertise_and_no_roster_is_poisoned(monkeypatch):
@@ -126,20 +142,33 @@ def test_an_unpinned_key_is_refused_at_advertise_and_no_roster_is_poisoned(monke
 # ------------------------------------------------------------------ our variants
 
 def test_two_colluding_liars_within_the_bound_are_corrected_exactly(monkeypatch):
-    """threshold 6: h = 10 shares, t_k = 6, floor((10 - 6) / 2) = 2 wrong shares corrected
-    per secret. Clients 1 and 8 both lie in every share of their unmask responses: two wrong
-    shares of every seed, within the bound."""
+    """threshold 6: h = 10 shares, t_k = 6. Clients 1 and 8 both lie in every share of their
+    unmask responses: each wrong share contradicts its dealer's signed digest, so both are
+    named and their shares set aside; 8 shares of each seed are left and the sum is exact."""
     bad = {1: liar(wrong_unmask(), "unmask"), 8: liar(wrong_unmask(), "unmask")}
     vecs, rep = _run(monkeypatch, bad, t=6)
     _exact(vecs, rep, range(N))
-    assert {h for _, h, _ in rep.disputes} == {1, 8}
+    assert set(rep.faults) == {1, 8}
+
+
+def test_two_lying_holders_of_one_seed_are_named_and_their_shares_set_aside(monkeypatch):
+    """threshold 7 (bound 1): clients 1 and 8 both return wrong shares of client 5's seed --
+    past the decoder's bound, the case that aborted before the signed digests. Each wrong
+    share contradicts client 5's signed digest, so both holders are named and their shares
+    set aside; 8 shares are left for t_k = 7 and the sum is exact."""
+    bad = {1: liar(wrong_unmask({5}), "unmask"), 8: liar(wrong_unmask({5}), "unmask")}
+    vecs, rep = _run(monkeypatch, bad)
+    _exact(vecs, rep, range(N))
+    assert set(rep.faults) == {1, 8}
+    assert all("client 5's self-mask seed" in rep.faults[u] for u in (1, 8))
 
 
 def test_liars_past_the_bound_abort_exactly_with_the_reason(monkeypatch):
-    """threshold 7: one wrong share per secret is corrected; two liars' responses (on the
-    same owner's seed) are past it: UnrecoverableSecret names the owner, the counts and the
-    bound -- and on_abort="skip" would record it (it is an abort)."""
-    bad = {1: liar(wrong_unmask({5}), "unmask"), 8: liar(wrong_unmask({5}), "unmask")}
+    """threshold 7: one wrong share per secret is corrected; client 5 dealing two wrong shares
+    of its seed (under its own signed digests, so the holders accept and return them) is past
+    it: UnrecoverableSecret names the owner, the counts and the bound -- and on_abort="skip"
+    would record it (it is an abort)."""
+    bad = {5: liar(wrong_share_to([1, 8]), "share_keys")}
     with pytest.raises(UnrecoverableSecret) as info:
         _run(monkeypatch, bad)
     err = info.value
@@ -154,7 +183,7 @@ def test_a_liar_that_lies_to_some_peers_only_is_corrected(monkeypatch):
     threshold 6: h = 10, t_k = 6, within the bound of 2): corrected, the sum exact."""
     vecs, rep = _run(monkeypatch, {0: liar(wrong_share_to([3, 7]), "share_keys")}, t=6)
     _exact(vecs, rep, range(N))
-    assert sorted(rep.disputes) == [(0, 3, "self-mask seed"), (0, 7, "self-mask seed")]
+    assert set(rep.faults) == {0} and "dealt client(s) [3, 7]" in rep.faults[0]
 
 
 def test_a_share_liar_and_a_tag_liar_together(monkeypatch):
@@ -164,8 +193,8 @@ def test_a_share_liar_and_a_tag_liar_together(monkeypatch):
     bad = {0: liar(wrong_share_to([3]), "share_keys"), 9: liar(other_round_tag)}
     vecs, rep = _run(monkeypatch, bad, t=6)
     _exact(vecs, rep, set(range(N)) - {9})
-    assert rep.disputes == [(0, 3, "self-mask seed")]
-    assert set(rep.faults) == {9}
+    assert set(rep.faults) == {0, 9}
+    assert "dealt client(s) [3]" in rep.faults[0] and "integrity tag" in rep.faults[9]
 
 
 def test_a_replayed_tag_of_the_previous_round_is_refused(monkeypatch):
@@ -220,8 +249,7 @@ def test_federation_survives_a_liar_in_round_1_with_every_round_exact(digits_cli
 
 
 def test_federation_skip_records_liars_past_the_bound_and_goes_on(digits_clients, fed_liars):
-    fed_liars({1: liar(wrong_unmask({5}), "unmask", rounds={1}),
-               8: liar(wrong_unmask({5}), "unmask", rounds={1})})
+    fed_liars({5: liar(wrong_share_to([1, 8]), "share_keys", rounds={1})})
     res = _federation(digits_clients)
     assert [(r, why.startswith("secure sum aborted at stage 'unmask'")) for r, _, why
             in res.aborted] == [(1, True)]
@@ -259,10 +287,99 @@ def test_decode_corrects_up_to_the_bound_names_the_rows_and_refuses_past_it(h, t
 
 
 def test_a_commitment_lie_with_a_corrected_share_as_well_aborts_rather_than_guess(monkeypatch):
-    """Client 4's commitment lies and client 6 reports a wrong share of 4's seed: a seed that
-    needed correcting and still misses its commitment could be more liars than the bound, so
-    the round aborts with the reason instead of trusting the decoded seed."""
-    bad = {4: liar(bad_commitment), 6: liar(wrong_unmask({4}), "unmask")}
+    """Client 4's commitment lies and it deals client 6 a wrong share of its seed under its
+    signed digest: a seed that needed correcting and still misses its commitment could be
+    more liars than the bound, so the round aborts with the reason instead of trusting the
+    decoded seed."""
+    def both(client, msg):
+        return bad_commitment(client, wrong_share_to([6])(client, msg))
+
     with pytest.raises(UnrecoverableSecret, match="inconsistent with its commitment") as info:
-        _run(monkeypatch, bad)
+        _run(monkeypatch, {4: liar(both, "share_keys")})
     assert info.value.owner == 4
+
+
+def test_a_commitment_lie_and_a_lying_holder_name_each_their_own_liar(monkeypatch):
+    """Client 4's commitment lies and client 6 returns a wrong share of 4's seed: 6's share
+    contradicts 4's signed digest and is set aside (6 named), the other nine agree on a seed
+    4's commitment contradicts (4 named), and that seed gives the exact sum."""
+    bad = {4: liar(bad_commitment), 6: liar(wrong_unmask({4}), "unmask")}
+    vecs, rep = _run(monkeypatch, bad)
+    _exact(vecs, rep, range(N))
+    assert set(rep.faults) == {4, 6}
+    assert "commitment" in rep.faults[4] and "client 4's self-mask seed" in rep.faults[6]
+
+
+# ------------------------------------------------------------------ attribution (signed digests)
+
+def _lies_about_mask_keys(client, msg):
+    """Its UNMASK_RESPONSE with every requested mask-key share changed."""
+    from secagg.secure_sum import shamir, wire
+
+    body = wire.decode_header(msg, wire.MsgType.UNMASK_RESPONSE, client.session,
+                              wire.SERVER_ID)[1]
+    b, s = wire.parse_unmask_response(body)
+    s = {v: [(e + 1) % shamir.P for e in els] for v, els in s.items()}
+    return wire.encode(wire.MsgType.UNMASK_RESPONSE, client.session, client.cid,
+                       wire.SERVER_ID, wire.unmask_response_body(b, s))
+
+
+def test_a_wrong_mask_key_share_of_a_dropped_client_names_its_holder(monkeypatch):
+    """Client 9 is dropped (its tag is for another round), so its mask key is rebuilt from
+    its holders; client 6 returns wrong shares of it. Each contradicts the mask-key digest
+    client 9 signed for client 6: client 6 is named (client 9 only for its tag), and the
+    rebuilt key removes 9's pairwise masks exactly."""
+    bad = {9: liar(other_round_tag), 6: liar(_lies_about_mask_keys, "unmask")}
+    vecs, rep = _run(monkeypatch, bad, t=6)
+    _exact(vecs, rep, set(range(N)) - {9})
+    assert set(rep.faults) == {6, 9}
+    assert "client 9's mask key" in rep.faults[6] and "integrity tag" in rep.faults[9]
+
+
+def test_a_holder_that_accepts_an_unsigned_share_is_named_not_the_dealer(monkeypatch):
+    """Client 4 deals client 5 a wrong share under a broken signature; client 5 deviates too:
+    it accepts the share without checking the signature (an honest holder complains), then
+    returns it. The share matches the digest in the entry, so the decoder corrects it; the
+    entry does not carry client 4's signature, so nothing shows client 4 dealt it and the
+    fault is client 5's (it provably accepted a share its dealer never signed)."""
+    import secagg.secure_sum.client as client_mod
+    from secagg.secure_sum import wire
+
+    def unsigned(client, msg):
+        msg = wrong_share_to([5])(client, msg)
+        body = wire.decode_header(msg, wire.MsgType.SHARES, client.session, wire.SERVER_ID)[1]
+        commitment, entries = wire.parse_shares(body)
+        n = wire.SIGNED_SHARE_BYTES
+        e = entries[5]
+        entries[5] = e[:n] + bytes(wire.SIGNATURE_BYTES) + e[n + wire.SIGNATURE_BYTES:]
+        return wire.encode(wire.MsgType.SHARES, client.session, client.cid, wire.SERVER_ID,
+                           wire.shares_body(commitment, entries))
+
+    class Credulous(Client):
+        def receive_forward(self, forward_msg):
+            real = client_mod.verify_signature
+            client_mod.verify_signature = lambda *a: True  # checks no sender signature
+            try:
+                return super().receive_forward(forward_msg)
+            finally:
+                client_mod.verify_signature = real
+
+    vecs, rep = _run(monkeypatch, {4: liar(unsigned, "share_keys"), 5: Credulous})
+    _exact(vecs, rep, range(N))
+    assert set(rep.faults) == {5} and "never signed" in rep.faults[5]
+    assert rep.verdicts == []
+
+
+def test_share_digests_bind_owner_holder_kind_and_round():
+    """The digest a dealer signs changes with each field it binds, so a signed digest cannot
+    be replayed for another holder, secret, round or session."""
+    from secagg.secure_sum.client import share_digest
+
+    els, s = [1, 2, 3], b"\x01" * 16
+    base = share_digest(s, 2, 4, 5, "b", els)
+    others = [share_digest(s, 2, 5, 4, "b", els), share_digest(s, 2, 4, 5, "sk", els),
+              share_digest(s, 3, 4, 5, "b", els), share_digest(b"\x02" * 16, 2, 4, 5, "b", els),
+              share_digest(s, 2, 4, 5, "b", [1, 2, 4])]
+    assert len({base, *others}) == 6
+    with pytest.raises(ValueError):
+        share_digest(s, 2, 4, 5, "x", els)

@@ -70,6 +70,7 @@ def _rewrite_shares(client, msg, change):
     body = wire.decode_header(msg, wire.MsgType.SHARES, client.session, wire.SERVER_ID)[1]
     commitment, entries = wire.parse_shares(body)
     n_ct, n_fw = wire.SHARE_CIPHERTEXT_BYTES, wire.FORWARD_ENTRY_BYTES
+    n_signed = getattr(wire, "SIGNED_SHARE_BYTES", n_ct)  # ciphertext | share digests
     out = {}
     for v, e in entries.items():
         ct = change(v, e[:n_ct], entries)
@@ -77,8 +78,8 @@ def _rewrite_shares(client, msg, change):
             ct, sig = e[:n_ct], os.urandom(wire.SIGNATURE_BYTES)
         else:
             sig = client._sign.sign(share_statement(client.session, client.round, client.cid,
-                                                    v, ct))
-        out[v] = ct + sig + e[n_fw:]
+                                                    v, ct + e[n_ct:n_signed]))
+        out[v] = ct + e[n_ct:n_signed] + sig + e[n_fw:]
     return wire.encode(wire.MsgType.SHARES, client.session, client.cid, wire.SERVER_ID,
                        wire.shares_body(commitment, out))
 

@@ -23,6 +23,7 @@ from secagg.secure_sum.errors import (
     UnmaskingRefused,
     UnrecoverableSecret,
     UnsafeThreshold,
+    WrongShare,
 )
 from secagg.secure_sum.layer import SecureSum
 from secagg.secure_sum.protocol import SessionReport, run_secure_sum
@@ -43,5 +44,6 @@ __all__ = [
     "UnmaskingRefused",
     "UnrecoverableSecret",
     "UnsafeThreshold",
+    "WrongShare",
     "run_secure_sum",
 ]

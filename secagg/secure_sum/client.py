@@ -11,9 +11,10 @@ A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, i
    each neighbour's shares with AES-256-GCM under an X25519+HKDF channel key; the associated
    data binds session, round, sender, receiver, stage and both parties' public keys. It also
    sends the server a hash commitment to b_u (checked when the server rebuilds b_u).
-3. :meth:`receive_forward` -- checks each forwarded share's sender signature and decrypts it;
-   a share it cannot use is a *complaint* against its sender, sent back in the ACK with its
-   evidence (below).
+3. :meth:`receive_forward` -- checks each forwarded share's sender signature (over the
+   ciphertext and the sender's share digests, :func:`share_digest`), decrypts it and checks
+   the share against those signed digests; a share it cannot use is a *complaint* against its
+   sender, sent back in the ACK with its evidence (below).
 4. :meth:`masked_input` -- y_u = x_u + PRG(b_u) + sum_{v accepted, u<v} PRG(s_uv)
    - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag: its Ed25519 signature
    over the vector's digest, session and round (checked by the server on arrival).
@@ -53,10 +54,11 @@ and an edge is cut only where one end misbehaved. Complaints come in two kinds. 
 whose forwarded share does not carry its sender's valid signature says so and reveals
 nothing; the server checks the signature on the ciphertext it relayed: invalid, the sender is
 excluded; valid, the complainer is (its claim is false, or its own link altered the share). A
-client whose signed share fails to decrypt complains with (the sender, k_{v->u}, H(k_{u->v}));
-the server checks the key against D_uv and decrypts the ciphertext it relayed: it
-authenticates and decodes -- a false complaint, the complainer is excluded; it does not --
-the sender is excluded; the key does not match D_uv -- the complainer revealed a key other
+client whose signed share fails to decrypt, or decrypts to a share that contradicts the
+share digests signed with it, complains with (the sender, k_{v->u}, H(k_{u->v})); the server
+checks the key against D_uv and decrypts the ciphertext it relayed: it authenticates, decodes
+and matches the signed digests -- a false complaint, the complainer is excluded; it does
+not -- the sender is excluded; the key does not match D_uv -- the complainer revealed a key other
 than the one it committed to, and is excluded (an honest client always reveals the committed
 key). Each case is decided from evidence alone, so one client can exclude only itself, never
 an honest peer.
@@ -67,13 +69,14 @@ purposes), and the mask secret of a live pair is never revealed. (2) Nothing abo
 reverse direction: k_{u->v} is an independent HKDF output; the server gets only its
 commitment. (3) No share plaintext a later stage needs: an honest client complains only about
 a ciphertext that carries its sender's valid signature and fails to decrypt under the key it
-committed to -- so the revealed key opens a ciphertext the sender itself made undecryptable
-(the sender is corrupt); for a ciphertext the server or the link altered (its signature
-fails) no key is revealed. A false complaint opens a share the (corrupt) complainer already
-holds -- it could as well have sent the server that plaintext directly, so complaining gives
-a corrupt client no power it lacked; it counts, as any client that talks to the server,
-against the protocol's bound on corrupt clients. Either way the server learns only what a
-corrupt client already knows.
+committed to, or opens to a share other than the one the sender signed a digest of -- so the
+revealed key opens a ciphertext the sender itself made unusable (the sender is corrupt, and
+excluded: its share of its own secrets is all the server learns); for a ciphertext the server
+or the link altered (its signature fails) no key is revealed. A false complaint opens a share
+the (corrupt) complainer already holds -- it could as well have sent the server that
+plaintext directly, so complaining gives a corrupt client no power it lacked; it counts, as
+any client that talks to the server, against the protocol's bound on corrupt clients. Either
+way the server learns only what a corrupt client already knows.
 
 Completeness and the residual case. With pinned identities the signature a receiver checks is
 its sender's pinned key, so a ciphertext is provably the sender's: every complaint the server
@@ -173,6 +176,36 @@ def commit_seed(session: bytes, round: int, cid: int, b: bytes) -> bytes:
     h = hashlib.sha256(b"secagg/secure-sum/v1|seed-commitment|" + session)
     h.update(struct.pack(">QI", round & (2**64 - 1), cid) + b)
     return h.digest()
+
+
+_SHARE_KINDS = {"b": 0, "sk": 1}
+
+
+def share_digest(
+    session: bytes, round: int, owner: int, holder: int, kind: str, elements: list[int]
+) -> bytes:
+    """SHA-256 digest of one share the owner dealt the holder: ``kind`` "b" (of the self-mask
+    seed b_u) or "sk" (of the mask private key), its 3 field elements bound to the session,
+    round, owner and holder. The owner signs one per holder and kind inside its SHARES entry;
+    the holder checks the share it decrypts against it, the server each share a holder
+    returns at unmask (see :mod:`secagg.secure_sum.server`). Hiding: a share of a secret is
+    uniform given fewer than t_k others (>= 127 bits per element), so the digest leaks
+    nothing a guess could confirm."""
+    if kind not in _SHARE_KINDS or len(elements) != _K:
+        raise ValueError("a share digest is of one secret's 3 elements, kind 'b' or 'sk'")
+    h = hashlib.sha256(b"secagg/secure-sum/v1|share-digest|" + session)
+    h.update(struct.pack(">QIIB", round & (2**64 - 1), owner, holder, _SHARE_KINDS[kind]))
+    h.update(b"".join(shamir.element_bytes(int(e)) for e in elements))
+    return h.digest()
+
+
+def share_digests(
+    session: bytes, round: int, owner: int, holder: int, b: list[int], sk: list[int]
+) -> bytes:
+    """The two share digests of one SHARES entry (of the b_u share, then the mask-key share),
+    64 bytes: what the entry's signature covers after the ciphertext."""
+    return (share_digest(session, round, owner, holder, "b", b)
+            + share_digest(session, round, owner, holder, "sk", sk))
 
 
 def masked_statement(session: bytes, round: int, cid: int, digest: bytes) -> bytes:
@@ -342,10 +375,13 @@ class Client:
                 encode_share(els[:_K], els[_K:]),
                 share_aad(self.session, self.round, self.cid, v, mine, roster.keys[v]),
             )
-            sig = self._sign.sign(share_statement(self.session, self.round, self.cid, v, ct))
+            signed = ct + share_digests(self.session, self.round, self.cid, v,
+                                        els[:_K], els[_K:])
+            sig = self._sign.sign(share_statement(self.session, self.round, self.cid, v,
+                                                  signed))
             digest = pair_digest(self.session, self.round, self.cid, v,
                                  key_commitment(k_send), key_commitment(k_recv))
-            entries[v] = ct + sig + digest
+            entries[v] = signed + sig + digest
         self.stage = "shared"
         body = wire.shares_body(commit_seed(self.session, self.round, self.cid, self._b), entries)
         return wire.encode(MsgType.SHARES, self.session, self.cid, SERVER_ID, body)
@@ -383,12 +419,12 @@ class Client:
             )
         assert self._keys is not None
         mine = (self._keys.enc_public, self._keys.mask_public)
-        n_ct = wire.SHARE_CIPHERTEXT_BYTES
+        n_ct, n_signed = wire.SHARE_CIPHERTEXT_BYTES, wire.SIGNED_SHARE_BYTES
         accepted, held = set(), {}
         complaints: dict[int, tuple[bytes, bytes]] = {}
         for v, entry in entries.items():
-            stmt = share_statement(self.session, self.round, v, self.cid, entry[:n_ct])
-            if not verify_signature(self._roster.signing[v][0], entry[n_ct:], stmt):
+            stmt = share_statement(self.session, self.round, v, self.cid, entry[:n_signed])
+            if not verify_signature(self._roster.signing[v][0], entry[n_signed:], stmt):
                 complaints[v] = (b"", b"")  # unsigned or altered: reveal nothing
                 continue
             k_send, k_recv = self._channels[v]
@@ -397,10 +433,14 @@ class Client:
                     share_nonce(v, self.cid), entry[:n_ct],
                     share_aad(self.session, self.round, v, self.cid, self._roster.keys[v], mine),
                 )
-                held[v] = decode_share(pt)
+                b_els, sk_els = decode_share(pt)
+                if share_digests(self.session, self.round, v, self.cid, b_els, sk_els) \
+                        != entry[n_ct:n_signed]:
+                    raise ValueError("the share contradicts its dealer's signed digest")
             except (InvalidTag, ValueError):
                 complaints[v] = (k_recv, key_commitment(k_send))
                 continue
+            held[v] = (b_els, sk_els)
             accepted.add(v)
         self._held.update(held)
         self.accepted, self.rejected = accepted, set(complaints)

@@ -152,6 +152,26 @@ class BadIntegrityTag(MalformedMessage):
         )
 
 
+class WrongShare(ProtocolError):
+    """An UNMASK_RESPONSE returns a share that contradicts the digest its dealer signed for
+    that holder: the holder lied (an honest holder checked the same share against the same
+    signed digest when it accepted it). The server records the fault and uses none of the
+    holder's shares; the round goes on.
+
+    Attributes:
+        holder: the client whose response lied.
+        owner: whose secret the wrong share is of.
+        secret: "self-mask seed" or "mask key".
+    """
+
+    def __init__(self, holder: int, owner: int, secret: str) -> None:
+        self.holder, self.owner, self.secret = holder, owner, secret
+        super().__init__(
+            f"UNMASK_RESPONSE from client {holder}: its share of client {owner}'s {secret} "
+            "contradicts the digest the dealer signed; none of its shares is used"
+        )
+
+
 class UnrecoverableSecret(SecureSumAborted, ProtocolError):
     """A secret the server must rebuild does not decode: more of its h shares are wrong than
     the Reed-Solomon code corrects (floor((h - t_k) / 2)), or it decodes to a mask key other

@@ -62,12 +62,13 @@ class SessionReport:
             pair digests, complaint verdicts).
         failures: (stage, client, error text) for every message that could not be processed.
         refused: client -> why the server refused its ADVERTISE (it was left out).
-        faults: client -> the lie the server attributed to it from evidence (a masked input
-            whose integrity tag does not verify: refused, the client counted as dropped; a
-            seed commitment its own shares contradict: named, its decoded seed used).
-        disputes: (owner, holder, secret) for every share the server's Reed-Solomon decoding
-            corrected: dealt wrong by the owner or reported wrong by the holder; no one is
-            excluded for it and the sum is exact.
+        faults: client -> the lies the server attributed to it from evidence, one party per
+            lie (a masked input whose integrity tag does not verify: refused, the client
+            counted as dropped; a seed commitment its own shares contradict: named, its
+            decoded seed used; a share returned at unmask that contradicts its dealer's
+            signed digest: the holder, none of its shares used; a share that matches the
+            dealer's signed digest but that the decoder corrected: the dealer, named and
+            corrected, its input still in the sum; see :mod:`.server`).
         pinned: whether the clients checked keys and signatures against pinned keys (the
             run then resists an actively malicious server; see :mod:`.client`).
         bytes_up, bytes_down: wire bytes per client, sent and received.
@@ -92,7 +93,6 @@ class SessionReport:
     cut_off: dict[int, str] = field(default_factory=dict)
     check_cpu_s: dict[str, float] = field(default_factory=dict)
     faults: dict[int, str] = field(default_factory=dict)
-    disputes: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def run_secure_sum(
@@ -317,5 +317,4 @@ def run_secure_sum(
     report.cut_off = dict(server.cut_off)
     report.check_cpu_s = dict(server.check_cpu_s)
     report.faults = dict(server.faults)
-    report.disputes = list(server.disputes)
     return report

@@ -20,9 +20,10 @@ and commitment per accused sender) and the server state machine judges them from
 evidence, exactly as in the embedded run: a lying node excludes only itself. The verdicts,
 the cut pairs and the nodes the cuts cut off are in the aggregate's notes
 (``secure_sum.verdicts`` / ``cut`` / ``cut_off``), and so are the lies the server attributed
-(``faults``: a masked input whose integrity tag fails, refused and its node dropped; a seed
-commitment its own shares contradict) and the shares its Reed-Solomon decoding corrected
-(``disputes``: owner, holder, secret).
+(``faults``, one node per lie: a masked input whose integrity tag fails, refused and its node
+dropped; a seed commitment its own shares contradict; an unmask reply whose share contradicts
+its dealer's signed digest, the replying node; a share its dealer signed and dealt wrong,
+which the Reed-Solomon decoding corrected, the dealer).
 
 Under ``DistributedDP`` the nodes add their noise shares to their encoded vectors before
 masking, sized from the release plan (:class:`~secagg.privacy.release.Release`), and the
@@ -350,6 +351,5 @@ class SecureSumServer:
             "verdicts": [list(v) for v in server.verdicts],
             "cut": [list(e) for e in sorted(server.cut)], "cut_off": dict(server.cut_off),
             "faults": dict(server.faults),
-            "disputes": [list(d) for d in server.disputes],
         }, "dropped": dropped}
         return total, tuple(contributors), notes

@@ -43,12 +43,29 @@ A lying client excludes only itself, at every stage:
   the vector) -- the integrity tag -- checked on arrival: a wrong tag, or one made for
   another round or session, refuses the vector (:class:`~.errors.BadIntegrityTag`), and the
   sender is then treated as dropped (its mask key is rebuilt, its pairwise masks removed);
-* each secret is rebuilt from all the shares that arrived by Reed-Solomon decoding
+* every wrong share names exactly one liar. In its SHARES entry for holder v the dealer u
+  signs, with the ciphertext (one Ed25519 signature over both), one digest per secret of the
+  share it deals v: SHA-256(tag, session, round, u, v, kind, share)
+  (:func:`~secagg.secure_sum.client.share_digest`; a share is uniform given fewer than t_k
+  others, >= 127 bits per element, so the digest reveals nothing). At FORWARD an honest v
+  checks the share it decrypts against u's signed digest; a mismatch is a key complaint, and
+  the server, opening the relayed ciphertext with the revealed key, finds the mismatch itself
+  and excludes u (the "upheld" verdict). So a share an honest holder accepted equals what its
+  dealer signed. At unmask the server checks every returned share against the dealer's
+  signed digest: a mismatch is the holder's lie (only the holder chose that value: the dealer
+  signed another, the holder accepted it against that digest), recorded in :attr:`faults`,
+  and none of the holder's shares is used (:class:`~.errors.WrongShare`). The shares left
+  are each exactly what their dealer signed, so when the decoder still corrects one (below),
+  the dealer dealt shares that are not on one polynomial: the dealer is named
+  (:meth:`Server._blame_corrected`; a holder that accepted an entry without its dealer's
+  valid signature is named instead -- an honest one complains). One party per lie, from
+  evidence; no honest client is ever named;
+* each secret is rebuilt from the shares left by Reed-Solomon decoding
   (:func:`secagg.secure_sum.shamir.decode`): with h shares and threshold t_k up to
-  floor((h - t_k) / 2) wrong shares are corrected and located. A corrected share is recorded
-  in :attr:`Server.disputes` as (owner, holder, secret): its dealer dealt it wrong or its
-  holder reported it wrong -- the server cannot tell which without evidence, so it excludes
-  no one for it (the sum is exact either way);
+  floor((h - t_k) / 2) wrong shares are corrected and located. A dealer named for a wrong
+  share whose masked input is already in the sum stays a contributor: dropping it now would
+  mean rebuilding both its self-mask seed and its mask key, which together reveal its input.
+  It is named and its wrong shares corrected; the sum stays exact;
 * a rebuilt self-mask seed that does not match its owner's commitment while all of its
   h > t_k shares agree is the owner's own lie (its commitment contradicts the polynomial every
   holder agrees on; only h - t_k + 1 liars agreeing on another polynomial could explain it
@@ -58,8 +75,9 @@ A lying client excludes only itself, at every stage:
 * past the bound -- more wrong shares than the code corrects, or a mask key that decodes to
   a key other than the advertised one -- the round aborts with
   :class:`~.errors.UnrecoverableSecret` naming the owner, the counts and the bound, never a
-  wrong sum. The decoding relies on at most that many wrong shares per secret (the
-  protocol's bound on corrupt clients).
+  wrong sum. The decoding relies on at most that many wrong shares per secret among the
+  shares whose holders passed the digest check (lying holders' shares are dropped before
+  decoding, so they count against t_k, not against the bound).
 """
 
 from __future__ import annotations
@@ -80,6 +98,8 @@ from secagg.secure_sum.client import (
     decode_share,
     masked_statement,
     share_aad,
+    share_digest,
+    share_digests,
     share_nonce,
 )
 from secagg.secure_sum.errors import (
@@ -91,6 +111,7 @@ from secagg.secure_sum.errors import (
     StageOrderError,
     TooFewShares,
     UnrecoverableSecret,
+    WrongShare,
 )
 from secagg.secure_sum.graph import Graph
 from secagg.secure_sum.keys import (
@@ -167,6 +188,7 @@ class Server:
         self.b_shares: dict[int, dict[int, list[int]]] = {}
         self.sk_shares: dict[int, dict[int, list[int]]] = {}
         self.responders: set[int] = set()
+        self._lied: set[int] = set()
         self.live: dict[str, int] = {}
         self.dropped: set[int] = set()
         self.commitments: dict[int, bytes] = {}
@@ -178,9 +200,8 @@ class Server:
         self.cut_off: dict[int, str] = {}
         self.verdicts: list[tuple[int, int, str]] = []
         self.faults: dict[int, str] = {}
-        self.disputes: list[tuple[int, int, str]] = []
         self.check_cpu_s: dict[str, float] = {"signatures": 0.0, "digests": 0.0,
-                                              "complaints": 0.0}
+                                              "complaints": 0.0, "share digests": 0.0}
 
     # ------------------------------------------------------------ helpers
 
@@ -193,6 +214,10 @@ class Server:
         if head.sender not in self.cohort:
             raise MisaddressedMessage(f"{mtype.name} from {head.sender}, who is not in the cohort")
         return head.sender, body
+
+    def _fault(self, u: int, why: str) -> None:
+        """Record a lie attributed to u (several lies of one party are joined)."""
+        self.faults[u] = f"{self.faults[u]}; {why}" if u in self.faults else why
 
     def _check(self, stage: str, live: set[int]) -> None:
         self.live[stage] = len(live)
@@ -350,13 +375,15 @@ class Server:
         not carry v's signature, or does not open under the key both ends committed to),
         "false" (it opens to a well-formed share), "uncommitted key" (the revealed key is not
         the one the pair digest commits to) or "signed as relayed" (u says the signature
-        fails, but the relayed ciphertext carries it: u lies, or its own link altered it)."""
-        n_ct = wire.SHARE_CIPHERTEXT_BYTES
+        fails, but the relayed ciphertext carries it: u lies, or its own link altered it). A
+        share that opens but contradicts v's signed share digest is v's fault too ("upheld")."""
+        n_ct, n_signed = wire.SHARE_CIPHERTEXT_BYTES, wire.SIGNED_SHARE_BYTES
         entry = self._relayed[v][u]
         if key == b"":
             t0 = time.thread_time()
-            ok = verify_signature(self.signing[v][0], entry[n_ct:],
-                                  share_statement(self.session, self.round, v, u, entry[:n_ct]))
+            ok = verify_signature(self.signing[v][0], entry[n_signed:],
+                                  share_statement(self.session, self.round, v, u,
+                                                  entry[:n_signed]))
             self.check_cpu_s["signatures"] += time.thread_time() - t0
             return "signed as relayed" if ok else "upheld"
         if pair_digest(self.session, self.round, v, u, key_commitment(key), commit) \
@@ -364,11 +391,13 @@ class Server:
             return "uncommitted key"
         ct = entry[:n_ct]
         try:
-            decode_share(AESGCM(key).decrypt(
+            b_els, sk_els = decode_share(AESGCM(key).decrypt(
                 share_nonce(v, u), ct,
                 share_aad(self.session, self.round, v, u, self.keys[v], self.keys[u])))
         except (InvalidTag, ValueError):
             return "upheld"
+        if share_digests(self.session, self.round, v, u, b_els, sk_els) != entry[n_ct:n_signed]:
+            return "upheld"  # v signed digests of other shares than the one it encrypted
         return "false"
 
     def receive_masked(self, data: bytes) -> tuple[int, np.ndarray]:
@@ -472,16 +501,39 @@ class Server:
     # ------------------------------------------------------------ unmask
 
     def receive_unmask(self, data: bytes) -> int:
-        """Take one UNMASK_RESPONSE; returns its sender."""
+        """Take one UNMASK_RESPONSE; returns its sender.
+
+        Every share it returns of a peer's secret is checked against the digest the peer (the
+        dealer) signed for this holder in its SHARES entry.
+
+        Raises:
+            WrongShare: a returned share contradicts its dealer's signed digest: the holder's
+                lie (recorded in :attr:`faults`); none of its shares is used.
+        """
         self._expect("unmask")
         w, body = self._open(data, MsgType.UNMASK_RESPONSE)
-        if w in self.responders:
+        if w in self.responders or w in self._lied:
             raise ReplayedMessage(f"second UNMASK_RESPONSE from client {w}")
         if w not in self.requests:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w}, who was not asked")
         b, s = wire.parse_unmask_response(body)
         if set(b) != self.requests[w][0] or set(s) != self.requests[w][1]:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w} does not answer its request")
+        t0 = time.thread_time()
+        n_ct, n_d = wire.SHARE_CIPHERTEXT_BYTES, wire.SHARE_DIGEST_BYTES
+        for kind, got, off in (("b", b, 0), ("sk", s, n_d)):
+            for u in sorted(got):
+                if u == w:  # its own share of its own secret: dealer and holder are one
+                    continue
+                signed = self._relayed[u][w][n_ct + off : n_ct + off + n_d]
+                if share_digest(self.session, self.round, u, w, kind, got[u]) != signed:
+                    self.check_cpu_s["share digests"] += time.thread_time() - t0
+                    self._lied.add(w)
+                    what = "mask key" if kind == "sk" else "self-mask seed"
+                    self._fault(w, f"unmask: returned a share of client {u}'s {what} that "
+                                f"contradicts the digest client {u} signed for it")
+                    raise WrongShare(w, u, what)
+        self.check_cpu_s["share digests"] += time.thread_time() - t0
         self.responders.add(w)
         for u, els in b.items():
             self.b_shares.setdefault(u, {})[w] = els
@@ -504,7 +556,7 @@ class Server:
         Every rebuilt secret is verified: a mask key against its advertised public key, a
         self-mask seed against its owner's commitment (a mismatch there, once the shares
         decoded, is the owner's fault: recorded in :attr:`faults`, the decoded seed kept).
-        Corrected shares are recorded in :attr:`disputes`.
+        Each corrected share names one liar in :attr:`faults` (:meth:`_blame_corrected`).
 
         Raises:
             TooFewShares: fewer than t_k shares of a needed secret arrived.
@@ -558,12 +610,43 @@ class Server:
                                 ", and no spare share is left to correct them"
                                 if len(holders) == tk else
                                 f" even after correcting {len(wrong)} share(s)"))
-                    self.faults.setdefault(owner, (
+                    self._fault(owner, (
                         "unmask: its seed commitment contradicts the seed its shares encode "
                         f"({len(holders) - len(wrong)} of {len(holders)} holders agree)"))
-                self.disputes.extend((owner, w, what) for w in wrong)
+                self._blame_corrected(kind, owner, wrong)
                 out[(kind, owner)] = secret
         return out
+
+    def _blame_corrected(self, kind: str, owner: int, wrong: list[int]) -> None:
+        """Name the one liar behind each share the decoder corrected. Each such share matched,
+        at :meth:`receive_unmask`, the digest in its dealer's entry (else it never reached the
+        decoder): when that entry carries the dealer's signature the holder returned exactly
+        what the dealer signed it was dealing, so the dealer dealt it wrong; when it does not,
+        the holder accepted a share its dealer never signed (an honest holder complains
+        instead) and is named. The owner's own share of its own secret names the owner."""
+        what = "mask key" if kind == "sk" else "self-mask seed"
+        n_signed = wire.SIGNED_SHARE_BYTES
+        dealt = []
+        for w in wrong:
+            if w == owner:
+                self._fault(owner, f"unmask: returned a wrong share of its own {what}")
+                continue
+            entry = self._relayed[owner][w]
+            t0 = time.thread_time()
+            ok = verify_signature(self.signing[owner][0], entry[n_signed:],
+                                  share_statement(self.session, self.round, owner, w,
+                                                  entry[:n_signed]))
+            self.check_cpu_s["signatures"] += time.thread_time() - t0
+            if ok:
+                dealt.append(w)
+            else:
+                self._fault(w, f"share: accepted a share of client {owner}'s {what} that "
+                            f"client {owner} never signed (an honest holder complains)")
+        if dealt:
+            self._fault(owner, (
+                f"share: dealt client(s) {dealt} a wrong share of its {what} under its "
+                "signed digest (corrected" + ("; its input stays in the sum: dropping it now "
+                                              "would reveal it)" if kind == "b" else ")")))
 
     def finish(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """Close stage 4: unmask the running sum.

@@ -17,15 +17,19 @@ Bodies:
   count x (id u32 | enc pk 32 | mask pk 32 | signing pk 32 | ADVERTISE signature 64)
   -- the client's live neighbours
 * SHARES (client -> server): commitment to b_u (32) | count u32 |
-  count x (receiver u32 | AEAD ciphertext 112 | Ed25519 signature 64 of
-  :func:`~secagg.secure_sum.keys.share_statement` | pair digest 32 of
-  :func:`~secagg.secure_sum.keys.pair_digest`)
+  count x (receiver u32 | AEAD ciphertext 112 | share digests 2 x 32 | Ed25519 signature 64
+  of :func:`~secagg.secure_sum.keys.share_statement` over the ciphertext and the share
+  digests | pair digest 32 of :func:`~secagg.secure_sum.keys.pair_digest`) -- the share
+  digests are :func:`~secagg.secure_sum.client.share_digest` of the receiver's share of b_u,
+  then of the mask key: the dealer's signed word on what it dealt (the receiver checks its
+  share against them at FORWARD, the server each returned share at unmask)
 * FORWARD (server -> client): count u32 | count x (sender u32 | AEAD ciphertext 112 |
-  the sender's signature 64)
+  share digests 2 x 32 | the sender's signature 64)
 * ACK (client -> server): count u32 | count x (sender u32 | kind u8 | share key 32 |
-  commitment 32) -- complaints: kind 0, the sender's signed share failed AEAD, with the
-  revealed key of that direction and the commitment to the reverse direction's key (the
-  evidence the server checks, see :mod:`secagg.secure_sum.server`); kind 1, the share does
+  commitment 32) -- complaints: kind 0, the sender's signed share failed AEAD or contradicts
+  its signed share digests, with the revealed key of that direction and the commitment to
+  the reverse direction's key (the evidence the server checks, see
+  :mod:`secagg.secure_sum.server`); kind 1, the share does
   not carry the sender's signature (key and commitment all zero: nothing is revealed). An
   ACK without complaints is 4 zero bytes
 * MASKED (client -> server): ring_bits u8 | length u32 | tag 64 | length x ceil(ring_bits/8)
@@ -40,7 +44,7 @@ Bodies:
 * UNMASK_REQUEST (server -> client): nb u32 | nb x id | ns u32 | ns x id | nsig u32 |
   nsig x (id u32 | signature 64)  -- peers whose self-mask share, resp. mask-key shares, are
   requested, and the consistency signatures the server collected
-* UNMASK_RESPONSE (client -> server): nb u32 | nb x (id | 1 element) | ns u32 |
+* UNMASK_RESPONSE (client -> server): nb u32 | nb x (id | 3 elements) | ns u32 |
   ns x (id | 3 elements); an element is 16 bytes
 """
 
@@ -62,7 +66,7 @@ from secagg.secure_sum.prg import word_dtype
 from secagg.secure_sum.shamir import CHUNKS_PER_KEY, ELEMENT_BYTES
 
 MAGIC = b"SS"
-VERSION = 3
+VERSION = 4
 SERVER_ID = 0xFFFFFFFF
 SESSION_BYTES = 16
 HEADER = struct.Struct(">2sBB16sIII")
@@ -77,10 +81,15 @@ MAX_ID = SERVER_ID - 1
 COMMITMENT_BYTES = 32
 MASKED_TAG_BYTES = SIGNATURE_BYTES  # the MASKED integrity tag: its sender's Ed25519 signature
 TAG_HMAC_BYTES = MASKED_TAG_BYTES  # the former name (the tag was an HMAC)
-FORWARD_ENTRY_BYTES = SHARE_CIPHERTEXT_BYTES + SIGNATURE_BYTES
-"""A forwarded share: the ciphertext and its sender's signature."""
+SHARE_DIGEST_BYTES = 32
+"""One share digest (SHA-256): the dealer's signed word on one secret's share it dealt."""
+SIGNED_SHARE_BYTES = SHARE_CIPHERTEXT_BYTES + 2 * SHARE_DIGEST_BYTES
+"""What a share's signature covers: the ciphertext, then the digests of the b_u share and of
+the mask-key share."""
+FORWARD_ENTRY_BYTES = SIGNED_SHARE_BYTES + SIGNATURE_BYTES
+"""A forwarded share: the ciphertext, the share digests and its sender's signature."""
 SHARES_ENTRY_BYTES = FORWARD_ENTRY_BYTES + COMMITMENT_BYTES
-"""A sent share: the ciphertext, its signature and the pair digest."""
+"""A sent share: the ciphertext, the share digests, its signature and the pair digest."""
 COMPLAINT_BYTES = 4 + 1 + 2 * KEY_BYTES
 COMPLAINT_KEY = 0
 """A complaint that the share does not decrypt: it carries the revealed key and commitment."""
@@ -311,8 +320,8 @@ def ciphertexts_body(entries: dict[int, bytes], entry_bytes: int = FORWARD_ENTRY
 
 
 def shares_body(commitment: bytes, entries: dict[int, bytes]) -> bytes:
-    """SHARES body: the commitment to b_u, then the entries (ciphertext | signature |
-    pair digest)."""
+    """SHARES body: the commitment to b_u, then the entries (ciphertext | share digests |
+    signature | pair digest)."""
     if len(commitment) != COMMITMENT_BYTES:
         raise ValueError("commitments are 32 bytes")
     return commitment + ciphertexts_body(entries, SHARES_ENTRY_BYTES)
