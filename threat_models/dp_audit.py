@@ -688,6 +688,89 @@ def dropout_pattern(clients: int, fewest: int, survivors: int | str,
     return (0, *sorted(int(c) for c in others))
 
 
+def composed_ring(layer: Any, rel: Any, encoded: np.ndarray, ids: Sequence[int], ctx: Any,
+                  n: int, *, skellam_sum: bool = False) -> np.ndarray:
+    """DistributedDP's ring sum over the survivors ``ids`` for ``n`` trials of a release
+    with one summed, noised field, whose survivors' encodings (one trial, the release
+    plan's fixed point) sum to ``encoded``: the encodings once, tiled ``n`` times, plus
+    each survivor's noise share drawn by the layer's own ``_draw`` at the release's share
+    std from that survivor's stream (``noise_source``), reduced to the ring.
+
+    This is bit for bit the per-client path (``encode_noised`` of each survivor, summed mod
+    2^64, then the ring mask) when ``encode_noised`` is ``encode + _draw``, which
+    :func:`composition_holds` checks on the layer itself: the encoding is elementwise and
+    deterministic, each survivor's stream is consumed by one ``_draw`` of the same size in
+    both, and the sum mod 2^64 does not depend on the order of the terms.
+
+    ``skellam_sum`` (Skellam only, :func:`skellam_sum_holds`): the survivors' k shares are
+    drawn as one Skellam variable per entry, Sk(k lam, k lam) with lam = std^2 / 2 the
+    share's parameter, from one stream of its own. That is the same distribution: a
+    share is Poisson(lam) - Poisson(lam), k independent shares sum to Poisson(k lam) -
+    Poisson(k lam) (a sum of independent Poissons is Poisson). The only difference is that
+    k lam is rounded to float64 once (relative error 2^-53). The discrete Gaussian has no
+    such identity (a sum of discrete Gaussians is not one), so its shares are always drawn
+    one by one."""
+    from secagg.privacy.layers import noise_source
+    from secagg.privacy.samplers import skellam
+
+    (f,) = rel.noised
+    std = float(rel.share_std[f.name])
+    ring = np.tile(encoded, n)
+    if skellam_sum:
+        src = noise_source(layer.seed, ctx.round, ctx.phase, ("survivors",) + tuple(ids))
+        ring += skellam(len(ids) * (std * std / 2.0), f.size, src.rng).view(np.uint64)
+    else:
+        for c in ids:
+            src = noise_source(layer.seed, ctx.round, ctx.phase, c)
+            ring += layer._draw(std, f.size, src.rng).view(np.uint64)  # wraps mod 2^64
+    if rel.ring_bits < 64:
+        ring &= np.uint64((1 << rel.ring_bits) - 1)
+    return ring
+
+
+def composition_holds(layer: Any, plan: Any, worlds: Sequence[Sequence[np.ndarray]],
+                      ids: Sequence[int], ctx: Any, probe: int = 3) -> bool:
+    """Whether :func:`composed_ring` (shares drawn one by one) equals the layer's own
+    per-client path -- ``encode_noised`` of every survivor in ``ids``, summed in the ring
+    -- bit for bit, on a probe batch of ``probe`` trials of each world in ``worlds`` (per
+    client, one trial's values of the plan's single summed field), with the same streams.
+    A layer whose ``encode_noised`` does anything else (a subclass, an injected bug) fails
+    and must be audited on the per-client path."""
+    from secagg.privacy.layers import noise_source
+
+    if len(plan.noised) != 1 or len(plan.additive) != 1:
+        return False
+    name, size = plan.additive[0].name, plan.additive[0].size
+    wide = dataclasses.replace(plan.additive[0], shape=(probe * size,))
+    rel = dataclasses.replace(plan, additive=(wide,), noised=(wide,))
+    for values in worlds:
+        ring = np.zeros(probe * size, dtype=np.uint64)
+        encoded = np.zeros(size, dtype=np.uint64)
+        for c in ids:
+            src = noise_source(layer.seed, ctx.round, ctx.phase, c)
+            one = np.asarray(values[c], dtype=np.float64).ravel()
+            ring += layer.encode_noised(rel, {name: np.tile(one, probe)}, src.rng)
+            encoded += plan.plans[name].encode(one)
+        if rel.ring_bits < 64:
+            ring &= np.uint64((1 << rel.ring_bits) - 1)
+        if not np.array_equal(ring, composed_ring(layer, rel, encoded, ids, ctx, probe)):
+            return False
+    return True
+
+
+def skellam_sum_holds(layer: Any, std: float = 1234.5, probe: int = 64) -> bool:
+    """Whether the layer's share sampler is the Skellam sampler at lam = std^2 / 2 (same
+    output from the same stream), so that :func:`composed_ring` may draw the survivors'
+    summed shares as one Skellam variable."""
+    from secagg.privacy.samplers import skellam
+
+    if getattr(layer, "mechanism", None) != "skellam":
+        return False
+    mine = layer._draw(std, probe, np.random.default_rng(probe))
+    return bool(np.array_equal(mine, skellam(std * std / 2.0, probe,
+                                             np.random.default_rng(probe))))
+
+
 class LayerClaim:
     """The (epsilon, delta) a release's DP layer (``self.layer``) claims for its one
     release: what an audit of that release tests."""
@@ -805,8 +888,14 @@ class SumRelease(LayerClaim):
         elif self.kind == "local":
             self._sigmas, _ = layer.noise_plan(self.spec)
         self.scalar_notes = self._scalar_release()
+        self._composed = self._skellam_sum = False
         if self.kind == "distributed":
             self._claim = self._survivors_claim()
+            one = [np.zeros(1)] * self.clients
+            self._composed = composition_holds(
+                layer, self._plan, [one, [np.array([self.canary_value])] + one[1:]],
+                self.survivors, self._ctx())
+            self._skellam_sum = self._composed and skellam_sum_holds(layer)
 
     # -- facts --------------------------------------------------------------------------
 
@@ -922,14 +1011,18 @@ class SumRelease(LayerClaim):
         wide_field = dataclasses.replace(plan.additive[0], shape=(values.size,))
         rel = dataclasses.replace(plan, additive=(wide_field,), noised=(wide_field,))
         survivors = self.survivors
-        mask = (1 << plan.ring_bits) - 1
-        ring = np.zeros(values.size, dtype=np.uint64)
-        for c in survivors:  # client 0 holds the canary, the others 0; the rest dropped
-            mine = values if c == 0 else np.zeros_like(values)
-            src = noise_source(self.layer.seed, ctx.round, PHASE, c)
-            ring += self.layer.encode_noised(rel, {FIELD: mine}, src.rng)  # wraps mod 2^64
-        if plan.ring_bits < 64:
-            ring &= np.uint64(mask)
+        if self._composed:  # the same ring sum (composed_ring), the encoding done once
+            ring = composed_ring(self.layer, rel, plan.plans[FIELD].encode(values[:1]),
+                                 survivors, ctx, values.size, skellam_sum=self._skellam_sum)
+        else:
+            mask = (1 << plan.ring_bits) - 1
+            ring = np.zeros(values.size, dtype=np.uint64)
+            for c in survivors:  # client 0 holds the canary, the others 0; the rest dropped
+                mine = values if c == 0 else np.zeros_like(values)
+                src = noise_source(self.layer.seed, ctx.round, PHASE, c)
+                ring += self.layer.encode_noised(rel, {FIELD: mine}, src.rng)  # mod 2^64
+            if plan.ring_bits < 64:
+                ring &= np.uint64(mask)
         agg = self.layer.finish(rel, spec, ring, survivors, ctx, ctx.privacy, True)
         # the scalar release had every client contribute; compare the noise each share
         # was sized for (the fewest survivors' total), and what these survivors add
