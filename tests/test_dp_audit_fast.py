@@ -138,3 +138,18 @@ def test_in_place_discrete_gaussian_gives_the_same_bits(sigma: float) -> None:
         assert np.array_equal(discrete_gaussian(sigma, 50_000, np.random.default_rng(seed)),
                               _reference_discrete_gaussian(sigma, 50_000,
                                                            np.random.default_rng(seed)))
+
+
+@pytest.mark.parametrize("mechanism", ["discrete_gaussian", "skellam"])
+def test_adaptive_composed_ring_is_the_per_client_ring_bit_for_bit(mechanism: str) -> None:
+    from threat_models.dp_audit_adaptive import AdaptiveRelease
+
+    fast = AdaptiveRelease("distributed-dp", seed=10, mechanism=mechanism, **KW)
+    slow = AdaptiveRelease("distributed-dp", seed=10, mechanism=mechanism, **KW)
+    assert fast._composed and fast._skellam_sum == (mechanism == "skellam")
+    fast._skellam_sum = False  # shares one by one: bit for bit (two fields, field order)
+    slow._composed = False
+    for world in (True, False):
+        a, b = fast(world, 30, np.random.default_rng(0)), slow(world, 30,
+                                                               np.random.default_rng(0))
+        assert a.shape == (30, 2) and np.array_equal(a, b)

@@ -70,7 +70,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -688,72 +688,96 @@ def dropout_pattern(clients: int, fewest: int, survivors: int | str,
     return (0, *sorted(int(c) for c in others))
 
 
-def composed_ring(layer: Any, rel: Any, encoded: np.ndarray, ids: Sequence[int], ctx: Any,
-                  n: int, *, skellam_sum: bool = False) -> np.ndarray:
+def composed_ring(layer: Any, rel: Any, encoded: Any, ids: Sequence[int], ctx: Any, n: int,
+                  *, skellam_sum: bool = False) -> np.ndarray:
     """DistributedDP's ring sum over the survivors ``ids`` for ``n`` trials of a release
-    with one summed, noised field, whose survivors' encodings (one trial, the release
-    plan's fixed point) sum to ``encoded``: the encodings once, tiled ``n`` times, plus
-    each survivor's noise share drawn by the layer's own ``_draw`` at the release's share
-    std from that survivor's stream (``noise_source``), reduced to the ring.
+    whose survivors' encodings (one trial, the release plan's fixed point) sum to
+    ``encoded`` (per summed field, a mapping from its name; an array for a single field):
+    the encodings once, tiled ``n`` times, plus each survivor's noise shares drawn by the
+    layer's own ``_draw`` at the release's share std of each noised field, in field order,
+    from that survivor's stream (``noise_source``), reduced to the ring.
 
     This is bit for bit the per-client path (``encode_noised`` of each survivor, summed mod
     2^64, then the ring mask) when ``encode_noised`` is ``encode + _draw``, which
     :func:`composition_holds` checks on the layer itself: the encoding is elementwise and
-    deterministic, each survivor's stream is consumed by one ``_draw`` of the same size in
-    both, and the sum mod 2^64 does not depend on the order of the terms.
+    deterministic, each survivor's stream is consumed by the same ``_draw`` calls of the
+    same sizes in the same order in both, and the sum mod 2^64 does not depend on the
+    order of its terms.
 
-    ``skellam_sum`` (Skellam only, :func:`skellam_sum_holds`): the survivors' k shares are
-    drawn as one Skellam variable per entry, Sk(k lam, k lam) with lam = std^2 / 2 the
-    share's parameter, from one stream of its own. That is the same distribution: a
-    share is Poisson(lam) - Poisson(lam), k independent shares sum to Poisson(k lam) -
-    Poisson(k lam) (a sum of independent Poissons is Poisson). The only difference is that
-    k lam is rounded to float64 once (relative error 2^-53). The discrete Gaussian has no
-    such identity (a sum of discrete Gaussians is not one), so its shares are always drawn
-    one by one."""
+    ``skellam_sum`` (Skellam only, :func:`skellam_sum_holds`): the k survivors' shares of
+    each entry are drawn as one Skellam variable Sk(k lam, k lam), lam = std^2 / 2 the
+    share's parameter (as the layer's ``_draw`` computes it), from one stream of its own.
+    That is the same distribution: a share is Poisson(lam) - Poisson(lam), and k
+    independent shares sum to Poisson(k lam) - Poisson(k lam) (a sum of independent
+    Poissons is Poisson). The only difference: k lam is rounded to float64 once (relative
+    error <= 2^-53). A sum of discrete Gaussians is not a discrete Gaussian, so their
+    shares are always drawn one by one."""
     from secagg.privacy.layers import noise_source
     from secagg.privacy.samplers import skellam
 
-    (f,) = rel.noised
-    std = float(rel.share_std[f.name])
-    ring = np.tile(encoded, n)
+    fields = tuple(rel.additive)
+    enc = encoded if isinstance(encoded, Mapping) else {fields[0].name: encoded}
+    ring = np.concatenate([np.tile(np.asarray(enc[f.name], dtype=np.uint64), n)
+                           for f in fields])
+    segs = rel.segments
+    noised = [f for f in fields if f.name in rel.share_std]
     if skellam_sum:
         src = noise_source(layer.seed, ctx.round, ctx.phase, ("survivors",) + tuple(ids))
-        ring += skellam(len(ids) * (std * std / 2.0), f.size, src.rng).view(np.uint64)
+        for f in noised:
+            std = float(rel.share_std[f.name])
+            ring[segs[f.name]] += skellam(len(ids) * (std * std / 2.0), f.size,
+                                          src.rng).view(np.uint64)
     else:
         for c in ids:
             src = noise_source(layer.seed, ctx.round, ctx.phase, c)
-            ring += layer._draw(std, f.size, src.rng).view(np.uint64)  # wraps mod 2^64
+            for f in noised:  # wraps mod 2^64
+                ring[segs[f.name]] += layer._draw(rel.share_std[f.name], f.size,
+                                                  src.rng).view(np.uint64)
     if rel.ring_bits < 64:
         ring &= np.uint64((1 << rel.ring_bits) - 1)
     return ring
 
 
-def composition_holds(layer: Any, plan: Any, worlds: Sequence[Sequence[np.ndarray]],
+def encoded_sum(plan: Any, values: Sequence[Any], ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Per summed field of ``plan``, the ring sum of the clients ``ids``'s encodings of
+    ``values[c]`` (one trial; a mapping from field name, or an array for a single field)."""
+    out = {f.name: np.zeros(f.size, dtype=np.uint64) for f in plan.additive}
+    for c in ids:
+        one = values[c] if isinstance(values[c], Mapping) else {plan.additive[0].name:
+                                                                 values[c]}
+        for f in plan.additive:
+            out[f.name] += plan.plans[f.name].encode(
+                np.asarray(one[f.name], dtype=np.float64).ravel())
+    return out
+
+
+def composition_holds(layer: Any, plan: Any, worlds: Sequence[Sequence[Any]],
                       ids: Sequence[int], ctx: Any, probe: int = 3) -> bool:
     """Whether :func:`composed_ring` (shares drawn one by one) equals the layer's own
     per-client path -- ``encode_noised`` of every survivor in ``ids``, summed in the ring
     -- bit for bit, on a probe batch of ``probe`` trials of each world in ``worlds`` (per
-    client, one trial's values of the plan's single summed field), with the same streams.
+    client, one trial's values as :func:`encoded_sum` takes them), with the same streams.
     A layer whose ``encode_noised`` does anything else (a subclass, an injected bug) fails
     and must be audited on the per-client path."""
     from secagg.privacy.layers import noise_source
 
-    if len(plan.noised) != 1 or len(plan.additive) != 1:
-        return False
-    name, size = plan.additive[0].name, plan.additive[0].size
-    wide = dataclasses.replace(plan.additive[0], shape=(probe * size,))
-    rel = dataclasses.replace(plan, additive=(wide,), noised=(wide,))
+    wide = tuple(dataclasses.replace(f, shape=(probe * f.size,)) for f in plan.additive)
+    names = {f.name for f in plan.noised}
+    rel = dataclasses.replace(plan, additive=wide,
+                              noised=tuple(f for f in wide if f.name in names))
     for values in worlds:
-        ring = np.zeros(probe * size, dtype=np.uint64)
-        encoded = np.zeros(size, dtype=np.uint64)
+        ring = np.zeros(sum(f.size for f in wide), dtype=np.uint64)
         for c in ids:
             src = noise_source(layer.seed, ctx.round, ctx.phase, c)
-            one = np.asarray(values[c], dtype=np.float64).ravel()
-            ring += layer.encode_noised(rel, {name: np.tile(one, probe)}, src.rng)
-            encoded += plan.plans[name].encode(one)
+            one = values[c] if isinstance(values[c], Mapping) else {plan.additive[0].name:
+                                                                     values[c]}
+            tiled = {f.name: np.tile(np.asarray(one[f.name], dtype=np.float64).ravel(), probe)
+                     for f in plan.additive}
+            ring += layer.encode_noised(rel, tiled, src.rng)
         if rel.ring_bits < 64:
             ring &= np.uint64((1 << rel.ring_bits) - 1)
-        if not np.array_equal(ring, composed_ring(layer, rel, encoded, ids, ctx, probe)):
+        mine = composed_ring(layer, rel, encoded_sum(plan, values, ids), ids, ctx, probe)
+        if not np.array_equal(ring, mine):
             return False
     return True
 

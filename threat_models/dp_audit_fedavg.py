@@ -69,6 +69,7 @@ from threat_models.dp_audit import (
     composed_ring,
     composition_holds,
     dropout_pattern,
+    encoded_sum,
     make_layer,
     one_run_epsilon,
     shift_statistic,
@@ -211,7 +212,7 @@ class FedAvgRelease(LayerClaim):
         self._claim: float | None = None
         self._composed = False  # the per-client path unless the composition is checked
         self._skellam_sum = False
-        self._encoded: dict[bool, np.ndarray] = {}
+        self._encoded: dict[bool, dict[str, np.ndarray]] = {}
         if self.kind == "distributed":
             self._plan = self.layer.release_plan(self.spec, clients)
             self.survivors = dropout_pattern(clients, self._plan.worst, survivors,
@@ -332,14 +333,12 @@ class FedAvgRelease(LayerClaim):
             return np.asarray(noised[FIELD], dtype=np.float64).reshape(n, self.dim)
         raise AssertionError(self.kind)  # pragma: no cover (distributed returned above)
 
-    def _encoded_sum(self, with_canary: bool, plan: Any) -> np.ndarray:
+    def _encoded_sum(self, with_canary: bool, plan: Any) -> dict[str, np.ndarray]:
         """The survivors' encoded updates (the release plan's fixed point, one trial),
         summed in the ring: the same in every trial, so computed once per world."""
         if with_canary not in self._encoded:
-            ring = np.zeros(self.dim, dtype=np.uint64)
-            for c in self.survivors:
-                ring += plan.plans[FIELD].encode(self.uploads[with_canary][c])
-            self._encoded[with_canary] = ring
+            self._encoded[with_canary] = encoded_sum(plan, self.uploads[with_canary],
+                                                     self.survivors)
         return self._encoded[with_canary]
 
     def _distributed(self, vals: list[np.ndarray], spec: Any, ctx: Any, n: int,
