@@ -97,7 +97,7 @@ def test_summed_skellam_has_the_law_of_the_sum_of_shares(survivors: str) -> None
                       **KW)
     assert fast._composed and fast._skellam_sum
     slow._skellam_sum = False  # each survivor's share from its own stream
-    n = 200_000
+    n = 100_000
     for world in (False, True):
         a = fast(world, n, np.random.default_rng(0))
         b = slow(world, n, np.random.default_rng(0))
