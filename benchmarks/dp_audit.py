@@ -82,8 +82,9 @@ def releases(eps: float, seed: int) -> list[tuple[str, Callable[[], Any]]]:
 
 
 def part1(epsilons: Sequence[float], trials: int, dpsgd_trials: int, seed: int,
-          kinds: Sequence[str] | None = None) -> list[str]:
-    """The correct layers, both modes (only the release ``kinds`` given, if any)."""
+          kinds: Sequence[str] | None = None, match: str | None = None) -> list[str]:
+    """The correct layers, both modes (only the release ``kinds`` given, if any, and only
+    the mechanisms whose name contains ``match``, if given)."""
     head = (f"{'release':<10} {'mechanism':<52} {'eps claimed':>11} {'tight lower':>11} "
             f"{'ratio':>5} {'thresh lower':>12} {'ratio':>5} {'trials':>8} "
             f"{'s tight':>7} {'s thresh':>8}")
@@ -93,6 +94,8 @@ def part1(epsilons: Sequence[float], trials: int, dpsgd_trials: int, seed: int,
             if kinds is not None and kind not in kinds:
                 continue
             rel = build()
+            if match is not None and match not in rel.mechanism:
+                continue
             res = (_fedavg_both(rel, trials, seed) if kind == "dp-fedavg"
                    else _both(rel, trials, seed))
             lines.append(_row(kind, res["tight"], res["threshold"]))
@@ -160,14 +163,18 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", default=None,
                     help="only these releases (sum fields dp-ftrl dp-fedavg adaptive dp-sgd), "
                     "no injected bugs; the rows are appended to --out")
+    ap.add_argument("--match", default=None,
+                    help="with --kinds: only the mechanisms whose name contains this")
     a = ap.parse_args()
     t0 = time.perf_counter()
     load0 = os.getloadavg()
-    p1 = part1(a.epsilons, a.trials, a.dpsgd_trials, a.seed, a.kinds)
+    p1 = part1(a.epsilons, a.trials, a.dpsgd_trials, a.seed, a.kinds, a.match)
     if a.kinds is not None:
         load1 = os.getloadavg()
         with a.out.open("a") as fh:
-            fh.write("\n".join([f"# appended: --kinds {' '.join(a.kinds)} --trials {a.trials}"
+            only = f" --match {a.match}" if a.match else ""
+            fh.write("\n".join([f"# appended: --kinds {' '.join(a.kinds)}{only} --trials "
+                                f"{a.trials}"
                                 f"; load {load0[0]:.1f} -> {load1[0]:.1f}, "
                                 f"{time.perf_counter() - t0:.0f} s", *p1[2:], ""]))
         return

@@ -70,7 +70,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -688,6 +688,113 @@ def dropout_pattern(clients: int, fewest: int, survivors: int | str,
     return (0, *sorted(int(c) for c in others))
 
 
+def composed_ring(layer: Any, rel: Any, encoded: Any, ids: Sequence[int], ctx: Any, n: int,
+                  *, skellam_sum: bool = False) -> np.ndarray:
+    """DistributedDP's ring sum over the survivors ``ids`` for ``n`` trials of a release
+    whose survivors' encodings (one trial, the release plan's fixed point) sum to
+    ``encoded`` (per summed field, a mapping from its name; an array for a single field):
+    the encodings once, tiled ``n`` times, plus each survivor's noise shares drawn by the
+    layer's own ``_draw`` at the release's share std of each noised field, in field order,
+    from that survivor's stream (``noise_source``), reduced to the ring.
+
+    This is bit for bit the per-client path (``encode_noised`` of each survivor, summed mod
+    2^64, then the ring mask) when ``encode_noised`` is ``encode + _draw``, which
+    :func:`composition_holds` checks on the layer itself: the encoding is elementwise and
+    deterministic, each survivor's stream is consumed by the same ``_draw`` calls of the
+    same sizes in the same order in both, and the sum mod 2^64 does not depend on the
+    order of its terms.
+
+    ``skellam_sum`` (Skellam only, :func:`skellam_sum_holds`): the k survivors' shares of
+    each entry are drawn as one Skellam variable Sk(k lam, k lam), lam = std^2 / 2 the
+    share's parameter (as the layer's ``_draw`` computes it), from one stream of its own.
+    That is the same distribution: a share is Poisson(lam) - Poisson(lam), and k
+    independent shares sum to Poisson(k lam) - Poisson(k lam) (a sum of independent
+    Poissons is Poisson). The only difference: k lam is rounded to float64 once (relative
+    error <= 2^-53). A sum of discrete Gaussians is not a discrete Gaussian, so their
+    shares are always drawn one by one."""
+    from secagg.privacy.layers import noise_source
+    from secagg.privacy.samplers import skellam
+
+    fields = tuple(rel.additive)
+    enc = encoded if isinstance(encoded, Mapping) else {fields[0].name: encoded}
+    ring = np.concatenate([np.tile(np.asarray(enc[f.name], dtype=np.uint64), n)
+                           for f in fields])
+    segs = rel.segments
+    noised = [f for f in fields if f.name in rel.share_std]
+    if skellam_sum:
+        src = noise_source(layer.seed, ctx.round, ctx.phase, ("survivors",) + tuple(ids))
+        for f in noised:
+            std = float(rel.share_std[f.name])
+            ring[segs[f.name]] += skellam(len(ids) * (std * std / 2.0), f.size,
+                                          src.rng).view(np.uint64)
+    else:
+        for c in ids:
+            src = noise_source(layer.seed, ctx.round, ctx.phase, c)
+            for f in noised:  # wraps mod 2^64
+                ring[segs[f.name]] += layer._draw(rel.share_std[f.name], f.size,
+                                                  src.rng).view(np.uint64)
+    if rel.ring_bits < 64:
+        ring &= np.uint64((1 << rel.ring_bits) - 1)
+    return ring
+
+
+def encoded_sum(plan: Any, values: Sequence[Any], ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Per summed field of ``plan``, the ring sum of the clients ``ids``'s encodings of
+    ``values[c]`` (one trial; a mapping from field name, or an array for a single field)."""
+    out = {f.name: np.zeros(f.size, dtype=np.uint64) for f in plan.additive}
+    for c in ids:
+        one = values[c] if isinstance(values[c], Mapping) else {plan.additive[0].name:
+                                                                 values[c]}
+        for f in plan.additive:
+            out[f.name] += plan.plans[f.name].encode(
+                np.asarray(one[f.name], dtype=np.float64).ravel())
+    return out
+
+
+def composition_holds(layer: Any, plan: Any, worlds: Sequence[Sequence[Any]],
+                      ids: Sequence[int], ctx: Any, probe: int = 3) -> bool:
+    """Whether :func:`composed_ring` (shares drawn one by one) equals the layer's own
+    per-client path -- ``encode_noised`` of every survivor in ``ids``, summed in the ring
+    -- bit for bit, on a probe batch of ``probe`` trials of each world in ``worlds`` (per
+    client, one trial's values as :func:`encoded_sum` takes them), with the same streams.
+    A layer whose ``encode_noised`` does anything else (a subclass, an injected bug) fails
+    and must be audited on the per-client path."""
+    from secagg.privacy.layers import noise_source
+
+    wide = tuple(dataclasses.replace(f, shape=(probe * f.size,)) for f in plan.additive)
+    names = {f.name for f in plan.noised}
+    rel = dataclasses.replace(plan, additive=wide,
+                              noised=tuple(f for f in wide if f.name in names))
+    for values in worlds:
+        ring = np.zeros(sum(f.size for f in wide), dtype=np.uint64)
+        for c in ids:
+            src = noise_source(layer.seed, ctx.round, ctx.phase, c)
+            one = values[c] if isinstance(values[c], Mapping) else {plan.additive[0].name:
+                                                                     values[c]}
+            tiled = {f.name: np.tile(np.asarray(one[f.name], dtype=np.float64).ravel(), probe)
+                     for f in plan.additive}
+            ring += layer.encode_noised(rel, tiled, src.rng)
+        if rel.ring_bits < 64:
+            ring &= np.uint64((1 << rel.ring_bits) - 1)
+        mine = composed_ring(layer, rel, encoded_sum(plan, values, ids), ids, ctx, probe)
+        if not np.array_equal(ring, mine):
+            return False
+    return True
+
+
+def skellam_sum_holds(layer: Any, std: float = 1234.5, probe: int = 64) -> bool:
+    """Whether the layer's share sampler is the Skellam sampler at lam = std^2 / 2 (same
+    output from the same stream), so that :func:`composed_ring` may draw the survivors'
+    summed shares as one Skellam variable."""
+    from secagg.privacy.samplers import skellam
+
+    if getattr(layer, "mechanism", None) != "skellam":
+        return False
+    mine = layer._draw(std, probe, np.random.default_rng(probe))
+    return bool(np.array_equal(mine, skellam(std * std / 2.0, probe,
+                                             np.random.default_rng(probe))))
+
+
 class LayerClaim:
     """The (epsilon, delta) a release's DP layer (``self.layer``) claims for its one
     release: what an audit of that release tests."""
@@ -805,8 +912,14 @@ class SumRelease(LayerClaim):
         elif self.kind == "local":
             self._sigmas, _ = layer.noise_plan(self.spec)
         self.scalar_notes = self._scalar_release()
+        self._composed = self._skellam_sum = False
         if self.kind == "distributed":
             self._claim = self._survivors_claim()
+            one = [np.zeros(1)] * self.clients
+            self._composed = composition_holds(
+                layer, self._plan, [one, [np.array([self.canary_value])] + one[1:]],
+                self.survivors, self._ctx())
+            self._skellam_sum = self._composed and skellam_sum_holds(layer)
 
     # -- facts --------------------------------------------------------------------------
 
@@ -922,14 +1035,18 @@ class SumRelease(LayerClaim):
         wide_field = dataclasses.replace(plan.additive[0], shape=(values.size,))
         rel = dataclasses.replace(plan, additive=(wide_field,), noised=(wide_field,))
         survivors = self.survivors
-        mask = (1 << plan.ring_bits) - 1
-        ring = np.zeros(values.size, dtype=np.uint64)
-        for c in survivors:  # client 0 holds the canary, the others 0; the rest dropped
-            mine = values if c == 0 else np.zeros_like(values)
-            src = noise_source(self.layer.seed, ctx.round, PHASE, c)
-            ring += self.layer.encode_noised(rel, {FIELD: mine}, src.rng)  # wraps mod 2^64
-        if plan.ring_bits < 64:
-            ring &= np.uint64(mask)
+        if self._composed:  # the same ring sum (composed_ring), the encoding done once
+            ring = composed_ring(self.layer, rel, plan.plans[FIELD].encode(values[:1]),
+                                 survivors, ctx, values.size, skellam_sum=self._skellam_sum)
+        else:
+            mask = (1 << plan.ring_bits) - 1
+            ring = np.zeros(values.size, dtype=np.uint64)
+            for c in survivors:  # client 0 holds the canary, the others 0; the rest dropped
+                mine = values if c == 0 else np.zeros_like(values)
+                src = noise_source(self.layer.seed, ctx.round, PHASE, c)
+                ring += self.layer.encode_noised(rel, {FIELD: mine}, src.rng)  # mod 2^64
+            if plan.ring_bits < 64:
+                ring &= np.uint64(mask)
         agg = self.layer.finish(rel, spec, ring, survivors, ctx, ctx.privacy, True)
         # the scalar release had every client contribute; compare the noise each share
         # was sized for (the fewest survivors' total), and what these survivors add

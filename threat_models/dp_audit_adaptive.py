@@ -36,7 +36,11 @@ from threat_models.dp_audit import (
     LayerClaim,
     Statistic,
     audit,
+    composed_ring,
+    composition_holds,
     dropout_pattern,
+    encoded_sum,
+    skellam_sum_holds,
 )
 from threat_models.dp_audit_fedavg import _client_layer, _kind, _mechanism_name
 
@@ -97,6 +101,8 @@ class AdaptiveRelease(LayerClaim):
         self._round = 0
         self.survivors: tuple[int, ...] = tuple(range(clients))
         self._claim: float | None = None
+        self._composed = self._skellam_sum = False  # checked below for DistributedDP
+        self._encoded: dict[bool, dict[str, np.ndarray]] = {}
         if self.kind == "distributed":
             self._plan = self.layer.release_plan(self.spec, clients)
             self.survivors = dropout_pattern(clients, self._plan.worst, survivors,
@@ -109,6 +115,10 @@ class AdaptiveRelease(LayerClaim):
             self.layer.finish(self._plan, self.spec, zero, self.survivors, ctx, ctx.privacy,
                               True)
             self._claim = float(ctx.privacy.epsilon(self.layer.delta))
+            self._composed = composition_holds(
+                self.layer, self._plan, [self.uploads[False], self.uploads[True]],
+                self.survivors, self._ctx())
+            self._skellam_sum = self._composed and skellam_sum_holds(self.layer)
 
     # -- facts ----------------------------------------------------------------------------
 
@@ -214,6 +224,15 @@ class AdaptiveRelease(LayerClaim):
         rel = dataclasses.replace(plan, additive=widened,
                                   noised=tuple(f for f in widened
                                                if f.name in {g.name for g in plan.noised}))
+        if self._composed:  # the same ring sum (composed_ring), each encoding done once
+            if with_canary not in self._encoded:
+                self._encoded[with_canary] = encoded_sum(plan, self.uploads[with_canary],
+                                                         self.survivors)
+            ring = composed_ring(self.layer, rel, self._encoded[with_canary], self.survivors,
+                                 ctx, n, skellam_sum=self._skellam_sum)
+            agg = self.layer.finish(rel, spec, ring, self.survivors, ctx, ctx.privacy, True)
+            self._check(self._sigmas_of(agg.notes["dp"], len(self.survivors)))
+            return self._observe(agg.sums, n)
         ring = None
         for c in self.survivors:
             src = noise_source(self.layer.seed, ctx.round, ctx.phase, c)

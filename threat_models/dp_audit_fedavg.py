@@ -66,10 +66,14 @@ from threat_models.dp_audit import (
     LayerClaim,
     TestOutcome,
     audit,
+    composed_ring,
+    composition_holds,
     dropout_pattern,
+    encoded_sum,
     make_layer,
     one_run_epsilon,
     shift_statistic,
+    skellam_sum_holds,
 )
 
 __all__ = ["FedAvgRelease", "audit_fedavg", "audit_fedavg_one_run", "canary_upload"]
@@ -206,6 +210,9 @@ class FedAvgRelease(LayerClaim):
         self._round = 0
         self.survivors: tuple[int, ...] = tuple(range(clients))
         self._claim: float | None = None
+        self._composed = False  # the per-client path unless the composition is checked
+        self._skellam_sum = False
+        self._encoded: dict[bool, dict[str, np.ndarray]] = {}
         if self.kind == "distributed":
             self._plan = self.layer.release_plan(self.spec, clients)
             self.survivors = dropout_pattern(clients, self._plan.worst, survivors,
@@ -218,6 +225,10 @@ class FedAvgRelease(LayerClaim):
             self.layer.finish(self._plan, self.spec, np.zeros(dim, dtype=np.uint64),
                               self.survivors, ctx, ctx.privacy, True)
             self._claim = float(ctx.privacy.epsilon(self.layer.delta))
+            self._composed = composition_holds(
+                self.layer, self._plan, [self.uploads[False], self.uploads[True]],
+                self.survivors, self._ctx())
+            self._skellam_sum = self._composed and skellam_sum_holds(self.layer)
 
     @property
     def epsilon(self) -> float:
@@ -302,8 +313,10 @@ class FedAvgRelease(LayerClaim):
         from secagg.messages import Upload
         from secagg.privacy.layers import noise_source
 
-        vals = [np.tile(v, n) for v in self.uploads[with_canary]]
         spec, ctx = self._wide(n), self._ctx()
+        if self.kind == "distributed":
+            return self._distributed(self.uploads[with_canary], spec, ctx, n, with_canary)
+        vals = [np.tile(v, n) for v in self.uploads[with_canary]]
         if self.kind == "central":
             ledger = self.layer.begin(spec, ctx)
             agg = Aggregate(PHASE, ctx.round, {FIELD: np.sum(vals, axis=0)}, {},
@@ -318,14 +331,28 @@ class FedAvgRelease(LayerClaim):
             up = Upload({FIELD: vals[0]}, spec, 0, 1)
             noised = self.layer.noise_upload(up, spec, sigmas, wide, src.rng)
             return np.asarray(noised[FIELD], dtype=np.float64).reshape(n, self.dim)
-        return self._distributed(vals, spec, ctx, n)
+        raise AssertionError(self.kind)  # pragma: no cover (distributed returned above)
 
-    def _distributed(self, vals: list[np.ndarray], spec: Any, ctx: Any, n: int) -> np.ndarray:
+    def _encoded_sum(self, with_canary: bool, plan: Any) -> dict[str, np.ndarray]:
+        """The survivors' encoded updates (the release plan's fixed point, one trial),
+        summed in the ring: the same in every trial, so computed once per world."""
+        if with_canary not in self._encoded:
+            self._encoded[with_canary] = encoded_sum(plan, self.uploads[with_canary],
+                                                     self.survivors)
+        return self._encoded[with_canary]
+
+    def _distributed(self, vals: list[np.ndarray], spec: Any, ctx: Any, n: int,
+                     with_canary: bool) -> np.ndarray:
         plan = self._plan
         wide = dataclasses.replace(plan.additive[0], shape=(n * self.dim,))
         rel = dataclasses.replace(plan, additive=(wide,), noised=(wide,))
-        agg = _ring_release(self.layer, rel, spec, ctx, [vals[c] for c in self.survivors],
-                            self.survivors)
+        if self._composed:
+            ring = composed_ring(self.layer, rel, self._encoded_sum(with_canary, plan),
+                                 self.survivors, ctx, n, skellam_sum=self._skellam_sum)
+            agg = self.layer.finish(rel, spec, ring, self.survivors, ctx, ctx.privacy, True)
+        else:  # a layer whose encode_noised is not encode + _draw: every client, as it is
+            agg = _ring_release(self.layer, rel, spec, ctx,
+                                [np.tile(vals[c], n) for c in self.survivors], self.survivors)
         self._same_sigma(agg.notes["dp"]["target_sigma"][FIELD],
                          self.notes["target_sigma"][FIELD])
         self._same_sigma(agg.notes["dp"]["fields"][FIELD]["sigma"],

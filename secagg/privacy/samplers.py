@@ -139,13 +139,21 @@ def discrete_gaussian(
     t = math.floor(s) + 1
     p = -math.expm1(-1.0 / t)  # 1 - exp(-1/t)
     s2 = s * s
+    centre, scale = s2 / t, 2.0 * s2
     filled = 0
     while filled < n:
         need = n - filled
         batch = int(need * 1.6) + 16  # acceptance is 0.45 (sigma << 1) to 0.76; loop tops up
-        y = rng.geometric(p, size=batch) - rng.geometric(p, size=batch)
-        gamma = (np.abs(y) - s2 / t) ** 2 / (2.0 * s2)
-        accept = rng.random(batch) < np.exp(-gamma)
+        y = rng.geometric(p, size=batch)
+        y -= rng.geometric(p, size=batch)
+        # exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)), computed in place (the same operations
+        # in the same order as the plain expression, so the same bits, with no temporaries)
+        keep = np.abs(y) - centre
+        np.square(keep, out=keep)
+        keep /= scale
+        np.negative(keep, out=keep)
+        np.exp(keep, out=keep)
+        accept = rng.random(batch) < keep
         got = y[accept][:need]
         out[filled:filled + got.size] = got
         filled += got.size
