@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -786,8 +787,9 @@ def _quiet_library_warnings() -> None:
 @contextlib.contextmanager
 def _summarised_warnings() -> Iterator[None]:
     """secagg's own warnings shown as they come (one line each, with the fix); third-party
-    warnings (Opacus, SciPy, torch), which a user cannot act on line by line, counted and
-    summarised in one line on stderr when the block ends."""
+    warnings (Opacus, SciPy, torch) and absl's warning logs (dp-accounting's), which a
+    user cannot act on line by line, counted and summarised in one line on stderr when the
+    block ends."""
     import warnings
 
     counts: dict[str, int] = {}
@@ -803,10 +805,25 @@ def _summarised_warnings() -> Iterator[None]:
             first.setdefault(lib, str(message).splitlines()[0][:120] if str(message) else "")
             return None
 
+        class _Count(logging.Handler):
+            """absl log records (dp-accounting's RDP notes, e.g. an order that failed to
+            converge, logged once per order and call) are counted like warnings."""
+
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.levelno >= logging.WARNING:
+                    counts["absl"] = counts.get("absl", 0) + 1
+                    first.setdefault("absl", record.getMessage().splitlines()[0][:120])
+
+        absl, handler = logging.getLogger("absl"), _Count()
+        propagate = absl.propagate
+        absl.addHandler(handler)
+        absl.propagate = False
         warnings.showwarning = show
         try:
             yield
         finally:
+            absl.removeHandler(handler)
+            absl.propagate = propagate
             if counts:
                 per = ", ".join(f"{lib} {n}" for lib, n in sorted(counts.items()))
                 lib = max(counts, key=lambda k: counts[k])
@@ -953,7 +970,8 @@ def _run(args: argparse.Namespace) -> int:
               f"{json.dumps(kwargs[key])} by default (--arg {key}=... to choose)",
               file=sys.stderr)
     part = _partition(args)
-    algorithm = _plan_dpsgd(args, algo_cls, kwargs, algorithm, layer, part)
+    with _summarised_warnings():
+        algorithm = _plan_dpsgd(args, algo_cls, kwargs, algorithm, layer, part)
     if args.group_layer:
         _check_groups(args, algorithm, part)
     _quiet_library_warnings()
@@ -975,7 +993,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:  # the plan only: nothing trained, nothing written
         from secagg.privacy.plan import format_plan, swamped
 
-        rows = fed.plan()
+        with _summarised_warnings():
+            rows = fed.plan()
         print(format_plan(rows))
         for line in swamped(rows):
             print(f"warning: {line}", file=sys.stderr)

@@ -126,3 +126,18 @@ def test_third_party_warnings_are_summarised_in_one_line() -> None:
                if "library warning(s) during the run" in line]
     assert len(summary) == 1 and "(numpy 6)" in summary[0], err.getvalue()  # 2 per call
     assert "RuntimeWarning" not in err.getvalue()
+
+
+def test_absl_warning_logs_are_summarised_in_one_line() -> None:
+    # dp-accounting logs through absl (e.g. an RDP order that failed to converge, once per
+    # order and call: 112 lines in a DP-SGD run at --epsilon 100 before)
+    import logging
+
+    from secagg.cli import _summarised_warnings
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), _summarised_warnings():
+        for order in (1.1, 1.2, 1.3):
+            logging.getLogger("absl").warning("failed to converge, alpha=%s", order)
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1 and "(absl 3)" in lines[0] and "alpha=1.1" in lines[0], lines
