@@ -599,6 +599,11 @@ def _check_run_args(args: argparse.Namespace) -> None:
                 "noise and the run could not end private. Use one DP layer, e.g. --layer "
                 "central-dp --epsilon 8 --dpsgd-epsilon 6 (DP-SGD and the layer share the "
                 "budget)")
+        if args.adjacency == "client":
+            raise ConfigurationError(
+                f"{flag}: DP-SGD's guarantee is record-level (one record per step), so it "
+                "cannot take a share of a client-level --epsilon; drop --adjacency client, "
+                "or drop DP-SGD and use --clip C (client-level DP-FedAvg)")
         if args.dpsgd_epsilon is not None and not args.dpsgd_epsilon < args.epsilon:
             raise ConfigurationError(
                 f"--dpsgd-epsilon {args.dpsgd_epsilon:g} must be below --epsilon "

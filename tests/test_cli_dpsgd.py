@@ -75,6 +75,13 @@ def test_dpsgd_epsilon_must_leave_the_layer_a_share(no_training) -> None:
         assert code == EXIT_ERROR, err
 
 
+def test_dpsgd_cannot_share_a_client_level_budget(no_training) -> None:
+    # before: a record-level DP-SGD spend was composed into a client-level epsilon
+    code, _, err = run(["run", "--layer", "central-dp", "--adjacency", "client", "--epsilon",
+                        "8", "--dpsgd-epsilon", "4", *QUICK, "--dry-run"])
+    assert code == EXIT_ERROR and "record-level" in err
+
+
 def test_planned_round_event_is_what_opacus_records() -> None:
     """The plan (made before training) equals the event a training records: rate
     1 / ceil(n / batch), epochs x ceil(n / batch) steps."""
