@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -272,7 +273,16 @@ def _make_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="Z",
-        help="train locally with record-level DP-SGD (Opacus) at noise multiplier Z",
+        help="train locally with record-level DP-SGD (Opacus) at noise multiplier Z (needs "
+        "a DP layer, whose noise is calibrated to what DP-SGD leaves of --epsilon)",
+    )
+    g_priv.add_argument(
+        "--dpsgd-epsilon",
+        type=_bounded(float, 0.0, None, "a positive number"),
+        default=None,
+        metavar="EPS",
+        help="train locally with record-level DP-SGD whose noise is calibrated to spend EPS "
+        "of --epsilon over the run; the DP layer gets what is left (needs a DP layer)",
     )
     g_priv.add_argument(
         "--dpsgd-clip",
@@ -577,6 +587,27 @@ def _check_run_args(args: argparse.Namespace) -> None:
         if args.adjacency != "record":
             raise ConfigurationError(
                 f"--adjacency only applies to a DP layer ({', '.join(DP_LAYERS)})")
+    if args.dpsgd_noise is not None and args.dpsgd_epsilon is not None:
+        raise ConfigurationError(
+            "give --dpsgd-noise or --dpsgd-epsilon, not both (the epsilon sets the noise)")
+    if args.dpsgd_noise is not None or args.dpsgd_epsilon is not None:
+        flag = "--dpsgd-noise" if args.dpsgd_noise is not None else "--dpsgd-epsilon"
+        if args.group_layer or args.layer not in DP_LAYERS:
+            raise ConfigurationError(
+                f"{flag}: DP-SGD noises only the model update; the upload's other fields "
+                f"(e.g. FedAvg's record count n) would leave --layer {args.layer} without "
+                "noise and the run could not end private. Use one DP layer, e.g. --layer "
+                "central-dp --epsilon 8 --dpsgd-epsilon 6 (DP-SGD and the layer share the "
+                "budget)")
+        if args.adjacency == "client":
+            raise ConfigurationError(
+                f"{flag}: DP-SGD's guarantee is record-level (one record per step), so it "
+                "cannot take a share of a client-level --epsilon; drop --adjacency client, "
+                "or drop DP-SGD and use --clip C (client-level DP-FedAvg)")
+        if args.dpsgd_epsilon is not None and not args.dpsgd_epsilon < args.epsilon:
+            raise ConfigurationError(
+                f"--dpsgd-epsilon {args.dpsgd_epsilon:g} must be below --epsilon "
+                f"{args.epsilon:g}: the layer's releases get what DP-SGD leaves of it")
     if args.dp_ftrl and args.layer != "central-dp":
         raise ConfigurationError(
             "--dp-ftrl adds tree-aggregated noise at the aggregator: it needs --layer "
@@ -673,13 +704,57 @@ def _algorithm_kwargs(args: argparse.Namespace, algo_cls: type) -> dict[str, Any
             kwargs[name] = json.loads(raw)
         except ValueError:
             kwargs[name] = raw
-    if args.dpsgd_noise is not None:
+    if args.dpsgd_noise is not None or args.dpsgd_epsilon is not None:
         from secagg.privacy.dpsgd import DPSGD
 
         if "dpsgd" not in params and not var_kw:
             raise ConfigurationError(f"algorithm {args.algorithm!r} has no DP-SGD option")
-        kwargs["dpsgd"] = DPSGD(args.dpsgd_noise, args.dpsgd_clip)
+        # with --dpsgd-epsilon, a placeholder until _plan_dpsgd calibrates the noise
+        kwargs["dpsgd"] = DPSGD(args.dpsgd_noise or 1.0, args.dpsgd_clip)
     return kwargs
+
+
+def _plan_dpsgd(args: argparse.Namespace, algo_cls: type, kwargs: dict[str, Any],
+                algorithm: Any, layer: Any, part: Any) -> Any:
+    """Share the run's --epsilon between DP-SGD and the DP layer, before anything trains:
+    with --dpsgd-epsilon, DP-SGD's noise is calibrated to it (the algorithm is rebuilt
+    with that noise); with --dpsgd-noise, its planned spend is computed. The layer is then
+    calibrated to what DP-SGD leaves (:meth:`_DPLayer.plan_prior`). Returns the algorithm
+    to run. Raises ConfigurationError when the split cannot work, with the reason."""
+    from secagg.privacy.accountant import PrivacyLedger
+    from secagg.privacy.dpsgd import calibrate_dpsgd, planned_round_event
+
+    config = getattr(algorithm, "dpsgd", None)
+    if config is None:
+        return algorithm
+    sizes = [cd.n for cd in part]
+    batch, epochs = getattr(algorithm, "batch_size", None), getattr(algorithm, "local_epochs",
+                                                                     None)
+    if not isinstance(batch, int) or not isinstance(epochs, int) or not callable(
+            getattr(layer, "plan_prior", None)):
+        raise ConfigurationError(
+            f"algorithm {args.algorithm!r}: DP-SGD's spend cannot be planned (it needs the "
+            "algorithm's batch_size and local_epochs, and one DP layer)")
+    if args.dpsgd_epsilon is not None:
+        config = calibrate_dpsgd(args.dpsgd_epsilon, args.delta, args.rounds, sizes, batch,
+                                 epochs, args.dpsgd_clip)
+        algorithm = algo_cls(**{**kwargs, "dpsgd": config})
+    event = planned_round_event(config, sizes, batch, epochs)
+    alone = PrivacyLedger()
+    alone.extend([event] * args.rounds)
+    spent = alone.epsilon(args.delta)
+    if not spent < args.epsilon:
+        raise ConfigurationError(
+            f"DP-SGD at noise multiplier {config.noise_multiplier:g} spends epsilon "
+            f"{spent:.3g} over {args.rounds} round(s), which leaves nothing of --epsilon "
+            f"{args.epsilon:g} for the layer's releases; raise --dpsgd-noise or --epsilon, "
+            f"or give DP-SGD a share with --dpsgd-epsilon (below {args.epsilon:g})")
+    layer.plan_prior([event], args.rounds)
+    print(f"secagg: DP-SGD at noise multiplier {config.noise_multiplier:.4g} (clip "
+          f"{config.max_grad_norm:g}) spends epsilon {spent:.3f} over {args.rounds} round(s); "
+          f"the {args.layer} layer is calibrated to the rest of --epsilon {args.epsilon:g}",
+          file=sys.stderr)
+    return algorithm
 
 
 def _inherits(cls: type, name: str) -> bool:
@@ -717,8 +792,9 @@ def _quiet_library_warnings() -> None:
 @contextlib.contextmanager
 def _summarised_warnings() -> Iterator[None]:
     """secagg's own warnings shown as they come (one line each, with the fix); third-party
-    warnings (Opacus, SciPy, torch), which a user cannot act on line by line, counted and
-    summarised in one line on stderr when the block ends."""
+    warnings (Opacus, SciPy, torch) and absl's warning logs (dp-accounting's), which a
+    user cannot act on line by line, counted and summarised in one line on stderr when the
+    block ends."""
     import warnings
 
     counts: dict[str, int] = {}
@@ -734,10 +810,25 @@ def _summarised_warnings() -> Iterator[None]:
             first.setdefault(lib, str(message).splitlines()[0][:120] if str(message) else "")
             return None
 
+        class _Count(logging.Handler):
+            """absl log records (dp-accounting's RDP notes, e.g. an order that failed to
+            converge, logged once per order and call) are counted like warnings."""
+
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.levelno >= logging.WARNING:
+                    counts["absl"] = counts.get("absl", 0) + 1
+                    first.setdefault("absl", record.getMessage().splitlines()[0][:120])
+
+        absl, handler = logging.getLogger("absl"), _Count()
+        propagate = absl.propagate
+        absl.addHandler(handler)
+        absl.propagate = False
         warnings.showwarning = show
         try:
             yield
         finally:
+            absl.removeHandler(handler)
+            absl.propagate = propagate
             if counts:
                 per = ", ".join(f"{lib} {n}" for lib, n in sorted(counts.items()))
                 lib = max(counts, key=lambda k: counts[k])
@@ -884,6 +975,8 @@ def _run(args: argparse.Namespace) -> int:
               f"{json.dumps(kwargs[key])} by default (--arg {key}=... to choose)",
               file=sys.stderr)
     part = _partition(args)
+    with _summarised_warnings():
+        algorithm = _plan_dpsgd(args, algo_cls, kwargs, algorithm, layer, part)
     if args.group_layer:
         _check_groups(args, algorithm, part)
     _quiet_library_warnings()
@@ -905,7 +998,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:  # the plan only: nothing trained, nothing written
         from secagg.privacy.plan import format_plan, swamped
 
-        rows = fed.plan()
+        with _summarised_warnings():
+            rows = fed.plan()
         print(format_plan(rows))
         for line in swamped(rows):
             print(f"warning: {line}", file=sys.stderr)

@@ -56,8 +56,8 @@ class LocalGrid(Grid):
 
     ``fault(step, cid, reply) -> reply | None`` may alter a reply or drop it (None)."""
 
-    def __init__(self, fault=None):
-        self.node = _Node(_algo, node_partition_loader(_partition))
+    def __init__(self, fault=None, algorithm=_algo):
+        self.node = _Node(algorithm, node_partition_loader(_partition))
         self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
                                           node_config={"partition-id": i},
                                           state=RecordDict(), run_config={})
@@ -146,6 +146,20 @@ def _run(layer, fault):
                            min_nodes=N, stage_timeout=0.5)
     result = fed.run(LocalGrid(fault), on_aggregate=lambda r, p, a: aggs.__setitem__(r, a))
     return result, aggs[0]
+
+
+def test_client_app_given_the_algorithm_class_builds_one_per_node():
+    """client_app(FedLog, ...) (its docstring allows a class): each node builds FedLog()
+    and the round completes as with an instance. Before, the class itself passed for the
+    algorithm (it has ``phases``), every node's reply was an error, and the server ran out
+    of live clients."""
+    grid = LocalGrid(algorithm=FedLog)
+    result = FlowerFederation(FedLog(), Plaintext(), load_dataset("digits"), rounds=1,
+                              seed=0, min_nodes=N, stage_timeout=0.5).run(grid)
+    assert type(grid.node.algorithm) is FedLog
+    embedded = Federation(FedLog(), Plaintext(), _partition(), rounds=1, seed=0,
+                          progress=False).run()
+    assert result.accuracy == pytest.approx(embedded.accuracy, abs=1e-9)
 
 
 def test_malformed_plaintext_upload_is_refused_and_counted_as_dropped():

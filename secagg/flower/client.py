@@ -356,8 +356,9 @@ class _Node:
 
     @property
     def algorithm(self) -> AlgorithmLike:
-        """The algorithm (built on first use when a factory was given)."""
-        if not hasattr(self._algorithm, "phases"):
+        """The algorithm (built on first use when a factory or a class was given: a class
+        has ``phases`` too, as a plain function, so it is told apart by being a type)."""
+        if isinstance(self._algorithm, type) or not hasattr(self._algorithm, "phases"):
             self._algorithm = self._algorithm()  # type: ignore[operator]
         return self._algorithm  # type: ignore[return-value]
 

@@ -20,7 +20,8 @@ torchcsprng, which is not installed) but the DP layers' own
 which the wrapped optimizer's ``add_noise`` draws from (same law: N(0, (z C)^2) per
 coordinate of the summed clipped gradient). The Poisson sampling masks come from a torch
 generator seeded with 64 bits from ``secrets``, not from torch's global generator (which
-runs seed from their public seed). Every :func:`make_private` call (one per client and
+runs seed from their public seed). Opacus' "Secure RNG turned off" warning is therefore
+silenced: its own generator draws neither. Every :func:`make_private` call (one per client and
 round in a federation) gets fresh keys, so no two trainings share a stream.
 
 A user seed (``DPSGD(seed=...)``) makes both reproducible: each training's streams are
@@ -35,6 +36,7 @@ from __future__ import annotations
 import math
 import secrets
 import types
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +48,8 @@ from secagg.privacy.accountant import PrivacyLedger
 from secagg.privacy.events import SampledGaussianEvent
 from secagg.privacy.samplers import NoiseSource, noise_generator
 
-__all__ = ["DPSGD", "PrivateTraining", "make_private", "round_event"]
+__all__ = ["DPSGD", "PrivateTraining", "calibrate_dpsgd", "make_private", "planned_round_event",
+           "round_event"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,13 @@ def make_private(model: Any, optimizer: Any, data_loader: Any, config: DPSGD,
     # from ``secrets`` (or derived from the user seed).
     sampling = torch.Generator()
     sampling.manual_seed(secrets.randbits(64) if sampling_seed is None else sampling_seed)
-    engine = PrivacyEngine(accountant="rdp")
+    with warnings.catch_warnings():
+        # Opacus warns "Secure RNG turned off" whenever secure_mode is off. Here that is
+        # misleading: its generator draws nothing that matters. The noise comes from
+        # _draw_noise_from (AES-128-CTR keyed from os.urandom) and the Poisson masks from
+        # the generator seeded from ``secrets`` above (see the module docstring).
+        warnings.filterwarnings("ignore", message=r"Secure RNG turned off")
+        engine = PrivacyEngine(accountant="rdp")
     engine.secure_rng = sampling  # read only by the Poisson data loader (secure_mode is off)
     module, opt, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=data_loader,
@@ -204,3 +213,47 @@ def round_event(events: Sequence[SampledGaussianEvent], **where: Any) -> Sampled
         noise_multiplier=min(e.noise_multiplier for e in events),
         sampling_rate=max(e.sampling_rate for e in events),
         steps=max(e.steps * e.count for e in events), **where)
+
+
+def planned_round_event(config: DPSGD, sizes: Sequence[int], batch_size: int, epochs: int,
+                        **where: Any) -> SampledGaussianEvent:
+    """The event a round of DP-SGD trainings will at most spend, before any runs: the
+    :func:`round_event` over every client (``sizes``: the clients' training-set sizes; any
+    cohort drawn from them spends no more) of the event :func:`make_private` records for
+    it. That is Opacus' accounting: a loader of ``ceil(n / batch_size)`` batches is
+    Poisson-sampled at rate 1 / ceil(n / batch_size), for that many steps per epoch (the
+    rate is at most :meth:`DPSGD.event`'s batch_size / n)."""
+    if batch_size < 1 or epochs < 1:
+        raise PrivacyError("batch_size and epochs must be positive")
+    sizes = [int(n) for n in sizes if int(n) > 0]
+    if not sizes:
+        raise PrivacyError("planned_round_event needs at least one non-empty client")
+    events = []
+    for n in sizes:
+        batches = math.ceil(n / batch_size)
+        events.append(SampledGaussianEvent(
+            noise_multiplier=float(config.noise_multiplier), sampling_rate=1.0 / batches,
+            steps=epochs * batches, label="dp-sgd",
+            not_private_reason=config.not_private_reason))
+    return round_event(events, **where)
+
+
+def calibrate_dpsgd(target_epsilon: float, delta: float, rounds: int, sizes: Sequence[int],
+                    batch_size: int, epochs: int, max_grad_norm: float,
+                    seed: int | None = None) -> DPSGD:
+    """The DP-SGD configuration with the smallest noise multiplier whose ``rounds``
+    planned round events (:func:`planned_round_event`) are (target_epsilon, delta)-DP.
+
+    Raises:
+        PrivacyError: bad arguments, or no multiplier reaches the target.
+    """
+    from secagg.privacy.calibrate import calibrate
+
+    probe = planned_round_event(DPSGD(1.0, max_grad_norm, seed), sizes, batch_size, epochs)
+
+    def event(z: float) -> SampledGaussianEvent:
+        return SampledGaussianEvent(noise_multiplier=z, sampling_rate=probe.sampling_rate,
+                                    steps=probe.steps, label="dp-sgd")
+
+    z = calibrate(target_epsilon, delta, rounds=rounds, event=event)
+    return DPSGD(z, max_grad_norm, seed)

@@ -203,6 +203,9 @@ class _DPLayer(Layer):
         self.seed = seed
         self.releases = None if rounds is None else rounds * releases_per_round
         self._own_ledger: PrivacyLedger | None = None
+        #: events spent outside this layer in every round (e.g. DP-SGD's), and rounds
+        self._prior_round: tuple[PrivacyEvent, ...] = ()
+        self._prior_rounds = 0
         if seed is not None:
             noise_generator(seed)  # validates the seed
 
@@ -215,7 +218,7 @@ class _DPLayer(Layer):
             return self._delta
         if self._epsilon is not None and self._z_given:
             self._delta = delta_for(self._z, self._epsilon, rounds=self._planned_events(),
-                                    event=self._event_factory())
+                                    event=self._event_factory(), prior=self.prior())
             return self._delta
         return DEFAULT_DELTA
 
@@ -225,7 +228,7 @@ class _DPLayer(Layer):
         if self._epsilon is None:
             assert self._z is not None
             self._epsilon = epsilon_for(self._z, self.delta, rounds=self._planned_events(),
-                                        event=self._event_factory())
+                                        event=self._event_factory(), prior=self.prior())
         return self._epsilon
 
     @property
@@ -233,8 +236,40 @@ class _DPLayer(Layer):
         """z: per release, the noise standard deviation over the joint L2 sensitivity."""
         if self._z is None:
             self._z = calibrate(self.epsilon, self.delta, rounds=self._planned_events(),
-                                event=self._event_factory())
+                                event=self._event_factory(), prior=self.prior())
         return self._z
+
+    def plan_prior(self, per_round: Sequence[PrivacyEvent], rounds: int) -> None:
+        """Share the budget with events spent outside this layer: ``per_round`` in each of
+        ``rounds`` rounds (e.g. DP-SGD's planned round event, which the engine spends on the
+        run's ledger before each release). The layer's noise is then calibrated so that
+        those events and its own releases, composed, meet its epsilon: it gets what the
+        prior leaves. ``per_round=()`` removes the prior.
+
+        Raises:
+            PrivacyError: a bad argument, or (when the noise is calibrated) the prior
+                alone spends the whole epsilon.
+        """
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise PrivacyError(f"rounds must be a non-negative integer, got {rounds!r}")
+        events = tuple(per_round)
+        if not all(isinstance(e, PrivacyEvent) for e in events):
+            raise PrivacyError(f"per_round must be privacy events, got {per_round!r}")
+        self._prior_round, self._prior_rounds = events, rounds
+        if not self._z_given:
+            self._z = None
+        if hasattr(self, "_cal"):
+            self._cal.clear()
+
+    def prior(self, rounds: int | None = None) -> PrivacyLedger | None:
+        """A ledger holding the prior events of the first ``rounds`` rounds (default: all
+        planned ones; see :meth:`plan_prior`), or None when there are none."""
+        n = self._prior_rounds if rounds is None else min(rounds, self._prior_rounds)
+        if not self._prior_round or n < 1:
+            return None
+        led = PrivacyLedger()
+        led.extend(list(self._prior_round) * n)
+        return led
 
     def plan_releases(self, releases: int) -> None:
         """Set how many releases the run makes through this layer (rounds x phases using
@@ -811,7 +846,7 @@ class DistributedDP(_DPLayer):
                self._n_releases())
         if key not in self._cal:
             self._cal[key] = calibrate(
-                self.epsilon, self.delta, rounds=self._n_releases(),
+                self.epsilon, self.delta, rounds=self._n_releases(), prior=self.prior(),
                 event=lambda z: self._events(z, spec, noised, scales, worst, worst))
         return self._cal[key]
 

@@ -13,7 +13,8 @@ every round:
   per-client L2 bound (a record-level bound times the public ``max_records``);
 * ``snr = signal_bound / noise_norm``: below 1 the noise is larger than any sum the
   cohort could send even if every client uploaded at its bound;
-* the run's planned epsilon after each round (the layer's planning event, composed).
+* the run's planned epsilon after each round (the layer's planning event, composed, with
+  the events spent outside the layer by then, e.g. DP-SGD's: see ``plan_prior``).
 
 :func:`swamped` turns the rows with ``snr < 1`` into one-line warnings with the fix
 (:class:`NoiseSwampsSignal`, a :class:`UserWarning`): the engine issues them before round
@@ -103,8 +104,9 @@ def plan_run(algorithm: Any, layer: Any, rounds: int, cohort: int,
         phases = [ph for ph in algorithm.phases(r, rounds) if ph.spec().fields]
         released += len(phases)
         events = per_event if per_event is not None else released
-        eps = (epsilon_for(z, delta, rounds=events, event=factory) if events else 0.0) \
-            if with_epsilon else math.nan
+        prior = layer.prior(r + 1) if callable(getattr(layer, "prior", None)) else None
+        eps = (epsilon_for(z, delta, rounds=events, event=factory, prior=prior) if events
+               else 0.0) if with_epsilon else math.nan
         for ph in phases:
             spec = ph.spec()
             if spec.max_records is None:
