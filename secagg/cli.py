@@ -447,6 +447,9 @@ def _make_parser() -> argparse.ArgumentParser:
                     help="delete the statistics cache (the clients' raw statistics) when the "
                     "sweep ends (sweep.keep_cache = false)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--force", action="store_true",
+                    help="reuse an output folder that holds another sweep's configuration "
+                    "or cells, keeping only this grid's finished cells (else refused)")
     sw.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                     help="run the cells as Ray tasks: on a local Ray instance, or on the "
                     "cluster at ADDRESS (HOST:PORT of `ray start --head`, or auto); needs "
@@ -1126,7 +1129,8 @@ def _sweep(args: argparse.Namespace) -> int:
     _interrupt_on_sigterm()
     res = sweep(args.config, out=args.out, workers=args.workers,
                 cache=False if args.no_cache else None, progress=False if args.quiet else None,
-                keep_cache=False if args.no_keep_cache else None, ray=args.ray)
+                keep_cache=False if args.no_keep_cache else None, ray=args.ray,
+                force=args.force)
     print(f"{len(res.ran)} cell(s) run, {len(res.skipped)} already done; results in "
           f"{res.jsonl} and {res.csv}")
     for name, path in res.plots.items():

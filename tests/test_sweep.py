@@ -123,6 +123,31 @@ def test_resume_skips_finished_cells_and_results_equal(tmp_path):
     assert csv_lines[0].startswith("id,algorithm,layer") and len(csv_lines) == 4
 
 
+def test_a_folder_holding_another_grid_is_refused_naming_the_difference(tmp_path):
+    """Issue 38: a sweep rerun into its folder with a changed TOML mixed both grids in one
+    results.jsonl (and a plot's "mean over 2 seeds" took a one-seed cell); now it is
+    refused naming what differs, and --force keeps only the new grid's finished cells."""
+
+    first = load_config(_cfg(grid={"layers": ["plaintext"], "epsilon": None}))
+    sweep(first, out=tmp_path / "s", progress=False)
+    changed = load_config(_cfg(grid={"layers": ["plaintext"], "epsilon": None}, sweep={"rounds": 2}))
+    with pytest.raises(ConfigurationError, match="differs in rounds"):
+        sweep(changed, out=tmp_path / "s", progress=False)
+    rows = (tmp_path / "s" / "results.jsonl").read_text().splitlines()
+    assert len(rows) == 1                                   # nothing ran, nothing mixed
+    forced = sweep(changed, out=tmp_path / "s", progress=False, force=True)
+    ids = {changed.cell_id(c) for c in changed.cells()}
+    assert {r["id"] for r in forced.rows} == ids
+    kept = [json.loads(x)["id"] for x in
+            (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
+    assert set(kept) == ids and len(kept) == len(ids)        # the old grid's row is gone
+    # a folder of results without a recorded configuration (an older secagg) is checked
+    # by its cells
+    (tmp_path / "s" / "sweep.json").unlink()
+    with pytest.raises(ConfigurationError, match="cell\\(s\\) outside this grid"):
+        sweep(first, out=tmp_path / "s", progress=False)
+
+
 def test_interrupted_line_is_rerun(tmp_path):
     cfg = load_config(_cfg(grid={"layers": ["plaintext"], "epsilon": None}))
     sweep(cfg, out=tmp_path, progress=False)

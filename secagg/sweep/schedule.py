@@ -30,11 +30,57 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         p.join(timeout=5)
 
 
+#: the sweep's configuration as it decides results, kept in its output folder
+STAMP = "sweep.json"
+#: SweepConfig fields that change how a sweep runs, not what its cells give
+_HOW = ("out", "workers", "cache", "keep_cache", "plot")
+
+
+def grid_fingerprint(cfg: SweepConfig) -> dict[str, Any]:
+    """What of ``cfg`` decides the rows of its results (the settings and the grid; not the
+    output folder, workers, cache or plots), as JSON values."""
+    import dataclasses
+
+    d = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _HOW}
+    return json.loads(json.dumps(d, sort_keys=True, default=list))
+
+
+def _check_folder(cfg: SweepConfig, old: list[dict[str, Any]], force: bool
+                  ) -> list[dict[str, Any]]:
+    """Refuse to mix two grids in one folder: a folder whose recorded configuration
+    (:data:`STAMP`) differs from ``cfg``, or whose results hold cells outside ``cfg``'s
+    grid, is refused naming the difference, unless ``force``; with ``force`` the rows
+    outside the grid are dropped (results.jsonl/.csv are rewritten with the grid's rows).
+    Returns the finished rows that belong to the grid."""
+    from secagg.errors import ConfigurationError
+
+    mine = grid_fingerprint(cfg)
+    stamp = cfg.out / STAMP
+    ids = {cfg.cell_id(c) for c in cfg.cells()}
+    outside = [r for r in old if r.get("id") not in ids]
+    diff: list[str] = []
+    if stamp.exists():
+        try:
+            before = json.loads(stamp.read_text())
+        except ValueError:
+            before = {}
+        diff = sorted(k for k in set(mine) | set(before) if mine.get(k) != before.get(k))
+    if (diff or outside) and not force:
+        what = (f"its recorded configuration differs in {', '.join(diff)}" if diff else
+                f"its results hold {len(outside)} cell(s) outside this grid")
+        raise ConfigurationError(
+            f"{cfg.out} holds another sweep ({what}): rerunning into it would mix two grids "
+            "in one set of results and plots; give a new --out, or --force to keep only "
+            "this grid's finished cells there")
+    stamp.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
+    return [r for r in old if r.get("id") in ids]
+
+
 def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
           out: str | os.PathLike[str] | None = None, workers: int | None = None,
           cache: bool | None = None, progress: bool | None = None,
           limit: Sequence[Cell] | None = None, keep_cache: bool | None = None,
-          ray: str | None = None) -> SweepResult:
+          ray: str | None = None, force: bool = False) -> SweepResult:
     """Run (or resume) a sweep; return every finished row.
 
     Args:
@@ -50,6 +96,11 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
         ray: run the cells as Ray tasks (:mod:`secagg.sweep.ray_cluster`): ``""`` on a
             local Ray instance, ``"HOST:PORT"`` (or ``"auto"``) on that cluster; ``workers``
             is then ignored (the cluster's CPUs decide). None (default): processes here.
+        force: reuse a folder that holds another sweep's configuration or cells, keeping
+            only this grid's finished cells (else that is refused, naming the difference).
+
+    Raises:
+        ConfigurationError: the output folder holds another sweep (without ``force``).
     """
     cfg = config if isinstance(config, SweepConfig) else load_config(config, out)
     if out is not None:
@@ -60,7 +111,10 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
         n_workers = os.cpu_count() or 1
     cfg.out.mkdir(parents=True, exist_ok=True)
     jsonl, csv_path = cfg.out / "results.jsonl", cfg.out / "results.csv"
-    old = [r for r in _read_jsonl(jsonl) if r.get("status") == "ok"]
+    old = _check_folder(cfg, [r for r in _read_jsonl(jsonl) if r.get("status") == "ok"],
+                        force)
+    if force:  # the rows outside the grid leave the results too
+        jsonl.write_text("".join(json.dumps(r, default=float) + "\n" for r in old))
     done = {r["id"] for r in old}
     # the CSV mirrors the finished JSONL rows (rewritten in case an interruption cut it)
     csv_path.write_text("".join(_csv_line(r, i == 0) for i, r in enumerate(old))
