@@ -224,15 +224,27 @@ def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
           f"{TARGET_S:g} s, load average {load:.2f} at the start); per round "
           f"{[round(t, 1) for t in timing['round_wall_s']]} s; waiting on each stage "
           f"{ {k: round(v, 1) for k, v in timing['stage_wall_s'].items()} } s")
+    # The target is the two rounds. Since issue 33 the run ends with one more exchange, the
+    # nodes' signed closing statements (step "close", after the last round: 9.6 s of
+    # waiting in one measured run, a Flower message round trip to every node); it is timed
+    # apart (flower_timing.json) and bounded on its own, not hidden in the rounds' figure.
+    def rounds_wall(total: float, out_dir: Path) -> tuple[float, float]:
+        t = json.loads((out_dir / "flower_timing.json").read_text())["stage_wall_s"]
+        return total - t.get("close", 0.0), t.get("close", 0.0)
+
+    wall, close_s = rounds_wall(wall, out)
+    print(f"loopback: the 2 rounds {wall:.1f} s, the closing exchange {close_s:.1f} s")
+    assert close_s < 30.0 * SCALE, f"the closing exchange took {close_s:.1f} s"
     if wall >= LIMIT_S:
         # a wall-clock bound on a shared 2-core machine: a run slowed by contention from
         # outside is measured once more on the same deployment, and the faster one counts
         # (its functional checks above are the first run's)
         again, proc2 = _two_rounds(deployment, tmp_path / "again")
         assert (tmp_path / "again" / "result.json").exists(), proc2.stdout[-3000:]
+        again = rounds_wall(again, tmp_path / "again")[0]
         print(f"loopback: over the limit at {wall:.1f} s; measured again: {again:.1f} s")
         wall = min(wall, again)
-    assert wall < LIMIT_S, (f"loopback run took {wall:.1f} s, the faster of two (limit "
+    assert wall < LIMIT_S, (f"loopback rounds took {wall:.1f} s, the faster of two (limit "
                             f"{LIMIT_S:g} s; load average {load:.2f} on {os.cpu_count()} "
                             "cores at the start)")
 
