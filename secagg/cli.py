@@ -1213,22 +1213,9 @@ DP_AUDIT_EXIT_CODES = """exit status:
   130  interrupted"""
 
 
-def _bounded(kind: type, low: float, high: float | None, what: str) -> Any:
-    """An argparse type for ``secagg run``: ``kind`` in (low, high), exclusive (high None:
-    no upper end); a value outside is a usage error (exit 2), as in every subcommand."""
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (v > low and (high is None or v < high)):
-            raise argparse.ArgumentTypeError(f"{text} is not {what}")
-        return v
-    return parse
-
-
-def _ranged(kind: type, low: float, high: float | None = None, what: str = "") -> Any:
-    """An argparse type: ``kind`` in (low, high) (exclusive; high None: no upper end)."""
+def _bounded(kind: type, low: float, high: float | None = None, what: str = "") -> Any:
+    """An argparse type: ``kind`` in (low, high), exclusive (high None: no upper end); a
+    value outside is a usage error (exit 2), as in every subcommand."""
     def parse(text: str) -> Any:
         try:
             v = kind(text)
@@ -1263,10 +1250,10 @@ def _add_dp_audit_parser(sub: Any) -> None:
     )
     d.add_argument("--layer", action="append", choices=DP_AUDIT_LAYERS, default=None,
                    help="mechanism to audit (repeatable; default: all)")
-    d.add_argument("--epsilon", type=_ranged(float, 0.0, what="a positive number"),
+    d.add_argument("--epsilon", type=_bounded(float, 0.0, what="a positive number"),
                    nargs="+", default=[1.0, 2.0, 4.0], metavar="EPS",
                    help="claimed epsilon(s) to audit (default: 1 2 4)")
-    d.add_argument("--delta", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=1e-5,
+    d.add_argument("--delta", type=_bounded(float, 0.0, 1.0, "in (0, 1)"), default=1e-5,
                    help="claimed delta (%(default)g)")
     d.add_argument("--release", choices=("sum", "dp-fedavg", "dp-fedavg-adaptive"),
                    default="sum",
@@ -1278,7 +1265,7 @@ def _add_dp_audit_parser(sub: Any) -> None:
     d.add_argument("--mechanism", choices=("discrete_gaussian", "skellam"),
                    default="discrete_gaussian",
                    help="distributed-dp's integer noise (%(default)s)")
-    d.add_argument("--clients", type=_ranged(int, 0, what="a positive integer"), default=None,
+    d.add_argument("--clients", type=_bounded(int, 0, what="a positive integer"), default=None,
                    help="cohort size (default: 10, so distributed-dp's secure sum accepts "
                    "fewer survivors than clients)")
     d.add_argument("--survivors", choices=("fewest", "all", "both"), default="both",
@@ -1288,20 +1275,20 @@ def _add_dp_audit_parser(sub: Any) -> None:
                    help="tight: also fit Gaussian DP to both worlds' whole distributions "
                    "(assumes the Gaussian trade-off shape, which the DP layers' noise has); "
                    "threshold: the assumption-free threshold tests only (%(default)s)")
-    d.add_argument("--trials", type=_ranged(int, 7, what="an integer >= 8"), default=None,
+    d.add_argument("--trials", type=_bounded(int, 7, what="an integer >= 8"), default=None,
                    help="releases per world, without and with the canary (default: "
                    "1000000 for the sums (250000 for distributed-dp with all survivors), "
                    "250000 trees for dp-ftrl, 100000 for dp-fedavg, 1000 trainings for "
                    "dp-sgd)")
     d.add_argument("--seed", type=int, default=0,
                    help="seed of the auditor and of the layers' noise streams (%(default)s)")
-    d.add_argument("--confidence", type=_ranged(float, 0.0, 1.0, "in (0, 1)"), default=0.95,
+    d.add_argument("--confidence", type=_bounded(float, 0.0, 1.0, "in (0, 1)"), default=0.95,
                    help="confidence of the whole run's lower bounds together, split between "
                    "its audits (Bonferroni; each row shows its share) (%(default)g)")
     d.add_argument("--one-run", action="store_true",
                    help="dp-sgd and --release dp-fedavg: also audit in one run with many "
                    "canaries (Steinke et al. 2023)")
-    d.add_argument("--canaries", type=_ranged(int, 1, what="an integer >= 2"), default=1000,
+    d.add_argument("--canaries", type=_bounded(int, 1, what="an integer >= 2"), default=1000,
                    help="--one-run: canaries in the run (%(default)s)")
     d.add_argument("--inject", action="append", default=None,
                    choices=("share-count", "stale-bound", "dropped-field-share",
