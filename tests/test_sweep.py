@@ -143,7 +143,7 @@ def test_a_folder_holding_another_grid_is_refused_naming_the_difference(tmp_path
     assert set(kept) == ids and len(kept) == len(ids)        # the old grid's row is gone
     # a folder of results without a recorded configuration (an older secagg) is checked
     # by its cells
-    (tmp_path / "s" / "sweep.json").unlink()
+    (tmp_path / "s" / "grid.json").unlink()
     with pytest.raises(ConfigurationError, match="cell\\(s\\) outside this grid"):
         sweep(first, out=tmp_path / "s", progress=False)
 

@@ -31,7 +31,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 #: the sweep's configuration as it decides results, kept in its output folder
-STAMP = "sweep.json"
+STAMP = "grid.json"
 #: SweepConfig fields that change how a sweep runs, not what its cells give
 _HOW = ("out", "workers", "cache", "keep_cache", "plot")
 
