@@ -21,9 +21,7 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
     pytest.skip("needs flwr: pip install 'secagg[flower]' (always runs under CI=true)",
                 allow_module_level=True)
 
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
-from flwr.common.constant import ErrorCode  # noqa: E402
-from flwr.serverapp import Grid  # noqa: E402
+from flwr.app import RecordDict  # noqa: E402
 from lying_clients import (  # noqa: E402
     bad_commitment,
     bad_tag,
@@ -32,14 +30,13 @@ from lying_clients import (  # noqa: E402
     wrong_share_to,
     wrong_unmask,
 )
-from test_flower_runtime import task_identity  # noqa: E402,F401
+from test_flower_runtime import LocalGrid, task_identity  # noqa: E402,F401
 
 import secagg.secure_sum.node as node_mod  # noqa: E402
 from algorithms import FedLog  # noqa: E402
 from secagg import Federation, ScheduledDropouts, SecureSum  # noqa: E402
 from secagg.data import dirichlet_split, load_dataset  # noqa: E402
 from secagg.flower import FlowerFederation  # noqa: E402
-from secagg.flower.client import _Node, node_partition_loader  # noqa: E402
 from secagg.flower.records import RECORD, read  # noqa: E402
 from secagg.secure_sum import wire  # noqa: E402
 from secagg.secure_sum.client import Client  # noqa: E402
@@ -55,53 +52,12 @@ def _algo():
     return FedLog(feature_dim=4, local_epochs=1)
 
 
-class NodesGrid(Grid):
-    """Delivers each message to its node's ClientApp logic in this process;
+class NodesGrid(LocalGrid):
+    """The runtime tests' in-process Grid over this file's population (N nodes);
     ``fault(step, cid, reply) -> reply`` may rewrite a reply."""
 
     def __init__(self, fault=None):
-        self.node = _Node(_algo, node_partition_loader(_partition))
-        self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
-                                          node_config={"partition-id": i},
-                                          state=RecordDict(), run_config={})
-                         for i in range(N)}
-        self.fault = fault or (lambda step, cid, rep: rep)
-        self.replies = []
-
-    def set_run(self, run):
-        raise NotImplementedError
-
-    @property
-    def run(self):
-        raise NotImplementedError
-
-    def create_message(self, *args, **kwargs):
-        raise NotImplementedError
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def push_messages(self, messages):
-        ids = []
-        for m in messages:
-            m.metadata.__dict__["_message_id"] = m.object_id
-            try:
-                rep = self.node.handle(m, self.contexts[m.metadata.dst_node_id])
-            except Exception as exc:  # as Flower's ClientApp runtime: an error reply
-                rep = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                    reason=f"{type(exc)}:<'{exc}'>"), reply_to=m)
-            rep = self.fault(read(m)["step"], m.metadata.dst_node_id - 100, rep)
-            ids.append(m.metadata.message_id)
-            self.replies.append(rep)
-        return ids
-
-    def pull_messages(self, message_ids):
-        out = [r for r in self.replies if r.metadata.reply_to_message_id in message_ids]
-        self.replies = [r for r in self.replies if r not in out]
-        return out
-
-    def send_and_receive(self, messages, *, timeout=None):
-        raise NotImplementedError
+        super().__init__(fault, _algo, _partition, N)
 
 
 def _flower(monkeypatch, bad=None, fault=None):

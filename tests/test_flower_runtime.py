@@ -56,12 +56,12 @@ class LocalGrid(Grid):
 
     ``fault(step, cid, reply) -> reply | None`` may alter a reply or drop it (None)."""
 
-    def __init__(self, fault=None, algorithm=_algo):
-        self.node = _Node(algorithm, node_partition_loader(_partition))
+    def __init__(self, fault=None, algorithm=_algo, partition=None, n=None):
+        self.node = _Node(algorithm, node_partition_loader(partition or _partition))
         self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
                                           node_config={"partition-id": i},
                                           state=RecordDict(), run_config={})
-                         for i in range(N)}
+                         for i in range(N if n is None else n)}
         self.fault = fault or (lambda step, cid, rep: rep)
         self.replies = []
         self.sent = []  # (step, client, asked to evaluate first) per message
