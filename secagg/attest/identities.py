@@ -15,13 +15,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from secagg.attest.statement import SCHEME, SCHEME_V1, AttestationError
 from secagg.errors import ConfigurationError
 
-__all__ = [
-    "Identities",
-    "load_pinned",
-    "public_hex",
-    "read_identities",
-    "write_identities",
-]
 
 def public_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     """The raw 32-byte public key, hex."""

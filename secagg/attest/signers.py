@@ -29,12 +29,6 @@ from secagg.attest.statement import (
 )
 from secagg.attest.terms import dp_terms
 
-__all__ = [
-    "Collector",
-    "Signer",
-    "closing_statement",
-    "sign_reply",
-]
 
 def _book(ctx: Any, rec: dict[str, Any], cpu_s: float, size: int | None = None) -> None:
     """Put a statement in the transcript and its cost on the ledger (stage STAGE);

@@ -16,24 +16,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from secagg.errors import SecaggError
 from secagg.transcript import digest
 
-__all__ = [
-    "DOMAIN",
-    "END_STAGE",
-    "FORMS",
-    "SCHEME",
-    "SCHEME_V1",
-    "STAGE",
-    "UNCLOSED",
-    "UNSIGNED_PHASE",
-    "AttestationError",
-    "Statement",
-    "classify",
-    "message_digest",
-    "params_digest",
-    "record_size",
-    "sign",
-]
-
 #: Prefix of every signed statement (domain separation from other Ed25519 uses).
 DOMAIN = b"secagg/attest/v1\n"
 #: The first scheme: statements without sequence numbers (an identities file that names no

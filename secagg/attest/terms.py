@@ -10,12 +10,6 @@ from typing import Any
 
 from secagg.attest.statement import AttestationError
 
-__all__ = [
-    "applied_release",
-    "check_applied",
-    "dp_terms",
-    "recompute_dp",
-]
 
 def dp_terms(privacy: Any) -> dict[str, Any]:
     """The DP terms a privacy ledger (:class:`secagg.privacy.accountant.PrivacyLedger`)

@@ -25,10 +25,6 @@ from secagg.attest.statement import (
     params_digest,
 )
 
-__all__ = [
-    "Problem",
-    "verify",
-]
 
 @dataclass(frozen=True, kw_only=True)
 class Problem:

@@ -11,12 +11,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "check_privacy",
-    "signed_dp",
-    "trusted_root",
-]
-
 #: relative tolerance between the server's epsilon and the audit's own recomputation
 _EPS_RTOL = 1e-6
 

@@ -7,10 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "client_distribution",
-    "format_clients",
-]
 
 def client_distribution(result: Mapping[str, Any]) -> dict[str, Any] | None:
     """The per-client epsilons of a run (``result.json``'s ``privacy.clients``) as a

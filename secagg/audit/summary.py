@@ -15,12 +15,6 @@ from secagg.audit.attested import check_privacy, trusted_root
 from secagg.costs import DIRECTIONS, SERVER
 from secagg.transcript import Transcript
 
-__all__ = [
-    "audit",
-    "reconcile",
-    "traffic",
-]
-
 #: Suffix DistributedDP gives the secure-sum label of its noised ring vector.
 _NOISED_SUFFIX = " (dp-noised)"
 

@@ -9,11 +9,6 @@ from typing import Any
 from secagg.audit.clients import format_clients
 from secagg.costs import DIRECTIONS
 
-__all__ = [
-    "UNATTESTED",
-    "format_audit",
-]
-
 #: What a transcript checked only by its running digest guarantees (the audit's first line).
 UNATTESTED = ("transcript: UNATTESTED - checked without the clients' keys (--identities): "
               "the server wrote every record below and could have rewritten any of them with "

@@ -19,12 +19,6 @@ from secagg.privacy.client_ledger.events import ClientEvent, event_to_dict
 from secagg.privacy.client_ledger.storage import open_ledgers
 from secagg.privacy.events import GaussianEvent, PrivacyEvent
 
-__all__ = [
-    "CENTRAL_DP_SERVER",
-    "ClientAccounts",
-    "declared_release",
-]
-
 #: Why CentralDP gives no guarantee against the server.
 CENTRAL_DP_SERVER = ("CentralDP: the server adds the noise after seeing the un-noised sum, "
                      "so nothing holds against it")

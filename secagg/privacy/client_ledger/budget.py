@@ -13,12 +13,6 @@ from secagg.privacy.client_ledger.epsilon import ObserverEpsilon, client_epsilon
 from secagg.privacy.client_ledger.events import OBSERVERS, ClientEvent
 from secagg.privacy.events import positive_or_none
 
-__all__ = [
-    "Admission",
-    "ClientBudget",
-    "admit",
-    "project",
-]
 
 @dataclass(frozen=True)
 class ClientBudget:

@@ -23,15 +23,6 @@ from secagg.privacy.events import (
     SkellamEvent,
 )
 
-__all__ = [
-    "ObserverEpsilon",
-    "charged_events",
-    "client_epsilons",
-    "client_summary",
-    "group_epsilon",
-    "release_epsilon",
-    "server_epsilon",
-]
 
 @dataclass(frozen=True)
 class ObserverEpsilon:

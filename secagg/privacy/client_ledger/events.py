@@ -19,15 +19,6 @@ from secagg.privacy.events import (
     SkellamEvent,
 )
 
-__all__ = [
-    "ACTIONS",
-    "CHARGED_IF_SAMPLED",
-    "OBSERVERS",
-    "ClientEvent",
-    "event_from_dict",
-    "event_to_dict",
-]
-
 #: Who a per-client epsilon holds against (see :mod:`secagg.privacy.client_ledger`).
 OBSERVERS: tuple[str, ...] = ("release", "server")
 

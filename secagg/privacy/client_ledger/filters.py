@@ -14,15 +14,6 @@ from secagg.errors import PrivacyError
 from secagg.privacy.client_ledger.epsilon import _check_delta
 from secagg.privacy.events import positive_or_none
 
-__all__ = [
-    "FILTER_KINDS",
-    "IndividualFilter",
-    "UnsoundFilter",
-    "gdp_delta",
-    "gdp_epsilon",
-    "gdp_mu",
-    "individual_mu",
-]
 
 class UnsoundFilter(PrivacyError):
     """A data-dependent (individual) filter that no theorem makes sound, e.g. PLD."""

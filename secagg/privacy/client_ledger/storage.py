@@ -13,10 +13,6 @@ from secagg.privacy.client_ledger.budget import Admission, ClientBudget, admit
 from secagg.privacy.client_ledger.epsilon import ObserverEpsilon, client_epsilons
 from secagg.privacy.client_ledger.events import ClientEvent
 
-__all__ = [
-    "ClientLedger",
-    "open_ledgers",
-]
 
 class ClientLedger:
     """One client's events, in memory and, when ``path`` is given, appended to a JSON-lines

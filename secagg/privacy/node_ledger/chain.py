@@ -13,22 +13,6 @@ from typing import Any, Literal
 
 from secagg.errors import PrivacyError
 
-__all__ = [
-    "GENESIS",
-    "KINDS",
-    "Entry",
-    "LedgerConflict",
-    "LedgerCorrupt",
-    "LedgerError",
-    "LedgerLocked",
-    "LedgerRolledBack",
-    "LedgerState",
-    "LedgerTorn",
-    "LedgerUninitialised",
-    "read_ledger",
-    "release_id",
-]
-
 #: ``prev`` of a ledger's first line (and the head of an empty ledger).
 GENESIS = hashlib.sha256(b"secagg/node-ledger/v1").hexdigest()
 #: The entry kinds.

@@ -18,10 +18,6 @@ from secagg.privacy.node_ledger.chain import (
     read_ledger,
 )
 
-__all__ = [
-    "check_head",
-    "init_ledger",
-]
 
 def _read_head(head_path: Path) -> dict[str, Any] | None:
     """The head file's record (None when there is none)."""

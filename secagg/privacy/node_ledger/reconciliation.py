@@ -10,10 +10,6 @@ from typing import Any
 
 from secagg.privacy.node_ledger.chain import LedgerError, read_ledger
 
-__all__ = [
-    "format_reconcile",
-    "reconcile",
-]
 
 def reconcile(path: str | Path, records: Sequence[Mapping[str, Any]], client: int
               ) -> dict[str, Any]:

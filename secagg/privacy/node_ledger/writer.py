@@ -26,10 +26,6 @@ from secagg.privacy.node_ledger.chain import (
 )
 from secagg.privacy.node_ledger.head import _sync_dir, _write_head, check_head
 
-__all__ = [
-    "NodeLedger",
-    "repair_torn_tail",
-]
 
 class _Lock:
     """An exclusive, non-blocking lock on ``PATH.lock`` (``fcntl.flock``: released when
