@@ -24,9 +24,10 @@ declares, under the abort and budget guard (:func:`guard_phase`):
 In one process (:meth:`Engine._in_process`) steps 2-4 are the clients' steps here followed
 by ``layer.aggregate``, which runs every party's part of the layer and of its release.
 Over a link (:meth:`Engine._remote`) the clients' steps run on their nodes inside the
-layer's own protocol: the release is begun here (:class:`~secagg.privacy.release.Release`),
-the layer's server side (:func:`layer_server`) exchanges its stages with the nodes, and the
-release is ended here. Both book the same ledger rows and reach the same aggregate.
+layer's own protocol: the layer's server part begins the release here
+(:meth:`~secagg.layers.base.Layer.server_part`), the carrying layer's server side
+(:func:`layer_server`) exchanges its stages with the nodes, and the server part ends it
+here. Both book the same ledger rows and reach the same aggregate.
 """
 
 from __future__ import annotations
@@ -1010,11 +1011,9 @@ class Engine:
         """The release begun here, the layer's server side over the link (the clients'
         steps run on their nodes, inside the layer's first stage), the release ended
         here."""
-        from secagg.privacy.release import Release
-
         assert self.server is not None and self.transport.link is not None
         account_local_training(phase, spec, self.layer, ctx, run)
-        rel = Release.begin(self.dp, spec, ctx, len(cohort))
+        rel = self.layer.server_part(spec, ctx, len(cohort))
         instruction = dict(round=ctx.round, rounds=self.rounds, phase=phase.name,
                            seed=self.seed, max_records=self._max_records,
                            on_violation=self.on_violation, broadcast=wire,

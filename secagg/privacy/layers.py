@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -53,8 +54,15 @@ import numpy as np
 
 from secagg.costs import SERVER
 from secagg.encoding import FixedPoint, plan, plan_ring_bits
-from secagg.errors import InadmissibleField, PrivacyError
-from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.errors import InadmissibleField, PrivacyError, ProtocolError
+from secagg.layers.base import (
+    Aggregate,
+    Layer,
+    NodePart,
+    RingEncoding,
+    RoundContext,
+    ServerPart,
+)
 from secagg.messages import Bound, Field, Upload, UploadSpec
 from secagg.privacy.accountant import PrivacyLedger
 from secagg.privacy.calibrate import calibrate, delta_for, epsilon_for
@@ -156,6 +164,8 @@ class _DPLayer(Layer):
 
     name: ClassVar[str] = "dp"
     allow_non_additive: ClassVar[bool] = False
+    #: the inner layer must be a secure sum (its clients encode for it)
+    needs_secure_sum: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -322,6 +332,36 @@ class _DPLayer(Layer):
             out["epsilon"] = self.epsilon
             out["noise_multiplier"] = self.noise_multiplier
         return out
+
+    # -- the release, in parts ----------------------------------------------------------
+
+    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
+                  ctx: RoundContext) -> Aggregate:
+        """One release in one process, as every runtime runs it: this layer's server part
+        begins it (:meth:`server_part`), the inner layer carries the uploads (each through
+        its client's node part) or sums the vectors the clients encoded, the server part
+        ends it."""
+        part = self.server_part(spec, ctx, len(uploads))
+        enc = part.encoding
+        if enc is None:
+            carried = Lazy(uploads, part.client_upload) if part.transforms_uploads \
+                else uploads
+            agg = self.inner.aggregate(carried, part.carried, part.local_ctx)
+        else:
+            # each client's step (and its encoding and noise draw) is booked on its
+            # masked-input row, as under every other layer
+            vectors = Booked(uploads, part.client_vector)
+            ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
+                vectors, enc.ring_bits, part.local_ctx, enc.label,
+                upload_costs=vectors.costs, length=enc.length)
+            agg = part.finish(ring_sum, contributors, ctx)
+        return part.end(agg, ctx)
+
+    def node_part(self, rng: np.random.Generator, *, sizing: str = "server") -> NodePart:
+        """What a client does before its upload leaves (rebuilt on a node by
+        :func:`node_layer`), drawing its noise from ``rng``; ``sizing`` is how a node sizes
+        a noise share (DistributedDP). The default: a layer whose clients add no noise."""
+        raise PrivacyError(f"{self.name}: the clients add no noise under this layer")
 
     # -- checks and helpers ------------------------------------------------------------
 
@@ -513,11 +553,10 @@ class CentralDP(_DPLayer):
             out.update(tree=True, tree_participations=self.tree_participations)
         return out
 
-    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
-                  ctx: RoundContext) -> Aggregate:
-        """Run the inner layer, spend one Gaussian event, noise every non-public sum."""
-        ledger = self.begin(spec, ctx)
-        return self.release(self.inner.aggregate(uploads, spec, ctx), spec, ctx, ledger)
+    def server_part(self, spec: UploadSpec, ctx: RoundContext, n: int) -> ServerPart:
+        """Begin a release (:meth:`begin`); the inner layer carries the uploads as they are,
+        and the part's end noises the sums (:meth:`release`)."""
+        return _CentralPart(self, spec, ctx)
 
     def release(self, agg: Aggregate, spec: UploadSpec, ctx: RoundContext,
                 ledger: PrivacyLedger) -> Aggregate:
@@ -667,24 +706,14 @@ class LocalDP(_DPLayer):
         return self._notes(spec, sigmas, "gaussian", private,
                            sum_sigma={f: s * math.sqrt(contributors) for f, s in sigmas.items()})
 
-    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
-                  ctx: RoundContext) -> Aggregate:
-        """Spend one Gaussian event, noise each client's upload, run the inner layer."""
-        ledger = self.begin(spec, ctx)
-        sigmas, wide = self.noise_plan(spec)
-        if not sigmas:
-            return self.inner.aggregate(uploads, spec, ctx)
-        self.spend(ledger, sigmas, ctx)
-        private = [True]
+    def server_part(self, spec: UploadSpec, ctx: RoundContext, n: int) -> ServerPart:
+        """Begin a release: spend its event up front; the inner layer carries the noised
+        uploads (the widened spec) and the part's end notes the noise the sum carries."""
+        return _LocalPart(self, spec, ctx)
 
-        def noised(c: int, up: Upload) -> Upload:  # each upload noised as it is read
-            src = self._source(ctx, c, ledger, tuple(sigmas))
-            private[0] = private[0] and src.private
-            return self.noise_upload(up, spec, sigmas, wide, src.rng)
-
-        agg = self.inner.aggregate(Lazy(uploads, noised), wide, relabel(ctx, list(sigmas)))
-        agg.notes["dp"] = self.release_notes(spec, sigmas, private[0], len(agg.contributors))
-        return agg
+    def node_part(self, rng: np.random.Generator, *, sizing: str = "server") -> NodePart:
+        """The client's side: noise its own upload before it leaves."""
+        return _LocalNoise(self, rng)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -748,6 +777,7 @@ class DistributedDP(_DPLayer):
     """
 
     name: ClassVar[str] = "distributed-dp"
+    needs_secure_sum: ClassVar[bool] = True
     holds_against: ClassVar[tuple[str, ...]] = (
         "observers of the releases", "a server that follows the protocol, which sees "
         "only the noised sum (it knows the cohort; no amplification is claimed), as long "
@@ -940,35 +970,174 @@ class DistributedDP(_DPLayer):
                             scale_bits=dict(scales), tail_probability=TAIL_PROBABILITY)
         return Aggregate(ctx.phase, ctx.round, sums, {}, contributors, {"dp": notes})
 
-    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
-                  ctx: RoundContext) -> Aggregate:
-        """Encode, add noise shares, secure-sum, account the achieved noise, decode."""
-        ledger = self.begin(spec, ctx)
-        clients = sorted(uploads)
-        release = self.release_plan(spec, len(clients))
-        ledger.check(*release.planned)  # the worst case fits the budget, before any noise
-        names = [f.name for f in release.noised]
-        private = [True]
+    def server_part(self, spec: UploadSpec, ctx: RoundContext, n: int) -> ServerPart:
+        """Begin a release by ``n`` clients: plan it (:meth:`release_plan`), check its worst
+        case against the budget; the clients encode and noise their vectors, the inner secure
+        sum adds them, the part's finish accounts the noise the contributors added and
+        decodes (:meth:`finish`)."""
+        return _DistributedPart(self, spec, ctx, n)
 
-        def encoded(c: int, up: Upload) -> np.ndarray:  # noised and encoded as it is read
-            src = self._source(ctx, c, ledger, names)
-            private[0] = private[0] and src.private
-            return self.encode_noised(release, up, src.rng)
+    def node_part(self, rng: np.random.Generator, *, sizing: str = "server") -> NodePart:
+        """The client's side: encode its upload with the release plan and add its noise
+        share, sized as ``sizing`` says (:meth:`node_release`)."""
+        return _DistributedNoise(self, rng, sizing)
 
-        # each client's step (and its encoding and noise draw) is booked on its masked-input
-        # row, as under every other layer
-        vectors = Booked(uploads, encoded)
-        label = release.label
-        # The secure sum transcripts the ring sum under ``label``; it carries the noise.
-        ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
-            vectors, release.ring_bits, relabel(ctx, [label] if names else []), label,
-            upload_costs=vectors.costs, length=sum(f.size for f in release.additive))
-        return self.finish(release, spec, ring_sum, contributors, ctx, ledger, private[0])
+    def node_release(self, spec: UploadSpec, n: int,
+                     sizing: str = "server") -> tuple[DistributedRelease, int]:
+        """(the release plan for a cohort of ``n`` as a node noises it, the fewest survivors
+        the server's plan sizes shares for): the server's plan (its scales and ring, which
+        the server decodes with), with each share sized as the node's ``sizing`` says
+        (``"alone"``: for one survivor, so this node's share carries the whole noise; refused
+        when the server's ring has no room for it).
+
+        Raises:
+            ProtocolError: ``"alone"`` needs a wider ring than the release's.
+        """
+        release = self.release_plan(spec, n)
+        if sizing != "alone":
+            return release, int(release.worst)
+        alone = self.release_plan(spec, n, 1)
+        if alone.ring_bits > release.ring_bits or alone.scales != release.scales:
+            raise ProtocolError(
+                f"this node adds its whole noise itself (dp-noise-alone), which needs a "
+                f"{alone.ring_bits}-bit ring; the release's ring has {release.ring_bits} "
+                "bits: refused rather than noise less or overflow the sum")
+        return dataclasses.replace(release, share_std=dict(alone.share_std), worst=1,
+                                   planned=alone.planned), int(release.worst)
 
     def _draw(self, std: float, size: int, rng: np.random.Generator) -> np.ndarray:
         if self.mechanism == "discrete_gaussian":
             return discrete_gaussian(std, size, rng)
         return skellam(std * std / 2.0, size, rng)
+
+
+# ---------------------------------------------------------------- the layers' parts
+
+
+class _DPPart(ServerPart):
+    """A DP layer's server part: begun with :meth:`_DPLayer.begin` (the ledger it spends on)."""
+
+    def __init__(self, layer: Any, spec: UploadSpec, ctx: RoundContext) -> None:
+        super().__init__(spec, ctx)
+        self.layer = layer
+        self.ledger: PrivacyLedger = layer.begin(spec, ctx)
+
+    def _noised(self, names: Sequence[str]) -> None:
+        """The nodes add noise to ``names``: marked if seeded, relabelled for the inner."""
+        self.layer.mark_seeded(self.ledger, names)
+        self.ctx = relabel(self.ctx, names)
+
+
+class _CentralPart(_DPPart):
+    """CentralDP's server part: the aggregator noises the inner layer's sums at the end."""
+
+    def end(self, agg: Aggregate, ctx: RoundContext) -> Aggregate:
+        """Noise the sums and spend the release (:meth:`CentralDP.release`)."""
+        return self.layer.release(agg, self.spec, ctx, self.ledger)
+
+
+class _LocalPart(_DPPart):
+    """LocalDP's server part: the release is spent first; the clients noise their uploads;
+    the inner layer carries the widened spec."""
+
+    def __init__(self, layer: LocalDP, spec: UploadSpec, ctx: RoundContext) -> None:
+        super().__init__(layer, spec, ctx)
+        self.sigmas, self.carried = layer.noise_plan(spec)
+        if self.sigmas:
+            layer.spend(self.ledger, self.sigmas, ctx)
+            self.node_params = json.dumps(layer.node_params())
+            self._noised(list(self.sigmas))
+
+    @property
+    def transforms_uploads(self) -> bool:
+        """Whether any field is noised."""
+        return bool(self.sigmas)
+
+    def client_upload(self, client: int, up: Upload) -> Upload:
+        """The client's noised upload, from its own noise stream."""
+        src = self.layer._source(self.ctx, client, self.ledger, tuple(self.sigmas))
+        return self.layer.noise_upload(up, self.spec, self.sigmas, self.carried, src.rng)
+
+    def end(self, agg: Aggregate, ctx: RoundContext) -> Aggregate:
+        """Note the noise the sum carries."""
+        if self.sigmas:
+            agg.notes["dp"] = self.layer.release_notes(self.spec, self.sigmas,
+                                                       self.layer.seed is None,
+                                                       len(agg.contributors))
+        return agg
+
+
+class _DistributedPart(_DPPart):
+    """DistributedDP's server part: the plan, its worst case checked against the budget;
+    the clients' ring vectors (noise shares added) are summed by the inner secure sum, and
+    :meth:`finish` accounts the noise the contributors added and decodes."""
+
+    def __init__(self, layer: DistributedDP, spec: UploadSpec, ctx: RoundContext,
+                 n: int) -> None:
+        super().__init__(layer, spec, ctx)
+        self.plan = plan_ = layer.release_plan(spec, n)
+        self.ledger.check(*plan_.planned)  # the worst case fits, before any noise
+        self.names = [f.name for f in plan_.noised]
+        self.encoding = RingEncoding(plan_.ring_bits, plan_.segments,
+                                     {f.name: f.nbytes for f in plan_.additive}, plan_.label)
+        # in one process the secure sum transcripts the whole vector under its label
+        self._local = relabel(ctx, [plan_.label] if self.names else [])
+        if self.names:
+            self.node_params = json.dumps(layer.node_params(plan_.z))
+            self._noised(self.names)
+
+    @property
+    def local_ctx(self) -> RoundContext:
+        """The context relabelling the vector's label (it carries the noise)."""
+        return self._local
+
+    def client_vector(self, client: int, up: Upload) -> np.ndarray:
+        """The client's ring vector with its noise share, from its own noise stream."""
+        src = self.layer._source(self.ctx, client, self.ledger, self.names)
+        return self.layer.encode_noised(self.plan, up, src.rng)
+
+    def finish(self, ring_sum: np.ndarray, contributors: Sequence[int],
+               ctx: RoundContext) -> Aggregate:
+        """Account the contributors' noise and decode (:meth:`DistributedDP.finish`)."""
+        return self.layer.finish(self.plan, self.spec, ring_sum, contributors, ctx,
+                                 self.ledger, self.layer.seed is None)
+
+
+class _LocalNoise(NodePart):
+    """LocalDP's node part: Gaussian noise on the client's own upload."""
+
+    def __init__(self, layer: LocalDP, rng: np.random.Generator) -> None:
+        self.layer, self.rng = layer, rng
+        self.name = layer.name
+        self.noise_multiplier = float(layer.noise_multiplier)
+        self.seeded = layer.seed is not None
+        self.upload_noised: tuple[str, ...] | None = ()
+
+    def prepare(self, up: Upload, spec: UploadSpec) -> tuple[Upload, UploadSpec]:
+        """The noised upload and the widened spec (the upload as it is when nothing is
+        noised)."""
+        sigmas, wide = self.layer.noise_plan(spec)
+        self.upload_noised = tuple(sorted(sigmas))
+        if not sigmas:
+            return up, spec
+        return self.layer.noise_upload(up, spec, sigmas, wide, self.rng), wide
+
+
+class _DistributedNoise(NodePart):
+    """DistributedDP's node part: the release plan derived on the node, the upload encoded
+    with it and this node's noise share added."""
+
+    def __init__(self, layer: DistributedDP, rng: np.random.Generator, sizing: str) -> None:
+        self.layer, self.rng, self.sizing = layer, rng, sizing
+        self.name = layer.name
+        self.noise_multiplier = float(layer.noise_multiplier)
+        self.seeded = layer.seed is not None
+
+    def encode(self, up: Upload, spec: UploadSpec, n: int) -> tuple[np.ndarray, int, int]:
+        """(the noised ring vector, its ring bits, the survivors the server's plan sizes
+        shares for)."""
+        release, planned = self.layer.node_release(spec, n, self.sizing)
+        return self.layer.encode_noised(release, up, self.rng), release.ring_bits, planned
 
 
 def _split_decode(ring_sum: np.ndarray, fields: Sequence[Field],
@@ -984,6 +1153,18 @@ def _split_decode(ring_sum: np.ndarray, fields: Sequence[Field],
     return out
 
 
+#: the DP layers whose clients add noise, by name: what a node can rebuild
+_NODE_KINDS: dict[str, type[LocalDP] | type[DistributedDP]] = {
+    LocalDP.name: LocalDP, DistributedDP.name: DistributedDP}
+
+
+def wraps_secure_sum(params: Mapping[str, Any]) -> bool:
+    """Whether the layer ``params`` rebuild on a node (:func:`node_layer`) wraps the
+    session's secure sum (its threshold sizes the noise shares) rather than any layer."""
+    kind = _NODE_KINDS.get(params.get("layer"))  # type: ignore[arg-type]
+    return kind is not None and kind.needs_secure_sum
+
+
 def node_layer(params: Mapping[str, Any], inner: Layer) -> LocalDP | DistributedDP:
     """The noise side of a DP layer, rebuilt on a client from :meth:`_DPLayer.node_params`
     (a runtime whose clients run elsewhere sends those; ``inner`` is the client's copy of
@@ -996,11 +1177,9 @@ def node_layer(params: Mapping[str, Any], inner: Layer) -> LocalDP | Distributed
     """
     if not isinstance(params, Mapping):
         raise PrivacyError(f"DP parameters must be a mapping, got {type(params).__name__}")
-    kinds: dict[str, type[LocalDP] | type[DistributedDP]] = {
-        LocalDP.name: LocalDP, DistributedDP.name: DistributedDP}
-    kind = kinds.get(params.get("layer"))  # type: ignore[arg-type]
+    kind = _NODE_KINDS.get(params.get("layer"))  # type: ignore[arg-type]
     if kind is None:
-        raise PrivacyError(f"a client adds noise for {sorted(kinds)} only, got "
+        raise PrivacyError(f"a client adds noise for {sorted(_NODE_KINDS)} only, got "
                            f"{params.get('layer')!r}")
     known = {"layer", "noise_multiplier", "delta", "adjacency", "public", "seed"}
     if kind is DistributedDP:
