@@ -278,6 +278,33 @@ class Layer(ABC):
     """A privacy layer: turns a cohort's uploads into the server's :class:`Aggregate`."""
 
     name: ClassVar[str] = "layer"
+    #: a DP layer: its releases are spent on a privacy ledger (a runtime keeps the
+    #: clients' un-noised accuracies to themselves under it)
+    is_dp: ClassVar[bool] = False
+    #: its clients encode the vectors the inner layer sums (:class:`RingEncoding`), so the
+    #: inner must be a layer that :attr:`sums_encoded`
+    needs_encoded_sum: ClassVar[bool] = False
+    #: it sums vectors a wrapper's clients encoded (``sum_encoded`` in one process; its
+    #: server side over a link follows the wrapper's :class:`RingEncoding`)
+    sums_encoded: ClassVar[bool] = False
+    #: the aggregator adds the noise after seeing the un-noised result, so the layer's
+    #: guarantee does not hold against the server
+    aggregator_noises: ClassVar[bool] = False
+
+    #: this very class runs on a remote runtime as a wrapper of a carried layer (read with
+    #: :meth:`declares_remote`: a subclass must declare it again, since it may change what
+    #: the nodes would have to rebuild)
+    remote: ClassVar[bool] = False
+
+    @classmethod
+    def declares_remote(cls) -> bool:
+        """Whether this exact class (not a base) declares :attr:`remote`."""
+        return bool(cls.__dict__.get("remote", False))
+
+    @property
+    def wrapped(self) -> Layer | None:
+        """The layer this one wraps (None: it wraps nothing and carries the uploads)."""
+        return None
 
     def dropout_stages(self) -> tuple[str, ...]:
         """The stages, in order, at which this layer asks which clients are still live

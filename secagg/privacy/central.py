@@ -46,6 +46,8 @@ class CentralDP(_DPLayer):
     """
 
     name: ClassVar[str] = "central-dp"
+    remote: ClassVar[bool] = True
+    aggregator_noises: ClassVar[bool] = True
     holds_against: ClassVar[tuple[str, ...]] = (
         "observers of the released (noised) sums and the models built from them; NOT "
         "the aggregator, which adds the noise after seeing the un-noised sums",)

@@ -103,7 +103,8 @@ class DistributedDP(_DPLayer):
     """
 
     name: ClassVar[str] = "distributed-dp"
-    needs_secure_sum: ClassVar[bool] = True
+    remote: ClassVar[bool] = True
+    needs_encoded_sum: ClassVar[bool] = True
     holds_against: ClassVar[tuple[str, ...]] = (
         "observers of the releases", "a server that follows the protocol, which sees "
         "only the noised sum (it knows the cohort; no amplification is claimed), as long "

@@ -69,8 +69,7 @@ class _DPLayer(Layer):
 
     name: ClassVar[str] = "dp"
     allow_non_additive: ClassVar[bool] = False
-    #: the inner layer must be a secure sum (its clients encode for it)
-    needs_secure_sum: ClassVar[bool] = False
+    is_dp: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -194,6 +193,11 @@ class _DPLayer(Layer):
         self.releases = releases
         if not self._z_given:
             self._z = None
+
+    @property
+    def wrapped(self) -> Layer:
+        """The inner layer."""
+        return self.inner
 
     @property
     def streams(self) -> bool:

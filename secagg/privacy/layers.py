@@ -67,7 +67,7 @@ def wraps_secure_sum(params: Mapping[str, Any]) -> bool:
     """Whether the layer ``params`` rebuild on a node (:func:`node_layer`) wraps the
     session's secure sum (its threshold sizes the noise shares) rather than any layer."""
     kind = _NODE_KINDS.get(params.get("layer"))  # type: ignore[arg-type]
-    return kind is not None and kind.needs_secure_sum
+    return kind is not None and kind.needs_encoded_sum
 
 
 def node_layer(params: Mapping[str, Any], inner: Layer) -> LocalDP | DistributedDP:
