@@ -29,15 +29,22 @@ Before every release the layer asks the run's :class:`PrivacyLedger` (``ctx.priv
 the layer's own) to :meth:`~PrivacyLedger.spend` the event; a release that would exceed
 the budget raises :class:`BudgetExceeded` and nothing is released.
 
-Each layer's work is split by party, so that a runtime whose clients run elsewhere (the
-Flower runtime, :mod:`secagg.flower`) runs each part where it belongs and gets the embedded
-engine's numbers: :meth:`_DPLayer.begin` (the aggregator, before a release),
-:meth:`CentralDP.release` (the aggregator, after the inner layer),
-:meth:`LocalDP.noise_plan` / :meth:`LocalDP.noise_upload` (a client, before its upload
-leaves), :meth:`DistributedDP.release_plan` / :meth:`DistributedDP.encode_noised` (a
-client, before masking) and :meth:`DistributedDP.finish` (the aggregator, on the ring sum).
-:meth:`_DPLayer.node_params` is what a client needs to rebuild the noise side
-(:func:`node_layer`); :func:`noise_source` gives every party its own noise stream.
+Each layer's work is split by party, and the release is orchestrated once: each layer
+declares its server part (:meth:`~secagg.layers.base.Layer.server_part`: begin -- check,
+budget, what the nodes need --, then the inner layer's driver, then end -- CentralDP's
+noise on the sums, DistributedDP's accounting and decoding of the ring sum, the notes) and
+its node part (:meth:`_DPLayer.node_part`: LocalDP noises the upload, DistributedDP encodes
+it with its noise share). :meth:`_DPLayer.aggregate` runs the parts in one process; a
+runtime whose clients run elsewhere (:mod:`secagg.flower`) runs each part where it belongs
+and gets the same numbers. The inner layer never learns it is wrapped: it carries a spec
+under a context, or sums the vectors the clients encoded (a
+:class:`~secagg.layers.base.RingEncoding`). :meth:`_DPLayer.node_params` is what a client
+needs to rebuild its part (:func:`node_layer`); :func:`noise_source` gives every party its
+own noise stream.
+
+The layers live one per module: :mod:`secagg.privacy.central`, :mod:`secagg.privacy.local`,
+:mod:`secagg.privacy.distributed`, on :mod:`secagg.privacy.dp_base` and
+:mod:`secagg.privacy.noise`; this module re-exports them.
 """
 
 from __future__ import annotations
