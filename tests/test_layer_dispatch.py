@@ -125,3 +125,40 @@ def test_the_reader_finds_each_way_of_dispatching(tmp_path):
         assert dispatch_sites(inside, classes) == []
     finally:
         ROOT = saved
+
+
+def test_what_the_dispatch_read_is_now_declared_by_the_layers():
+    """The declared attributes give the answers the type checks gave: the sweep's observers
+    without a guarantee, the engine's DP test, and the remote check (exact classes only: a
+    subclass may change what the nodes rebuild, so it must declare ``remote`` itself)."""
+    import pytest
+
+    from secagg import CentralDP, DistributedDP, LocalDP, Plaintext, SecureSum
+    from secagg.engine import check_remote, is_dp, layer_server
+    from secagg.errors import ConfigurationError
+    from secagg.sweep.cells import _unprotected_observers
+
+    central = CentralDP(Plaintext(), noise_multiplier=1.0)
+    local = LocalDP(SecureSum(threshold=2), noise_multiplier=1.0)
+    dist = DistributedDP(SecureSum(threshold=2), noise_multiplier=1.0)
+    assert _unprotected_observers(central, True) == ("server",)
+    assert _unprotected_observers(local, True) == _unprotected_observers(None, True) == ()
+    assert _unprotected_observers(dist, False) == _unprotected_observers(local, False)
+    assert [is_dp(x) for x in (central, local, dist, Plaintext())] == [True, True, True, False]
+    assert central.wrapped is central.inner and Plaintext().wrapped is None
+    for layer in (central, local, dist):
+        check_remote(layer)
+        dp, server = layer_server(layer)
+        assert dp is layer and type(server).__name__ == {
+            "plaintext": "PlaintextServer", "secure-sum": "SecureSumServer"}[layer.inner.name]
+
+    class Sub(CentralDP):
+        pass
+
+    with pytest.raises(ConfigurationError, match="does not run on Flower"):
+        check_remote(Sub(Plaintext(), noise_multiplier=1.0))
+    with pytest.raises(ConfigurationError, match="DistributedDP around"):
+        check_remote(DistributedDP(type("S", (SecureSum,), {})(threshold=2),
+                                   noise_multiplier=1.0))
+    with pytest.raises(ConfigurationError, match="LocalDP around CentralDP"):
+        check_remote(LocalDP(central, noise_multiplier=1.0))
