@@ -59,10 +59,11 @@ from secagg.privacy.distributed import DistributedDP, DistributedRelease
 from secagg.privacy.dp_base import DEFAULT_DELTA, _DPLayer, relabel
 from secagg.privacy.local import LocalDP
 from secagg.privacy.noise import TAIL_PROBABILITY, noise_source, noise_tail
+from secagg.privacy.samplers import noise_generator
 
 __all__ = ["DEFAULT_DELTA", "TAIL_PROBABILITY", "CentralDP", "DistributedDP",
-           "DistributedRelease", "LocalDP", "_DPLayer", "node_layer", "noise_source",
-           "noise_tail", "relabel", "wraps_secure_sum"]
+           "DistributedRelease", "LocalDP", "_DPLayer", "node_layer", "noise_generator",
+           "noise_source", "noise_tail", "relabel", "wraps_secure_sum"]
 
 
 #: the DP layers whose clients add noise, by name: what a node can rebuild
