@@ -24,9 +24,10 @@ declares, under the abort and budget guard (:func:`guard_phase`):
 In one process (:meth:`Engine._in_process`) steps 2-4 are the clients' steps here followed
 by ``layer.aggregate``, which runs every party's part of the layer and of its release.
 Over a link (:meth:`Engine._remote`) the clients' steps run on their nodes inside the
-layer's own protocol: the release is begun here (:class:`~secagg.privacy.release.Release`),
-the layer's server side (:func:`layer_server`) exchanges its stages with the nodes, and the
-release is ended here. Both book the same ledger rows and reach the same aggregate.
+layer's own protocol: the layer's server part begins the release here
+(:meth:`~secagg.layers.base.Layer.server_part`), the carrying layer's server side
+(:func:`layer_server`) exchanges its stages with the nodes, and the server part ends it
+here. Both book the same ledger rows and reach the same aggregate.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -61,10 +62,6 @@ from secagg.seeds import derive_seed
 from secagg.stream import UploadStream
 from secagg.transcript import Transcript, digest
 from secagg.wire import is_message, pack_arrays, unpack_arrays
-
-if TYPE_CHECKING:
-    from secagg.privacy.release import DPWrapper
-
 
 # ---------------------------------------------------------------- what the engine runs
 
@@ -550,15 +547,6 @@ def _servers() -> dict[type, Callable[..., LayerServer]]:
                 layer=layer, decryptor=decryptor)}
 
 
-def _wrappers() -> dict[type, tuple[type, ...] | None]:
-    """Each DP wrapper a remote runtime carries -> the inner layer types it may wrap there
-    (None: any carried layer)."""
-    from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
-    from secagg.secure_sum.layer import SecureSum
-
-    return {CentralDP: None, LocalDP: None, DistributedDP: (SecureSum,)}
-
-
 def check_remote(layer: Layer) -> None:
     """Refuse a layer a remote runtime cannot carry yet (with what can be used): carried
     are Plaintext, SecureSum (without pinned identities), Homomorphic with a decryptor
@@ -567,10 +555,10 @@ def check_remote(layer: Layer) -> None:
     Raises:
         ConfigurationError: the layer (or its inner layer) does not run remotely.
     """
-    servers, wrappers = _servers(), _wrappers()
-    if type(layer) in wrappers:
-        inners = wrappers[type(layer)] or tuple(servers)
-        inner = layer.inner  # type: ignore[attr-defined]
+    servers = _servers()
+    inner = layer.wrapped
+    if layer.declares_remote() and inner is not None:  # its parts run where they belong
+        inners = [t for t in servers if t.sums_encoded or not layer.needs_encoded_sum]
         if type(inner) not in inners:
             raise ConfigurationError(
                 f"{type(layer).__name__} around {type(inner).__name__} does not run on "
@@ -628,20 +616,20 @@ def _export_model(algorithm: AlgorithmLike, states: Sequence[ClientState]) -> An
 
 
 def is_dp(layer: Layer) -> bool:
-    """Whether ``layer`` is a DP wrapper (CentralDP, LocalDP or DistributedDP)."""
-    return type(layer) in _wrappers()
+    """Whether ``layer`` is a DP layer (:attr:`~secagg.layers.base.Layer.is_dp`)."""
+    return layer.is_dp
 
 
 def layer_server(layer: Layer, *, decryptor: int | None = None,
                  pinned: Mapping[int, bytes] | None = None,
-                 ) -> tuple[DPWrapper | None, LayerServer]:
+                 ) -> tuple[Layer | None, LayerServer]:
     """(the DP wrapper or None, the server side of the layer that carries the uploads) for
     a remote runtime (:func:`check_remote` first). ``decryptor``: Homomorphic's decryptor
     client id (None: the smallest connected). ``pinned``: the nodes' pinned public keys
     (client id -> 32 bytes), which SecureSum's server checks every ADVERTISE against."""
     check_remote(layer)
-    dp = layer if is_dp(layer) else None
-    carrier = layer.inner if dp is not None else layer  # type: ignore[attr-defined]
+    dp = layer if layer.is_dp else None
+    carrier = layer.wrapped if dp is not None and layer.wrapped is not None else layer
     return dp, _servers()[type(carrier)](  # type: ignore[return-value]
         carrier, decryptor=decryptor, pinned=pinned)
 
@@ -712,7 +700,7 @@ class Engine:
         self.max_records = max_records
         self.privacy, self.threat, self.allow_leaks = privacy, threat, allow_leaks
         self.progress, self.on_aggregate = progress, on_aggregate
-        self.dp: DPWrapper | None = None
+        self.dp: Layer | None = None
         self.server: LayerServer | None = None
         if sampling not in ("fixed", "poisson"):
             raise ConfigurationError(f"sampling must be 'fixed' or 'poisson', got "
@@ -911,7 +899,7 @@ class Engine:
             return getattr(self.transport, "collector", None)
         from secagg.attest import Signer
 
-        carrier = getattr(self.layer, "inner", self.layer)
+        carrier = self.layer.wrapped or self.layer
         pinned = getattr(carrier, "identities", None) or getattr(self.layer, "identities", None)
         return Signer(parties=clients, layer=self.layer.describe(), keys=pinned)
 
@@ -1010,11 +998,9 @@ class Engine:
         """The release begun here, the layer's server side over the link (the clients'
         steps run on their nodes, inside the layer's first stage), the release ended
         here."""
-        from secagg.privacy.release import Release
-
         assert self.server is not None and self.transport.link is not None
         account_local_training(phase, spec, self.layer, ctx, run)
-        rel = Release.begin(self.dp, spec, ctx, len(cohort))
+        rel = self.layer.server_part(spec, ctx, len(cohort))
         instruction = dict(round=ctx.round, rounds=self.rounds, phase=phase.name,
                            seed=self.seed, max_records=self._max_records,
                            on_violation=self.on_violation, broadcast=wire,

@@ -20,15 +20,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from secagg.costs import SERVER
 from secagg.errors import ProtocolError
-from secagg.layers.base import Aggregate, RoundContext
+from secagg.layers.base import Aggregate, RoundContext, ServerPart
 from secagg.messages import ClipReport, UploadSpec
-
-if TYPE_CHECKING:
-    from secagg.privacy.release import Release
 
 Reply = Mapping[str, Any]
 """One client's reply to an instruction: field name -> value (int, float, str, bytes...)."""
@@ -89,11 +86,14 @@ class PhaseCall:
     """One phase as a layer's server driver runs it over a :class:`Link`.
 
     Attributes:
-        spec: the spec the layer carries (under LocalDP: bounds widened by the noise).
+        spec: the phase's spec (the layer carries ``release.carried``: under LocalDP, bounds
+            widened by the noise).
         cohort: the sampled clients, in order.
         ctx: the phase's context (the inner layer books under ``release.ctx``, where a DP
             layer relabels the noised fields).
-        release: the phase's DP release (:class:`~secagg.privacy.release.Release`).
+        release: the wrapping layer's server part for the phase
+            (:meth:`~secagg.layers.base.Layer.server_part`; the identity when nothing wraps
+            the carrying layer).
         instruction: the fields every client-step instruction carries (round, phase, seed,
             the packed broadcast under ``broadcast``, the DP noise parameters under ``dp``).
         clips: the run's clip counts, added to from the clients' replies.
@@ -103,7 +103,7 @@ class PhaseCall:
     spec: UploadSpec
     cohort: list[int]
     ctx: RoundContext
-    release: Release
+    release: ServerPart
     instruction: dict[str, Any]
     clips: ClipReport
     upcoming: Upcoming = field(default=lambda: None)

@@ -21,7 +21,11 @@ import pytest
 from scipy import stats
 
 import secagg.messages
+import secagg.privacy.central
+import secagg.privacy.distributed
+import secagg.privacy.dp_base
 import secagg.privacy.layers as layers_mod
+import secagg.privacy.local
 from secagg.cli import main
 from threat_models.dp_audit import (
     AuditError,
@@ -207,33 +211,47 @@ def test_batched_release_has_the_law_of_the_layers_aggregate(layer: str) -> None
 
 # --- bugs it must catch ----------------------------------------------------------------
 
+#: the modules of the DP layers (a bug is injected into every one that uses the name)
+DP_MODULES = (secagg.privacy.dp_base, secagg.privacy.central, secagg.privacy.local,
+              secagg.privacy.distributed)
+
+
+def _real(name: str):  # noqa: ANN202
+    return getattr(next(m for m in DP_MODULES if hasattr(m, name)), name)
+
+
+def _patch(monkeypatch: pytest.MonkeyPatch, name: str, fn) -> None:  # noqa: ANN001
+    for mod in DP_MODULES:
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, fn)
+
 BUG_TRIALS = 200_000
 
 
 @pytest.mark.parametrize("layer", ["central-dp", "local-dp"])
 def test_catches_halved_noise(monkeypatch: pytest.MonkeyPatch, layer: str) -> None:
-    real = layers_mod.gaussian
-    monkeypatch.setattr(layers_mod, "gaussian", lambda s, size, rng: real(s / 2, size, rng))
+    real = _real("gaussian")
+    _patch(monkeypatch, "gaussian", lambda s, size, rng: real(s / 2, size, rng))
     res = audit_sum(layer, epsilon=1.0, trials=BUG_TRIALS, seed=31)
     assert res.violated and res.epsilon_lower > 1.0
 
 
 @pytest.mark.parametrize("layer", ["central-dp", "distributed-dp"])
 def test_catches_halved_sensitivity(monkeypatch: pytest.MonkeyPatch, layer: str) -> None:
-    real = layers_mod.field_l2
-    monkeypatch.setattr(layers_mod, "field_l2", lambda *a, **k: real(*a, **k) / 2)
+    real = _real("field_l2")
+    _patch(monkeypatch, "field_l2", lambda *a, **k: real(*a, **k) / 2)
     res = audit_sum(layer, epsilon=1.0, trials=BUG_TRIALS, seed=32)
     assert res.violated and res.epsilon_lower > 1.0
 
 
 def test_catches_skellam_with_biased_low_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = layers_mod.skellam
+    real = _real("skellam")
 
     def biased(lam: float, size: int, rng: np.random.Generator) -> np.ndarray:
         x = real(lam, size, rng)  # the real sampler, then the low bit cleared 90% of the time
         return np.where(rng.random(x.shape) < 0.9, x & ~np.int64(1), x)
 
-    monkeypatch.setattr(layers_mod, "skellam", biased)
+    _patch(monkeypatch, "skellam", biased)
     res = audit_sum("distributed-dp", mechanism="skellam", epsilon=1.0, trials=BUG_TRIALS,
                     seed=33)
     assert res.violated and res.best.statistic == "parity"
@@ -276,8 +294,8 @@ def test_tradeoff_curve_and_plot(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     """The empirical trade-off curve stays out of the region the claim forbids for the
     honest layer and enters it for a broken one; both are drawn to PNG and SVG."""
     honest = audit_sum("central-dp", epsilon=1.0, trials=100_000, seed=36)
-    real = layers_mod.gaussian
-    monkeypatch.setattr(layers_mod, "gaussian", lambda s, size, rng: real(s / 4, size, rng))
+    real = _real("gaussian")
+    _patch(monkeypatch, "gaussian", lambda s, size, rng: real(s / 4, size, rng))
     broken = audit_sum("central-dp", epsilon=1.0, trials=100_000, seed=36)
 
     def worst_gap(r) -> float:  # noqa: ANN001
@@ -354,8 +372,8 @@ def test_cli_json_rows(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_exit_status_flags_a_broken_mechanism(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    real = layers_mod.gaussian
-    monkeypatch.setattr(layers_mod, "gaussian", lambda s, size, rng: real(s / 2, size, rng))
+    real = _real("gaussian")
+    _patch(monkeypatch, "gaussian", lambda s, size, rng: real(s / 2, size, rng))
     rc = main(["dp-audit", "--layer", "central-dp", "--epsilon", "1", "--trials", "200000",
                "--quiet"])
     cap = capsys.readouterr()

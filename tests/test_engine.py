@@ -134,7 +134,6 @@ def test_a_layer_server_runs_over_any_link_and_books_what_it_drops():
     the spec are dropped and booked, the rest are summed exactly."""
     from secagg.layers.base import RoundContext
     from secagg.messages import Bound, Field, UploadSpec
-    from secagg.privacy.release import Release
     from secagg.wire import pack_arrays
 
     spec = UploadSpec((Field("x", (3,), additive=True, bound=Bound(linf=1.0, adjacency="client")),),
@@ -152,7 +151,7 @@ def test_a_layer_server_runs_over_any_link_and_books_what_it_drops():
     link = _Loopback(range(4), answer)
     ctx = RoundContext(0, "p", 0)
     call = PhaseCall(spec=spec, cohort=[0, 1, 2, 3], ctx=ctx,
-                     release=Release.begin(None, spec, ctx, 4),
+                     release=Plaintext().server_part(spec, ctx, 4),
                      instruction={"phase": "p", "broadcast": b""},
                      clips=secagg.messages.ClipReport())
     agg = PlaintextServer(layer=Plaintext()).aggregate(call, link)

@@ -1,8 +1,9 @@
 """No import circles among secagg, algorithms and threat_models.
 
 The graph is read from the source with :mod:`ast`: every ``import`` and ``from ... import``
-of a module, at module level or inside a function (a lazy import still ties the two
-modules together), except under ``if TYPE_CHECKING:``. An import of a name from a package
+of a module, at module level, inside a function (a lazy import still ties the two modules
+together) or under ``if TYPE_CHECKING:`` (a type a module names is part of what it depends
+on; a circle hidden there is still a circle of concepts). An import of a name from a package
 goes to the submodule that defines it: a submodule of that name, else the package's lazy
 ``_EXPORTS`` table (secagg.lazy), else the package itself. Cycles are the strongly
 connected components of that graph (Tarjan's algorithm), so any circle, however long, is
@@ -30,26 +31,11 @@ def _modules(root: Path, packages: tuple[str, ...]) -> dict[str, tuple[Path, boo
     return out
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement, at any depth, outside ``if TYPE_CHECKING:`` blocks."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from (n for child in node.orelse for n in _imports_of(child))
-            continue
-        yield from _imports_of(node)
-
-
-def _imports_of(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        yield node
-    else:
-        yield from _imports(node)
+    """Every import statement, at any depth (functions, classes, ``if TYPE_CHECKING:``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
 
 
 def _lazy_exports(path: Path) -> dict[str, str]:
@@ -150,7 +136,8 @@ def test_the_graph_follows_lazy_and_function_level_imports():
 
 def test_a_circle_is_found_however_it_is_written(tmp_path):
     """A synthetic package: a three-module circle through a lazy export, a relative import
-    and a function-level import, plus an import under TYPE_CHECKING that must not count."""
+    and a function-level import, and a two-module circle through an import under
+    TYPE_CHECKING (it counts)."""
     pkg = tmp_path / "p"
     pkg.mkdir()
     (pkg / "__init__.py").write_text('_EXPORTS = {"B": "p.b"}\n')
@@ -161,5 +148,20 @@ def test_a_circle_is_found_however_it_is_written(tmp_path):
                               "if TYPE_CHECKING:\n    from p.e import x\n")
     (pkg / "e.py").write_text("from p.d import y\n")
     graph = import_graph(tmp_path, ("p",))
-    assert cycles(graph) == [["p.a", "p.b", "p.c"]]
-    assert "p.e" not in graph["p.d"]
+    assert sorted(cycles(graph)) == [["p.a", "p.b", "p.c"], ["p.d", "p.e"]]
+    assert "p.e" in graph["p.d"]
+
+
+def test_the_graph_sees_imports_under_type_checking():
+    """The edge that hid the circle layers.plaintext -> link -> privacy.release ->
+    layers.plaintext (issue 34) would be read: an import under TYPE_CHECKING is an edge."""
+    graph = import_graph(ROOT, PACKAGES)
+    for mod, (path, _) in _modules(ROOT, PACKAGES).items():
+        tree = ast.parse(path.read_text())
+        guarded = [n for n in ast.walk(tree) if isinstance(n, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(n.test)]
+        for block in guarded:
+            for imp in ast.walk(block):
+                if isinstance(imp, ast.ImportFrom) and imp.module in graph and not imp.level:
+                    assert imp.module in graph[mod] or any(
+                        e.startswith(imp.module + ".") for e in graph[mod]), (mod, imp.module)

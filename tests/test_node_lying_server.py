@@ -311,7 +311,6 @@ def test_a_node_adding_its_noise_alone_keeps_it_whatever_cohort_the_server_claim
     from secagg.messages import Upload
     from secagg.privacy.layers import noise_generator
     from secagg.privacy.release import node_noiser
-    from secagg.secure_sum.node import _noise_share
 
     algo = _algo()
     algo.setup(load_dataset("digits"), [], 0)
@@ -329,7 +328,7 @@ def test_a_node_adding_its_noise_alone_keeps_it_whatever_cohort_the_server_claim
     zero = Upload.validate(spec, {"stats": np.zeros(spec.fields[0].shape)}, 0, 1, "raise")
     real = 10
     for sizing, low, high in (("alone", 1.0, None), ("server", None, 0.02)):
-        release, _ = _noise_share(noiser, spec, FAKE_N, sizing)
+        release, _ = noiser.node_release(spec, FAKE_N, sizing)
         sums = sum(noiser.encode_noised(release, zero, noise_generator(seed).rng)
                    for seed in range(real))
         mask = (1 << release.ring_bits) - 1

@@ -502,33 +502,32 @@ class _Node:
         store["client_state"] = safestore.dumps(st.state)
         out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
                                "clipped": json.dumps(up.clipped), **scored}
-        # DP noise added here, on the node, from the node's own noise stream: LocalDP
-        # noises the upload before it leaves (the inner layer then carries the widened
-        # spec); DistributedDP adds this node's noise share to its encoded vector
-        noiser, rng = None, None
+        # the wrapping layer's node part, on the node, from the node's own noise stream
+        # (e.g. LocalDP noises the upload before it leaves, the inner layer then carrying
+        # the widened spec; DistributedDP adds this node's noise share when it encodes)
+        part = None
         if "dp" in rec:  # (imported here: a node's messages without DP skip the accountant)
-            from secagg.privacy.release import noise_on_node
+            from secagg.privacy.release import node_part
 
             t0 = time.process_time()
-            plain = spec
-            noiser, rng, up, spec = noise_on_node(rec, spec, up, st.id)
+            part = node_part(rec, st.id, str(store.get("dp_sizing", "server")))
+            up, spec = part.prepare(up, spec)
             out["cpu_s"] = cpu = cpu + time.process_time() - t0
             from secagg.attest import applied_release
 
             mine: list[str] = []
-            if hasattr(noiser, "noise_plan"):  # LocalDP: the fields it noised (attested)
-                mine = sorted(noiser.noise_plan(plain)[0])
+            if part.upload_noised is not None:  # the fields it noised (attested)
+                mine = list(part.upload_noised)
                 store["att_noised"] = json.dumps(mine)
             # the release as this node noised it, checked against the run's DP terms at
-            # the end (kept once the reply is signed; DistributedDP: its round and phase)
+            # the end (kept once the reply is signed; a noise share: its round and phase)
             store["att_release"] = json.dumps(applied_release(
-                rnd, name, str(getattr(noiser, "name", "")), mine,
-                float(noiser.noise_multiplier) if mine else None, noiser.seed is not None))
+                rnd, name, part.name, mine, part.noise_multiplier if mine else None,
+                part.seeded))
         elif "att_noised" in store:
             del store["att_noised"]
         # the upload leaves the node the layer's way
-        return _UPLOADS[field(rec, "step", str)](rec, spec, up, st.id, noiser, rng, out, cpu,
-                                                 store)
+        return _UPLOADS[field(rec, "step", str)](rec, spec, up, st.id, part, out, cpu, store)
 
     def _evaluate(
         self, raw: bytes, seed: int, dataset: Dataset, data: ClientData, store: ConfigRecord
@@ -574,9 +573,8 @@ def _thaw_state(raw: bytes, st: ClientState, algo: Any) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def _he_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int, noiser: Any,
-               rng: Any, out: dict[str, Any], cpu: float, store: ConfigRecord
-               ) -> dict[str, Any]:
+def _he_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int, part: Any,
+               out: dict[str, Any], cpu: float, store: ConfigRecord) -> dict[str, Any]:
     """Homomorphic: the upload encrypted (:func:`secagg.homomorphic.node.encrypt`)."""
     from secagg.homomorphic.node import encrypt
 
@@ -584,12 +582,12 @@ def _he_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int, noi
 
 
 def _secure_sum_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int,
-                       noiser: Any, rng: Any, out: dict[str, Any], cpu: float,
+                       part: Any, out: dict[str, Any], cpu: float,
                        store: ConfigRecord) -> dict[str, Any]:
     """SecureSum: encoded, then advertised or shared (:func:`secagg.secure_sum.node.upload`)."""
     from secagg.secure_sum.node import upload
 
-    return upload(rec, spec, up, client, noiser, rng, out, cpu, store)
+    return upload(rec, spec, up, client, part, out, cpu, store)
 
 
 #: the instructions that run the client step (``share`` only ``with_step``: else it is the

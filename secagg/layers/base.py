@@ -8,12 +8,25 @@ ledger row per message (true wire bytes) and transcripts what each party saw, th
 
 Layers compose by wrapping (``CentralDP(SecureSum(...))``): a wrapper is itself a Layer
 that delegates to its inner layer, so an order that makes no sense cannot be written.
+
+A wrapper works around its inner layer in parts, as TensorFlow Federated's aggregation
+factories do (the inner never learns it is wrapped):
+
+* a :class:`ServerPart` (:meth:`Layer.server_part`) begins a phase on the aggregator (checks,
+  budget, what the nodes need), tells the inner driver what it carries (a spec, a context,
+  or a :class:`RingEncoding`: vectors the wrapper encodes and the inner only sums), and ends
+  it (noise on the sums, accounting, notes);
+* a :class:`NodePart` is what a client does before its upload leaves: transform the upload
+  (:meth:`NodePart.prepare`) or encode it into the ring vector the inner sums
+  (:meth:`NodePart.encode`).
+
+A layer that wraps nothing has the identity parts (the defaults here).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,6 +34,7 @@ import numpy as np
 
 from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
+from secagg.errors import ProtocolError
 from secagg.messages import Upload, UploadSpec
 from secagg.transcript import Transcript, digest
 from secagg.wire import Message, is_message, message_size
@@ -155,10 +169,142 @@ class RoundContext:
         )
 
 
+@dataclass(frozen=True)
+class RingEncoding:
+    """How a wrapper has an inner sum carry a phase: each client's upload encoded (by the
+    wrapper's node part) into one vector of ``ring_bits``-bit ring elements, which the inner
+    layer sums without decoding it; the wrapper's server part decodes the sum
+    (:meth:`ServerPart.finish`).
+
+    Attributes:
+        ring_bits: the ring Z_2^k the vectors are summed in.
+        segments: each field's slice of the vector.
+        nbytes: each field's plaintext bytes (for the cost ledger).
+        label: the name the whole vector is transcripted under in one process.
+    """
+
+    ring_bits: int
+    segments: Mapping[str, slice]
+    nbytes: Mapping[str, int]
+    label: str
+
+    @property
+    def length(self) -> int:
+        """Entries in one client's vector."""
+        return sum(s.stop - s.start for s in self.segments.values())
+
+
+class ServerPart:
+    """The aggregator's part of one phase around an inner layer's driver: begun by
+    :meth:`Layer.server_part`, then the inner driver carries :attr:`carried` under
+    :attr:`ctx` (or, with an :attr:`encoding`, sums the vectors the clients encoded and hands
+    the ring sum to :meth:`finish`), then :meth:`end`. This base is the identity: a layer
+    that wraps nothing.
+
+    Attributes:
+        spec: the phase's spec; ``carried``: the spec the inner layer carries.
+        ctx: the context the inner layer records under.
+        node_params: JSON the nodes rebuild their :class:`NodePart` from (None: the identity).
+        encoding: set when the clients encode their uploads for the inner sum themselves.
+    """
+
+    def __init__(self, spec: UploadSpec, ctx: RoundContext) -> None:
+        self.spec = spec
+        self.carried = spec
+        self.ctx = ctx
+        self.node_params: str | None = None
+        self.encoding: RingEncoding | None = None
+
+    @property
+    def local_ctx(self) -> RoundContext:
+        """The context the inner layer records under in one process (the default:
+        :attr:`ctx`)."""
+        return self.ctx
+
+    def client_upload(self, client: int, up: Upload) -> Upload:
+        """In one process, ``client``'s node part on its upload (the identity here)."""
+        return up
+
+    @property
+    def transforms_uploads(self) -> bool:
+        """Whether :meth:`client_upload` changes anything (False: the inner layer reads the
+        uploads as they are)."""
+        return False
+
+    def client_vector(self, client: int, up: Upload) -> np.ndarray:
+        """In one process, ``client``'s ring vector under :attr:`encoding`."""
+        raise ProtocolError("this layer's clients encode nothing for an inner sum")
+
+    def finish(self, ring_sum: np.ndarray, contributors: Sequence[int],
+               ctx: RoundContext) -> Aggregate:
+        """The aggregate from the inner sum of the vectors under :attr:`encoding`."""
+        raise ProtocolError("this layer's clients encode nothing for an inner sum")
+
+    def end(self, agg: Aggregate, ctx: RoundContext) -> Aggregate:
+        """The aggregator's side after the inner layer (the identity here)."""
+        return agg
+
+
+class NodePart:
+    """A client's part of a wrapper, on its own upload before it leaves (rebuilt on a node
+    from :attr:`ServerPart.node_params`). This base is the identity.
+
+    Attributes:
+        name: the wrapper's layer name (attested by the node).
+        noise_multiplier: the noise multiplier it applies, if any.
+        seeded: its noise comes from a user seed (reproducible, not private).
+        upload_noised: the fields it noises on the upload itself (None: it does not touch
+            the upload's fields).
+    """
+
+    name: str = ""
+    noise_multiplier: float | None = None
+    seeded: bool = False
+    upload_noised: tuple[str, ...] | None = None
+
+    def prepare(self, up: Upload, spec: UploadSpec) -> tuple[Upload, UploadSpec]:
+        """(the upload as it leaves, the spec the inner layer carries)."""
+        return up, spec
+
+    def encode(self, up: Upload, spec: UploadSpec, n: int
+               ) -> tuple[np.ndarray, int, int] | None:
+        """The ring vector an inner sum over a cohort of ``n`` carries for this client, as
+        (vector, ring bits, the fewest survivors the vector is sized for), or None: the inner
+        layer encodes the upload itself."""
+        return None
+
+
 class Layer(ABC):
     """A privacy layer: turns a cohort's uploads into the server's :class:`Aggregate`."""
 
     name: ClassVar[str] = "layer"
+    #: a DP layer: its releases are spent on a privacy ledger (a runtime keeps the
+    #: clients' un-noised accuracies to themselves under it)
+    is_dp: ClassVar[bool] = False
+    #: its clients encode the vectors the inner layer sums (:class:`RingEncoding`), so the
+    #: inner must be a layer that :attr:`sums_encoded`
+    needs_encoded_sum: ClassVar[bool] = False
+    #: it sums vectors a wrapper's clients encoded (``sum_encoded`` in one process; its
+    #: server side over a link follows the wrapper's :class:`RingEncoding`)
+    sums_encoded: ClassVar[bool] = False
+    #: the aggregator adds the noise after seeing the un-noised result, so the layer's
+    #: guarantee does not hold against the server
+    aggregator_noises: ClassVar[bool] = False
+
+    #: this very class runs on a remote runtime as a wrapper of a carried layer (read with
+    #: :meth:`declares_remote`: a subclass must declare it again, since it may change what
+    #: the nodes would have to rebuild)
+    remote: ClassVar[bool] = False
+
+    @classmethod
+    def declares_remote(cls) -> bool:
+        """Whether this exact class (not a base) declares :attr:`remote`."""
+        return bool(cls.__dict__.get("remote", False))
+
+    @property
+    def wrapped(self) -> Layer | None:
+        """The layer this one wraps (None: it wraps nothing and carries the uploads)."""
+        return None
 
     def dropout_stages(self) -> tuple[str, ...]:
         """The stages, in order, at which this layer asks which clients are still live
@@ -179,6 +325,12 @@ class Layer(ABC):
     def describe(self) -> dict[str, Any]:
         """JSON-able description (name and parameters), for results and transcripts."""
         return {"name": self.name}
+
+    def server_part(self, spec: UploadSpec, ctx: RoundContext, n: int) -> ServerPart:
+        """Begin one phase's release of ``spec`` by a cohort of ``n`` on the aggregator
+        (:class:`ServerPart`). The default, for a layer that wraps nothing, is the
+        identity."""
+        return ServerPart(spec, ctx)
 
     def unnoised_fields(self, spec: UploadSpec) -> dict[str, str]:
         """The fields of ``spec`` this layer releases without DP noise, each with the

@@ -123,8 +123,8 @@ class PlaintextServer:
         return agg
 
 
-def upload_on_node(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
-                   rng: Any, out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
+def upload_on_node(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: Any,
+                   out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
     """The Plaintext layer's client side on a node, after the client step (``out`` holds
     its reply fields, ``cpu`` its CPU seconds): the upload packed as it is, for
     :class:`PlaintextServer`."""

@@ -10,7 +10,8 @@ A node keeps its secure-sum party between messages in its own private store (Flo
   session's share instruction brings the client step (which fixes the vector length and
   ring);
 * :func:`upload` -- after the client step: encode the upload with the layer's fixed-point
-  plan (or, under DistributedDP, the release plan with this node's noise share), then
+  plan (or as a wrapping layer's node part encodes it, e.g. DistributedDP's noise share
+  added), then
   ``advertise`` afresh or ``share`` keys with the party advertised ahead;
 * :func:`stage` -- ``share`` / ``masked-input`` / ``consistency`` / ``unmask``: the stages
   of :class:`~secagg.secure_sum.client.Client` (``consistency``: sign the survivor set the
@@ -19,7 +20,6 @@ A node keeps its secure-sum party between messages in its own private store (Flo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from secagg import safestore
 from secagg.errors import ProtocolError
+from secagg.layers.base import NodePart
 from secagg.link import Reply
 from secagg.link import reply_field as field
 from secagg.messages import Upload, UploadSpec
@@ -114,25 +115,6 @@ def party_identity(store: NodeStore) -> dict[str, Any]:
             "pinned": {int(c): bytes.fromhex(h) for c, h in pins.items()}}
 
 
-def _noise_share(noiser: Any, spec: UploadSpec, n: int, sizing: str) -> tuple[Any, int]:
-    """(DistributedDP's release plan for a cohort of ``n`` as this node noises it, the
-    fewest survivors the server's plan sizes shares for): the server's plan (its scales
-    and ring, which the server decodes with), with each share sized as the node's
-    ``sizing`` says (``"alone"``: for one survivor, so this node's share carries the whole
-    noise; refused when the server's ring has no room for it)."""
-    release = noiser.release_plan(spec, n)
-    if sizing != "alone":
-        return release, int(release.worst)
-    alone = noiser.release_plan(spec, n, 1)
-    if alone.ring_bits > release.ring_bits or alone.scales != release.scales:
-        raise ProtocolError(
-            f"this node adds its whole noise itself (dp-noise-alone), which needs a "
-            f"{alone.ring_bits}-bit ring; the release's ring has {release.ring_bits} bits: "
-            "refused rather than noise less or overflow the sum")
-    return dataclasses.replace(release, share_std=dict(alone.share_std), worst=1,
-                               planned=alone.planned), int(release.worst)
-
-
 def _forget(store: NodeStore) -> None:
     for k in _SESSION_KEYS:
         if k in store:
@@ -155,14 +137,13 @@ def advertise_next(rec: Reply, cid: int, store: NodeStore) -> dict[str, Any]:
     return {"next_msg": msg, "next_cpu_s": time.process_time() - t0}
 
 
-def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
-           rng: np.random.Generator | None, out: dict[str, Any], cpu: float,
-           store: NodeStore) -> dict[str, Any]:
+def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart | None,
+           out: dict[str, Any], cpu: float, store: NodeStore) -> dict[str, Any]:
     """After the client step (``out`` holds its reply fields, ``cpu`` its CPU seconds):
-    encode ``up`` (under DistributedDP, ``noiser``'s release plan with this node's noise
-    share from ``rng``), then ``advertise`` afresh, or ``share`` keys with the party
-    advertised ahead (its vector length and ring are fixed now, before the ROSTER is read,
-    which must announce the same)."""
+    encode ``up`` (as the wrapping layer's node ``part`` encodes it, if it does, e.g. with a
+    noise share; else with the layer's fixed-point plan), then ``advertise`` afresh, or
+    ``share`` keys with the party advertised ahead (its vector length and ring are fixed
+    now, before the ROSTER is read, which must announce the same)."""
     store["cid"] = int(client)
     layer = SecureSum(**json.loads(field(rec, "layer", str)))
     n = field(rec, "n", int)
@@ -170,11 +151,9 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, noiser: Any,
     t, min_holders = session_bounds(layer, n)
     t0 = time.process_time()
     worst = t
-    if noiser is not None and hasattr(noiser, "release_plan"):  # DistributedDP: the
-        # server's release plan, derived here, each share sized as this node chose
-        release, planned = _noise_share(noiser, spec, n, str(store.get("dp_sizing",
-                                                                       "server")))
-        vector, bits = noiser.encode_noised(release, up, rng), release.ring_bits
+    encoded = None if part is None else part.encode(up, spec, n)
+    if encoded is not None:  # e.g. DistributedDP's plan, derived here, with this node's share
+        vector, bits, planned = encoded
         worst = max(t, planned)
     else:
         plans = layer.plan(spec, n)

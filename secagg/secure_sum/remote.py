@@ -25,9 +25,10 @@ dropped; a seed commitment its own shares contradict; an unmask reply whose shar
 its dealer's signed digest, the replying node; a share its dealer signed and dealt wrong,
 which the Reed-Solomon decoding corrected, the dealer).
 
-Under ``DistributedDP`` the nodes add their noise shares to their encoded vectors before
-masking, sized from the release plan (:class:`~secagg.privacy.release.Release`), and the
-DP layer decodes the ring sum and accounts the noise the contributors actually added.
+A wrapping layer may have the nodes encode their vectors themselves (its server part's
+:class:`~secagg.layers.base.RingEncoding`, e.g. DistributedDP's noise shares added before
+masking): the session then sums those vectors and hands the ring sum to the wrapper's
+server part, which decodes it. The session never learns what wraps it.
 """
 
 from __future__ import annotations
@@ -139,19 +140,19 @@ class SecureSumServer:
             self._pre = ahead
 
     def aggregate(self, call: PhaseCall, link: Link) -> Aggregate:
-        """One session and its decoding: the layer's fixed-point plan, or, under
-        DistributedDP, the release plan (noised vectors; the DP layer decodes and accounts
-        the noise the contributors actually added)."""
+        """One session and its decoding: the layer's fixed-point plan, or, when the wrapping
+        layer's server part has the nodes encode for it (its ``encoding``), the ring sum
+        handed to that part to decode."""
         rel, cohort = call.release, call.cohort
-        if rel.plan is None:
+        enc = rel.encoding
+        if enc is None:
             plans, bits, segments, fields = self.layer.layout(rel.carried, len(cohort))
         else:
-            plans, bits, segments = {}, rel.plan.ring_bits, rel.plan.segments
-            fields = {f.name: f.nbytes for f in rel.plan.additive}
+            plans, bits, segments, fields = {}, enc.ring_bits, enc.segments, dict(enc.nbytes)
         total, contributors, notes = self._session(call, link, bits, segments, fields)
         ctx = call.ctx
-        if rel.plan is not None:
-            agg = rel.finish_distributed(total, contributors, ctx)
+        if enc is not None:
+            agg = rel.finish(total, contributors, ctx)
             agg.notes.update(notes)
             return agg
         sums = {f.name: plans[f.name].decode_sum(total[segments[f.name]]).reshape(f.shape)

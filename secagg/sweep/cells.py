@@ -164,11 +164,9 @@ def _unprotected_observers(dp: Layer | None, private: bool | None) -> tuple[str,
     noise, a noise seed fixed by the user), and the server under central DP, which adds
     the noise after seeing the un-noised sums. (The engine sees the sweep's routing
     layer, not the DP layer itself, so the sweep states this from the layer it built.)"""
-    from secagg.privacy.layers import CentralDP
-
     if private is False:
         return CLIENT_OBSERVERS
-    return ("server",) if isinstance(dp, CentralDP) else ()
+    return ("server",) if dp is not None and dp.aggregator_noises else ()
 
 
 def cell_task(cfg: SweepConfig, cell: Cell, mode: str, tape: str | None) -> dict[str, Any]:
