@@ -51,7 +51,8 @@ def _layer_name(desc: Mapping[str, Any]) -> str:
 
 
 def _accuracy_figure(result: Mapping[str, Any]) -> str:
-    from secagg.plots import _AxisTicks, _figure, _fit_ticks
+    from secagg.plot_ticks import _AxisTicks, _fit_ticks
+    from secagg.plots import _figure
 
     hist = [float(a) for a in result.get("history") or []]
     if not hist:
@@ -79,7 +80,8 @@ def _accuracy_figure(result: Mapping[str, Any]) -> str:
 
 def _client_histograms(clients: Mapping[str, Any], glob: float | None) -> str:
     """One histogram per observer whose clients' epsilons differ; a sentence otherwise."""
-    from secagg.plots import EPSILON_LOG_DECADES, _AxisTicks, _figure, _fit_ticks, _is_wide
+    from secagg.plot_ticks import EPSILON_LOG_DECADES, _AxisTicks, _fit_ticks, _is_wide
+    from secagg.plots import _figure
 
     names = {"release": "observers of the released models", "server": "the server"}
     observers = sorted({o for c in clients.values() for o in (c.get("epsilon") or {})},
