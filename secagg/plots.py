@@ -37,9 +37,19 @@ from pathlib import Path
 from typing import Any
 
 from secagg.errors import DataError
-from secagg.plot_ticks import EPSILON_LOG_DECADES, _AxisTicks, _finite, _fit_ticks, _is_wide
+from secagg.plot_ticks import (
+    EPSILON_LOG_DECADES,
+    LOG_DECADES,
+    _AxisTicks,
+    _finite,
+    _fit_ticks,
+    _is_wide,
+)
 
 __all__ = ["load_results", "plot_client_epsilons", "plot_results", "series_ids"]
+
+#: Kept importable from here, as before the ticks moved to secagg.plot_ticks.
+_REEXPORTED = (LOG_DECADES,)
 
 _OBSERVERS = ("release", "server")  # secagg.sweep.report.CLIENT_OBSERVERS
 _OBSERVER_NAMES = {"release": "observers of the released model", "server": "the server"}

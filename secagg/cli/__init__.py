@@ -43,12 +43,13 @@ from secagg.cli.out_dir import check_out_dir
 from secagg.cli.parser import _make_parser
 from secagg.cli.run import _run
 from secagg.cli.run_checks import _check_run_args, _client_ledger_kwargs
+from secagg.cli.run_options import RUN_EXAMPLES
 
 __all__ = ["DP_LAYERS", "LAYERS", "available_algorithms", "build_layer", "load_algorithm",
            "main"]
 
 #: Former names of the one-module CLI, kept importable (tests and benchmarks use them).
 _REEXPORTED = (DP_AUDIT_EXIT_CODES, DP_AUDIT_LAYERS, EXIT_CODES, EXIT_DP_VIOLATED, EXIT_ERROR,
-               EXIT_INCOMPLETE, EXIT_LEAK, EXIT_NO_MODEL, EXIT_OK, EXIT_USAGE,
+               EXIT_INCOMPLETE, EXIT_LEAK, EXIT_NO_MODEL, EXIT_OK, EXIT_USAGE, RUN_EXAMPLES,
                _algorithm_kwargs, _check_run_args, _client_ledger_kwargs, _make_parser, _run,
                _summarised_warnings, check_out_dir)
