@@ -18,10 +18,13 @@ This package is the one place that composes secagg with ``algorithms`` and
 :mod:`~secagg.cli.plot`, :mod:`~secagg.cli.report`, :mod:`~secagg.cli.dp_audit`), plus
 ``secagg run``'s options (:mod:`~secagg.cli.run_options`), their checks
 (:mod:`~secagg.cli.run_checks`), the algorithm and the layer they build
-(:mod:`~secagg.cli.algorithm_options`, :mod:`~secagg.cli.layers`), the parser
-(:mod:`~secagg.cli.parser`), the exit statuses (:mod:`~secagg.cli.exits`) and the entry
-point (:mod:`~secagg.cli.app`). The names below are re-exported so that
-``from secagg.cli import main`` (and the other former imports) keep working.
+(:mod:`~secagg.cli.algorithm_options`, :mod:`~secagg.cli.layers`), the output folder
+(:mod:`~secagg.cli.out_dir`), the library warnings of a run
+(:mod:`~secagg.cli.library_warnings`), the parser (:mod:`~secagg.cli.parser`, with the
+shared argparse conventions of :mod:`~secagg.cli.argparsing`), the exit statuses
+(:mod:`~secagg.cli.exits`) and the entry point (:mod:`~secagg.cli.app`). The names below
+are re-exported so that ``from secagg.cli import main`` (and the other former imports) keep
+working.
 """
 
 from secagg.algorithm_registry import available_algorithms, load_algorithm
