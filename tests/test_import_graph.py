@@ -149,19 +149,6 @@ def test_the_graph_follows_lazy_and_function_level_imports():
     assert "secagg.layers.registry" in graph["secagg.sweep.cells"]
 
 
-def test_only_the_command_line_composes_secagg_with_the_other_packages():
-    """secagg imports neither algorithms nor threat_models except in its command line,
-    the secagg.cli package (DESIGN.md), split into modules but still the one place; the
-    run report's threat section (secagg.report.run_report, which judges a run against a
-    coalition as ``secagg audit --threat`` does) is the one known exception."""
-    graph = import_graph(ROOT, PACKAGES)
-    composing = {m for m, edges in graph.items() if m.split(".")[0] == "secagg"
-                 and any(e.split(".")[0] in ("algorithms", "threat_models") for e in edges)}
-    outside = {m for m in composing if m != "secagg.cli" and not m.startswith("secagg.cli.")}
-    assert outside <= {"secagg.report.run_report"}, outside
-    assert {"secagg.cli.run", "secagg.cli.check", "secagg.cli.dp_audit"} <= composing
-
-
 def test_a_circle_is_found_however_it_is_written(tmp_path):
     """A synthetic package: a three-module circle through a lazy export, a relative import
     and a function-level import, plus an import under TYPE_CHECKING that must not count."""
