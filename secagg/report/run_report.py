@@ -1,37 +1,10 @@
-"""One self-contained HTML page per run and per sweep: ``report.html``.
-
-``secagg report RUN_DIR`` (a folder holding ``result.json``) and ``secagg report SWEEP_DIR``
-(one holding ``results.jsonl`` or ``results.csv``) write it; ``secagg run`` and ``secagg
-sweep`` write it when they finish (:func:`save_run_report`, :func:`write_sweep_report`).
-
-The page needs nothing but itself: the figures are inline SVG (matplotlib), the style is
-inline CSS, there is no script, and a Content-Security-Policy forbids every fetch, so a
-reader's browser makes no request when it opens it (tests/test_report.py checks this in
-Chromium).
-
-A run report reads, top to bottom: any failure (an audit whose attestation failed, a
-transcript cut short, a run without a usable model, a run that is not private) in words;
-what ran and the command that reproduces it; the accuracy curve, its kind named; the
-privacy summary (the run's epsilon and what it holds against; each client's epsilon, a
-histogram only when clients differ; the privacy plan's noise against signal per release);
-what each party saw per phase and field (:func:`secagg.audit.audit`, with its attestation
-verdict and what it trusted); the costs per phase and direction (``costs.csv``); and the
-threat section (:func:`threat_models.audit.threat_audit`) when a coalition is named.
-
-A sweep report: the privacy-utility and cost-utility figures (:mod:`secagg.plots`), the
-clients' epsilon spread, and a table of every cell (linking to a cell's run report where
-the cell kept its run folder, ``run_dir`` in its row).
-
-Every number the page shows from ``result.json`` carries ``data-key`` (its dotted path in
-``result.json``), so that a reader -- or a test -- can check it against the file.
-"""
+"""The run report: a ``secagg run`` folder's page, top to bottom: failures in words,
+what ran, accuracy, privacy, what each party saw (the audit), costs, and the threat
+section when a coalition is named."""
 
 from __future__ import annotations
 
-import argparse
 import csv
-import html
-import io
 import json
 import math
 import os
@@ -39,186 +12,22 @@ import shlex
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from secagg.errors import DataError
-
-__all__ = ["command_from_args", "plan_rows", "render_run_report", "render_sweep_report",
-           "save_run_report", "write_report", "write_sweep_report"]
+from secagg.report.page import _e, _figure_html, _fmt, _kv, _num, _page, _svg, _table
 
 #: Written beside a run's outputs by ``secagg run``: the command and data it ran with, and
 #: its privacy plan (what the report shows; ``result.json`` does not hold them).
 RUN_INFO = "run.json"
-REPORT = "report.html"
 #: ``secagg run`` checks the clients' signed statements in its report up to this many
 #: clients; above, the report says they are unchecked and how to check them
 #: (the whole report of a 10,000-client FedAvg round, signatures checked, takes about 9 s
 #: on a 2-core machine: benchmarks/results/report.txt).
 VERIFY_AT_RUN_END = 10_000
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
-max-width:1100px;padding:1.2em 2em 3em;color:#1d232a;background:#fff}
-h1{font-size:1.6em;margin:.2em 0 .1em}h2{font-size:1.25em;margin:1.6em 0 .4em;
-border-bottom:1px solid #d0d6dc;padding-bottom:.2em}h3{font-size:1.05em;margin:1.1em 0 .3em}
-table{border-collapse:collapse;margin:.4em 0 .8em;font-size:13px}
-th,td{border:1px solid #d0d6dc;padding:.25em .6em;text-align:left;vertical-align:top}
-th{background:#f1f4f7}td.n{text-align:right;font-variant-numeric:tabular-nums}
-pre,code{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-pre{background:#f6f8fa;border:1px solid #d0d6dc;padding:.6em .8em;overflow-x:auto;
-white-space:pre-wrap}
-.banner{padding:.7em 1em;margin:.8em 0;border-radius:4px;font-weight:600}
-.fail{background:#fde8e8;border:2px solid #c0392b;color:#7b1d12}
-.warn{background:#fff5da;border:1px solid #c79a1c;color:#5c4307}
-.ok{background:#e7f6ec;border:1px solid #2f8a4c;color:#1b4f2c}
-.muted{color:#5b6670}figure{margin:.6em 0}figure svg{max-width:100%;height:auto}
-figcaption{color:#5b6670;font-size:12.5px}.kv th{width:17em}
-.wide{overflow-x:auto}.wide td,.wide th{white-space:nowrap}
-"""
-_CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-        "font-src data:; form-action 'none'; base-uri 'none'")
-
-
-# -- small HTML helpers ---------------------------------------------------------------
-
-def _e(v: Any) -> str:
-    return html.escape(str(v), quote=True)
-
-
-def _page(title: str, body: Iterable[str]) -> str:
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n"
-            + "\n".join(body) + "\n</body></html>\n")
-
-
-def _fmt(v: Any, digits: int = 4) -> str:
-    """A number for a person: integers with thousands separators, floats with ``digits``
-    significant digits; None as an em dash."""
-    if v is None:
-        return "\u2014"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 1e15):
-        return f"{int(v):,}"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return str(v)
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
-def _num(value: Any, key: str | None = None, text: str | None = None) -> str:
-    """A number in a cell; ``key`` (its dotted path in result.json) as ``data-key``."""
-    attr = f' data-key="{_e(key)}"' if key else ""
-    return f'<span class="num"{attr}>{_e(text if text is not None else _fmt(value))}</span>'
-
-
-def _table(head: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()
-           ) -> str:
-    """A table; cells are HTML already (escape before); columns in ``numeric`` align right."""
-    out = ["<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head)
-           + "</tr></thead><tbody>"]
-    for row in rows:
-        out.append("<tr>" + "".join(
-            f"<td class=\"n\">{c}</td>" if i in numeric else f"<td>{c}</td>"
-            for i, c in enumerate(row)) + "</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
-def _kv(rows: Iterable[tuple[str, str]]) -> str:
-    return ("<table class=\"kv\"><tbody>" + "".join(
-        f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</tbody></table>")
-
-
-def _svg(fig: Any) -> str:
-    """The figure as an inline ``<svg>`` element (no XML prolog, no DOCTYPE)."""
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg")
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
-
-
-def _figure_html(svg: str, caption: str, ident: str) -> str:
-    return f'<figure id="{_e(ident)}">{svg}<figcaption>{_e(caption)}</figcaption></figure>'
-
-
-# -- the command that reproduces a run --------------------------------------------------
-
-def command_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                      skip: Sequence[str] = ("force", "quiet")) -> list[str]:
-    """The command line (``secagg SUBCOMMAND --option value ...``) that gives ``args``
-    from ``parser`` (the ``secagg`` parser): every option whose value differs from its
-    default, flags and repeatable options included; ``skip`` names destinations left out
-    (they change no result)."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    command = args.command
-    words = ["secagg", command]
-    positional: list[str] = []
-    for act in sub.choices[command]._actions:
-        if act.dest in ("help", *skip) or not hasattr(args, act.dest):
-            continue
-        value = getattr(args, act.dest)
-        if not act.option_strings:
-            positional.extend(str(v) for v in (value if isinstance(value, list) else [value]))
-            continue
-        if value == act.default:
-            continue
-        flag = max(act.option_strings, key=len)
-        if act.nargs == 0:  # store_true / store_false
-            words.append(flag)
-        elif isinstance(value, list):
-            for v in value:
-                words.extend([flag, str(v)])
-        elif value is not None:
-            words.extend([flag, str(value)])
-    return words + positional
-
-
-def plan_rows(fed: Any, with_epsilon: bool = False) -> list[dict[str, Any]]:
-    """The privacy plan of a (run) :class:`~secagg.federation.Federation`: per DP release
-    and field, the noise per entry and its norm, the largest sum the cohort could upload
-    and their ratio (:func:`secagg.privacy.plan.plan_run`), as dicts; empty without DP
-    noise. The planned epsilon after each round only ``with_epsilon`` (NaN otherwise: it
-    costs an accountant call per round, minutes over a hundred rounds; the run's spent
-    epsilon is in ``result.json``)."""
-    from dataclasses import asdict
-
-    from secagg.engine import cohort_size
-    from secagg.messages import DEFAULT_MAX_RECORDS
-    from secagg.privacy.plan import plan_run
-
-    rows = plan_run(fed.algorithm, fed.layer, fed.rounds,
-                    cohort_size(len(fed.partition), fed.fraction),
-                    fed.max_records or DEFAULT_MAX_RECORDS, with_epsilon=with_epsilon)
-    return [asdict(r) for r in rows]
-
-
-def save_run_report(out_dir: str | os.PathLike[str], *, command: Sequence[str] | None = None,
-                    data: Mapping[str, Any] | None = None, fed: Any | None = None) -> Path:
-    """What ``secagg run`` calls once its outputs are saved: write :data:`RUN_INFO`
-    (``command``, ``data`` -- dataset, split, ... -- and the privacy plan of ``fed``) and
-    then ``report.html``. A plan that cannot be computed is recorded with the reason; the
-    signed statements of a run over more than :data:`VERIFY_AT_RUN_END` clients are left
-    unchecked, and the report says so."""
-    out = Path(out_dir)
-    info: dict[str, Any] = {"command": list(command) if command else None,
-                            "data": dict(data or {})}
-    if fed is not None:
-        try:
-            info["plan"] = plan_rows(fed)
-        except Exception as exc:  # noqa: BLE001 -- the report says why, the run stands
-            info["plan_error"] = f"{type(exc).__name__}: {exc}"
-    (out / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
-    clients = len(fed.partition) if fed is not None else 0
-    return write_report(out, verify=clients <= VERIFY_AT_RUN_END)
-
-
-# -- the run report -----------------------------------------------------------------------
 
 def _load_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     res_path = run_dir / "result.json"
@@ -242,7 +51,8 @@ def _layer_name(desc: Mapping[str, Any]) -> str:
 
 
 def _accuracy_figure(result: Mapping[str, Any]) -> str:
-    from secagg.plots import _AxisTicks, _figure, _fit_ticks
+    from secagg.plot_ticks import _AxisTicks, _fit_ticks
+    from secagg.plots import _figure
 
     hist = [float(a) for a in result.get("history") or []]
     if not hist:
@@ -270,7 +80,8 @@ def _accuracy_figure(result: Mapping[str, Any]) -> str:
 
 def _client_histograms(clients: Mapping[str, Any], glob: float | None) -> str:
     """One histogram per observer whose clients' epsilons differ; a sentence otherwise."""
-    from secagg.plots import EPSILON_LOG_DECADES, _AxisTicks, _figure, _fit_ticks, _is_wide
+    from secagg.plot_ticks import EPSILON_LOG_DECADES, _AxisTicks, _fit_ticks, _is_wide
+    from secagg.plots import _figure
 
     names = {"release": "observers of the released models", "server": "the server"}
     observers = sorted({o for c in clients.values() for o in (c.get("epsilon") or {})},
@@ -638,144 +449,3 @@ def render_run_report(run_dir: str | os.PathLike[str], *, threat: str | None = N
     body.append(f"<p class=\"muted\">Written by secagg report at "
                 f"{_e(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}.</p>")
     return _page(f"secagg run report: {ran}", body)
-
-
-# -- the sweep report ---------------------------------------------------------------------
-
-_CELL_COLUMNS = (("algorithm", "algorithm"), ("layer", "layer"), ("epsilon", "epsilon"),
-                 ("delta", "delta"), ("clip", "clip"), ("dropout", "dropout"),
-                 ("seed", "seed"), ("accuracy", "accuracy"), ("accuracy_kind", "kind"),
-                 ("epsilon_spent", "epsilon spent"), ("uplink_bytes", "uplink bytes"),
-                 ("energy_j", "energy J"), ("client_eps_release_min", "client eps min"),
-                 ("client_eps_release_median", "client eps median"),
-                 ("client_eps_release_max", "client eps max"), ("cache", "cache"))
-
-
-def render_sweep_report(sweep_dir: str | os.PathLike[str],
-                        rows: Sequence[Mapping[str, Any]] | None = None,
-                        svgs: Mapping[str, str] | None = None) -> str:
-    """The sweep report of ``sweep_dir`` as HTML: ``rows`` (default: read from its
-    ``results.jsonl`` / ``results.csv``) and ``svgs`` (figure stem -> inline SVG, as
-    :func:`secagg.plots.plot_results` returns them through ``inline``; default: drawn
-    here).
-
-    Raises:
-        DataError: no finished cell.
-    """
-    from secagg.plots import load_results, plot_results
-
-    d = Path(sweep_dir)
-    if rows is None:
-        rows = load_results(d)
-    if svgs is None:
-        inline: dict[str, str] = {}
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            plot_results(rows, tmp, formats=(), inline=inline)
-        svgs = inline
-    algos = sorted({str(r["algorithm"]) for r in rows})
-    layers = sorted({str(r["layer"]) for r in rows})
-    seeds = sorted({r.get("seed") for r in rows}, key=str)
-    name = d.resolve().name
-    body = [f"<h1>secagg sweep: {_e(name)}</h1>", f"<p class=\"muted\">{_e(d.resolve())}</p>"]
-    info = {}
-    if (d / "sweep.json").exists():
-        try:
-            info = json.loads((d / "sweep.json").read_text())
-        except json.JSONDecodeError:
-            info = {}
-    body.append("<h2 id=\"ran\">What ran</h2>")
-    body.append(f"<p id=\"what-ran\">{len(rows):,} finished cells: algorithms "
-                f"{_e(', '.join(algos))}; layers {_e(', '.join(layers))}; "
-                f"{len(seeds)} seed(s).</p>")
-    if info.get("command"):
-        body.append("<p>Reproduce (resumes: finished cells are skipped) with:</p>"
-                    f"<pre id=\"command\">{_e(shlex.join(info['command']))}</pre>")
-    if info.get("config"):
-        body.append("<details><summary>The sweep's configuration</summary><pre>"
-                    + _e(json.dumps(info["config"], indent=2, default=str)) + "</pre></details>")
-    body.append("<h2 id=\"privacy-utility\">Privacy against utility</h2>")
-    body.append(_figure_html(svgs["privacy_utility"], "Accuracy against the total epsilon, "
-                             "one panel per algorithm; the line is the mean over seeds, the "
-                             "band their min to max; the dashed line is the non-private "
-                             "reference.", "fig-privacy-utility"))
-    body.append("<h2 id=\"cost-utility\">Cost against utility</h2>")
-    body.append(_figure_html(svgs["cost_utility"], "Accuracy against uplink bytes and "
-                             "estimated client energy; one row per kind of accuracy; hollow "
-                             "black markers: plaintext.", "fig-cost-utility"))
-    body.append("<h2 id=\"client-epsilon\">Each client's epsilon</h2>")
-    spread = [r for r in rows if r.get("client_eps_release_max") is not None
-              or r.get("client_eps_server_max") is not None]
-    if "client_epsilon" in svgs:
-        body.append(_figure_html(svgs["client_epsilon"], "Histograms of the clients' own "
-                                 "epsilons, seeds pooled, where clients differ.",
-                                 "fig-client-epsilon"))
-    if spread:
-        uniform = [r for r in spread
-                   if r.get("client_eps_release_min") == r.get("client_eps_release_max")
-                   and r.get("client_eps_server_min") == r.get("client_eps_server_max")]
-        body.append(f"<p>{len(spread):,} cell(s) report per-client epsilons; in "
-                    f"{len(uniform):,} of them every client has the same figure against each "
-                    "observer (no histogram is drawn for those). The spread per cell is in "
-                    "the table below.</p>")
-    else:
-        body.append("<p>No cell reports per-client epsilons.</p>")
-    body.append("<h2 id=\"cells\">Every cell</h2>")
-    trs = []
-    def order(r: Mapping[str, Any]) -> tuple[Any, ...]:
-        return (str(r["algorithm"]), str(r["layer"]),
-                *(-1.0 if r.get(k) is None else float(r[k])
-                  for k in ("epsilon", "delta", "clip", "dropout")), str(r.get("seed")))
-
-    for r in sorted(rows, key=order):
-        cells = []
-        for key, _ in _CELL_COLUMNS:
-            v = r.get(key)
-            cells.append(f'<span data-cell="{_e(r.get("id", ""))}" data-key="{key}">'
-                         f'{_e(f"{v:.4f}" if key == "accuracy" and v is not None else _fmt(v))}'
-                         "</span>")
-        run = r.get("run_dir")
-        link = (f'<a href="{_e(Path(str(run)).as_posix())}/{REPORT}">run report</a>'
-                if run and (d / str(run) / REPORT).exists() else "not kept")
-        trs.append((*cells, link))
-    body.append("<div class=\"wide\" id=\"cells-table\">"
-                + _table([h for _, h in _CELL_COLUMNS] + ["run"], trs,
-                         numeric=(2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14)) + "</div>")
-    body.append(f"<p class=\"muted\">Written by secagg report at "
-                f"{_e(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}.</p>")
-    return _page(f"secagg sweep report: {name}", body)
-
-
-def write_sweep_report(sweep_dir: str | os.PathLike[str],
-                       rows: Sequence[Mapping[str, Any]] | None = None,
-                       svgs: Mapping[str, str] | None = None) -> Path:
-    """Write ``report.html`` into ``sweep_dir`` (:func:`render_sweep_report`)."""
-    path = Path(sweep_dir) / REPORT
-    path.write_text(render_sweep_report(sweep_dir, rows, svgs), encoding="utf-8")
-    return path
-
-
-def write_report(directory: str | os.PathLike[str], *, threat: str | None = None,
-                 identities: str | os.PathLike[str] | None = None,
-                 out: str | os.PathLike[str] | None = None, verify: bool = True) -> Path:
-    """``secagg report DIR``: the run report of a run folder (``result.json``) or the sweep
-    report of a sweep folder (``results.jsonl`` / ``results.csv``), written to ``out``
-    (default ``DIR/report.html``); returns its path.
-
-    Raises:
-        DataError: ``directory`` is neither.
-    """
-    d = Path(directory)
-    target = Path(out) if out is not None else d / REPORT
-    if (d / "result.json").exists():
-        text = render_run_report(d, threat=threat, identities=identities, verify=verify)
-    elif (d / "results.jsonl").exists() or (d / "results.csv").exists():
-        if threat or identities:
-            raise DataError("--threat and --identities apply to a run folder, not a sweep")
-        text = render_sweep_report(d)
-    else:
-        raise DataError(f"{d} holds neither a run (result.json) nor a sweep "
-                        "(results.jsonl / results.csv)")
-    target.write_text(text, encoding="utf-8")
-    return target
