@@ -23,7 +23,7 @@ KNOWN = {
     # (a subclass may change what the nodes rebuild); it moves with the layer registry
     ("secagg/engine.py", "_servers"),
     # the DP audit's own dispatch on the DP layer it audits (threat_models, not secagg)
-    ("threat_models/dp_audit.py", "__init__"),
+    ("threat_models/dp_audit_sum.py", "__init__"),
     ("threat_models/dp_audit_fields.py", "__init__"),
     ("threat_models/dp_audit_fedavg.py", "_client_layer"),
     ("threat_models/dp_audit_fedavg.py", "_kind"),
