@@ -27,9 +27,10 @@ the layer's server side (:func:`layer_server`) exchanges its stages with the nod
 release is ended here. In one process (:meth:`Engine._in_process`) a layer whose server
 driver declares :attr:`~secagg.link.LayerServer.local` (Plaintext, Homomorphic) runs that
 same driver over a :class:`~secagg.local_link.LocalLink`, whose nodes are the clients here
-(their steps run when the driver reads their replies); the others (SecureSum, the DP
-wrappers, Homomorphic with ``key_holder="clients"``) still run ``layer.aggregate``, which
-plays every party's part of the layer and of its release. Both book the same ledger rows
+(their steps run when the driver reads their replies), alone or inside CentralDP (its
+release begun and ended here, as over a remote link); the others (SecureSum, LocalDP,
+DistributedDP, Homomorphic with ``key_holder="clients"``) still run ``layer.aggregate``,
+which plays every party's part of the layer and of its release. Both book the same ledger rows
 and reach the same aggregate.
 """
 
@@ -555,12 +556,16 @@ def _servers() -> dict[type, Callable[..., LayerServer]]:
                 layer=layer, decryptor=decryptor)}
 
 
-def _wrappers() -> dict[type, tuple[type, ...] | None]:
+def _wrappers(*, on_nodes: bool = False) -> dict[type, tuple[type, ...] | None]:
     """Each DP wrapper a remote runtime carries -> the inner layer types it may wrap there
-    (None: any carried layer)."""
+    (None: any carried layer). ``on_nodes=True``: only the wrappers whose noise the nodes
+    add (their client step is followed by the node's part of the release), which the
+    embedded engine does not yet run over a :class:`~secagg.local_link.LocalLink`."""
     from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
     from secagg.secure_sum.layer import SecureSum
 
+    if on_nodes:
+        return {LocalDP: None, DistributedDP: (SecureSum,)}
     return {CentralDP: None, LocalDP: None, DistributedDP: (SecureSum,)}
 
 
@@ -719,7 +724,7 @@ class Engine:
         self.progress, self.on_aggregate = progress, on_aggregate
         self.dp: DPWrapper | None = None
         self.server: LayerServer | None = None
-        self._local: tuple[LocalLink, LayerServer] | bool | None = None
+        self._over_link: tuple[LocalLink, LayerServer] | bool | None = None
         if sampling not in ("fixed", "poisson"):
             raise ConfigurationError(f"sampling must be 'fixed' or 'poisson', got "
                                      f"{sampling!r}")
@@ -1018,25 +1023,27 @@ class Engine:
         """The in-process link and the layer's server driver over it, when the layer's
         driver runs over a :class:`~secagg.local_link.LocalLink` in one process (its
         :attr:`~secagg.link.LayerServer.local`; made once per run: the nodes' stores and the
-        driver's state persist across phases); None for the layers (and the DP wrappers)
-        still aggregated by their in-process ``aggregate``."""
-        if self._local is False:
+        driver's state persist across phases); None for the layers (and the DP wrappers
+        whose noise the nodes add) still aggregated by their in-process ``aggregate``;
+        CentralDP runs as on a remote runtime: its release begun, the inner driver, its
+        release ended."""
+        if self._over_link is False:
             return None
-        if self._local is None:
-            self._local = False
-            if self.transport.link is not None or is_dp(self.layer) or \
-                    type(self.layer) not in _servers():
+        if self._over_link is None:
+            self._over_link = False
+            if self.transport.link is not None or type(self.layer) in _wrappers(on_nodes=True):
                 return None
             try:
-                server = layer_server(self.layer)[1]
+                dp, server = layer_server(self.layer)
             except ConfigurationError:  # a configuration only the in-process layer runs
                 return None
             if not server.local:
                 return None
             from secagg.local_link import LocalLink
 
-            self._local = (LocalLink([st.id for st in self.transport.states]), server)
-        return self._local
+            self.dp = dp
+            self._over_link = (LocalLink([st.id for st in self.transport.states]), server)
+        return self._over_link
 
     def _over_local_link(self, local: tuple[LocalLink, LayerServer], run: RunState,
                          phase: _Phase, spec: UploadSpec, stepping: list[int],
@@ -1047,7 +1054,7 @@ class Engine:
 
         link, server = local
         link.serve(uploads, spec)
-        rel = Release.begin(None, spec, ctx, len(stepping))
+        rel = Release.begin(self.dp, spec, ctx, len(stepping))  # CentralDP: no node part
         instruction = dict(round=ctx.round, rounds=self.rounds, phase=phase.name,
                            seed=self.seed, max_records=self._max_records,
                            on_violation=self.on_violation)

@@ -161,7 +161,8 @@ class HomomorphicServer:
                         server_cpu_s=server_s,
                         flops=rfield(rec, "flops", float) + he_flops(
                             "encrypt", params.poly_modulus_degree,
-                            len(params.coeff_mod_bit_sizes), packing.n_ciphertexts))
+                            len(params.coeff_mod_bit_sizes), packing.n_ciphertexts),
+                        step_flops=rfield(rec, "flops", float))
             d = digest(frames)
             for f in spec.additive:
                 ctx.observe(SERVER, c, "upload", f.name, "encrypted", frames,
