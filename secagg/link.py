@@ -1,6 +1,8 @@
-"""The transport callable a layer's server side runs over when the clients run elsewhere.
+"""The transport callable a layer's server side runs over, wherever the clients run.
 
-A remote runtime (Flower: :mod:`secagg.flower.server`) supplies a :class:`Link`; a layer's
+A remote runtime (Flower: :mod:`secagg.flower.server`) supplies a :class:`Link`, and so does
+the embedded one (:class:`~secagg.local_link.LocalLink`: the clients of this process); a
+layer's
 server driver (:class:`secagg.layers.plaintext.PlaintextServer`,
 :class:`secagg.secure_sum.remote.SecureSumServer`,
 :class:`secagg.homomorphic.remote.HomomorphicServer`) sends each client one instruction per

@@ -171,3 +171,24 @@ def test_the_embedded_plaintext_round_runs_the_one_driver_and_streams(stream):
     uploads = [(r.round, r.sender) for r in result.costs.rows if r.stage == "upload"]
     assert len(uploads) == len(set(uploads))  # each upload booked once
     assert json.dumps(result.clips) == "{}"
+
+
+def test_a_tampered_ciphertext_drops_only_its_sender_under_homomorphic():
+    from secagg import Homomorphic
+    from secagg.homomorphic.remote import HomomorphicServer
+
+    def tamper(stage, sender, receiver, msg):
+        if stage == "upload" and sender == 3:  # the lying client: frames that do not parse
+            return {**msg, "frames": [b"\x00" * 16 for _ in msg["frames"]]}
+        return msg
+
+    link, stepped, call, ctx = _phase(tamper, keep=True)
+    agg = HomomorphicServer(layer=Homomorphic(scheme="bfv")).aggregate(call, link)
+    link.settle()
+    assert agg.contributors == (0, 1, 2, 4)
+    np.testing.assert_allclose(agg["x"], sum(_value(c) for c in (0, 1, 2, 4)), atol=1e-6)
+    assert "refused" in agg.notes["dropped"]["upload"][3]
+    assert [r.sender for r in ctx.ledger.rows if r.stage == "dropped:upload"] == [3]
+    # the decryptor's keys and result travelled as messages of their own
+    assert {r.stage for r in ctx.ledger.rows if "decryptor" in (r.sender, r.receiver)} >= {
+        "keys", "decrypt", "result"}
