@@ -2,8 +2,7 @@
 
 A remote runtime (Flower: :mod:`secagg.flower.server`) supplies a :class:`Link`, and so does
 the embedded one (:class:`~secagg.local_link.LocalLink`: the clients of this process); a
-layer's
-server driver (:class:`secagg.layers.plaintext.PlaintextServer`,
+layer's server driver (:class:`secagg.layers.plaintext.PlaintextServer`,
 :class:`secagg.secure_sum.remote.SecureSumServer`,
 :class:`secagg.homomorphic.remote.HomomorphicServer`) sends each client one instruction per
 stage through it and gets the replies back, as plain mappings of field name to value. The
