@@ -21,13 +21,19 @@ declares, under the abort and budget guard (:func:`guard_phase`):
 4. **release** -- a DP layer's noise and its privacy event;
 5. **solve** -- the phase's server step on the aggregate (:func:`solve`).
 
-In one process (:meth:`Engine._in_process`) steps 2-4 are the clients' steps here followed
-by ``layer.aggregate``, which runs every party's part of the layer and of its release.
 Over a link (:meth:`Engine._remote`) the clients' steps run on their nodes inside the
 layer's own protocol: the layer's server part begins the release here
 (:meth:`~secagg.layers.base.Layer.server_part`), the carrying layer's server side
 (:func:`layer_server`) exchanges its stages with the nodes, and the server part ends it
-here. Both book the same ledger rows and reach the same aggregate.
+here.
+
+In one process (:meth:`Engine._in_process`) a layer whose server driver declares
+:attr:`~secagg.link.LayerServer.local` (Plaintext, Homomorphic) runs that same driver over a
+:class:`~secagg.local_link.LocalLink`, whose nodes are the clients here (their steps run when
+the driver reads their replies), alone or inside CentralDP (its server part begun and ended
+here, as over a remote link); the others (SecureSum, LocalDP, DistributedDP, Homomorphic with
+``key_holder="clients"``) still run ``layer.aggregate``, which plays every party's part of
+the layer and of its release. Both book the same ledger rows and reach the same aggregate.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -62,6 +68,10 @@ from secagg.seeds import derive_seed
 from secagg.stream import UploadStream
 from secagg.transcript import Transcript, digest
 from secagg.wire import is_message, pack_arrays, unpack_arrays
+
+if TYPE_CHECKING:
+    from secagg.local_link import LocalLink
+
 
 # ---------------------------------------------------------------- what the engine runs
 
@@ -702,6 +712,7 @@ class Engine:
         self.progress, self.on_aggregate = progress, on_aggregate
         self.dp: Layer | None = None
         self.server: LayerServer | None = None
+        self._over_link: tuple[LocalLink, LayerServer] | bool | None = None
         if sampling not in ("fixed", "poisson"):
             raise ConfigurationError(f"sampling must be 'fixed' or 'poisson', got "
                                      f"{sampling!r}")
@@ -975,15 +986,19 @@ class Engine:
                     up = Upload.validate(spec, _zeros(spec), c, st.n_records,
                                          self.on_violation)
             up.cpu_s, up.flops = dt, float(phase.client_flops(st))
-            run.clips.add(up)
+            if local is None:  # over the link, the driver counts what arrives
+                run.clips.add(up)
             return up
 
         # refused before touching its data: no step, no upload
         stepping = [c for c in cohort if c not in refusing]
         lazy = self.stream and self.layer.streams and not bool(
             getattr(phase, "trained_with_dpsgd", lambda: False)())
+        local = self._local_link()
         uploads = UploadStream(stepping, step, keep=not lazy)
         account_local_training(phase, spec, self.layer, ctx, run)
+        if local is not None:
+            return self._over_local_link(local, run, phase, spec, stepping, ctx, uploads)
         try:
             agg = self.layer.aggregate(uploads, spec, ctx)
         except SecaggError:  # an aborted or refused release: the cohort stepped all the same
@@ -991,6 +1006,54 @@ class Engine:
             raise
         uploads.finish()  # the steps of clients that dropped before sending
         return agg
+
+    def _local_link(self) -> tuple[LocalLink, LayerServer] | None:
+        """The in-process link and the layer's server driver over it, when the layer's
+        driver runs over a :class:`~secagg.local_link.LocalLink` in one process (its
+        :attr:`~secagg.link.LayerServer.local`; made once per run: the nodes' stores and the
+        driver's state persist across phases); None for the layers (and the DP wrappers
+        whose noise the nodes add) still aggregated by their in-process ``aggregate``;
+        CentralDP runs as on a remote runtime: its release begun, the inner driver, its
+        release ended."""
+        if self._over_link is False:
+            return None
+        if self._over_link is None:
+            self._over_link = False
+            if self.transport.link is not None or (self.layer.is_dp
+                                                   and not self.layer.aggregator_noises):
+                return None
+            try:
+                dp, server = layer_server(self.layer)
+            except ConfigurationError:  # a configuration only the in-process layer runs
+                return None
+            if not server.local:
+                return None
+            from secagg.local_link import LocalLink
+
+            self.dp = dp
+            self._over_link = (LocalLink([st.id for st in self.transport.states]), server)
+        return self._over_link
+
+    def _over_local_link(self, local: tuple[LocalLink, LayerServer], run: RunState,
+                         phase: _Phase, spec: UploadSpec, stepping: list[int],
+                         ctx: RoundContext, uploads: UploadStream) -> Aggregate:
+        """The layer's one server driver over the in-process link: the clients' steps run
+        when the driver reads their replies (``uploads``), the rest after it."""
+        link, server = local
+        link.serve(uploads, spec)
+        rel = self.layer.server_part(spec, ctx, len(stepping))  # CentralDP: no node part
+        instruction = dict(round=ctx.round, rounds=self.rounds, phase=phase.name,
+                           seed=self.seed, max_records=self._max_records,
+                           on_violation=self.on_violation)
+        call = PhaseCall(spec=spec, cohort=stepping, ctx=ctx, release=rel,
+                         instruction=instruction, clips=run.clips)
+        try:
+            agg = server.aggregate(call, link)
+        except SecaggError:  # an aborted or refused release: the cohort stepped all the same
+            link.settle()
+            raise
+        link.settle()  # the steps of clients that dropped before sending
+        return rel.end(agg, ctx)
 
     def _remote(self, run: RunState, phase: _Phase, spec: UploadSpec, cohort: list[int],
                 ctx: RoundContext, wire: bytes,

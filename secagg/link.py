@@ -1,7 +1,8 @@
-"""The transport callable a layer's server side runs over when the clients run elsewhere.
+"""The transport callable a layer's server side runs over, wherever the clients run.
 
-A remote runtime (Flower: :mod:`secagg.flower.server`) supplies a :class:`Link`; a layer's
-server driver (:class:`secagg.layers.plaintext.PlaintextServer`,
+A remote runtime (Flower: :mod:`secagg.flower.server`) supplies a :class:`Link`, and so does
+the embedded one (:class:`~secagg.local_link.LocalLink`: the clients of this process); a
+layer's server driver (:class:`secagg.layers.plaintext.PlaintextServer`,
 :class:`secagg.secure_sum.remote.SecureSumServer`,
 :class:`secagg.homomorphic.remote.HomomorphicServer`) sends each client one instruction per
 stage through it and gets the replies back, as plain mappings of field name to value. The
@@ -18,7 +19,7 @@ the stage needs is *dropped* at that stage (:func:`book_drops`), never a crash.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -119,6 +120,11 @@ class LayerServer(Protocol):
     phases, e.g. keys). The hooks let a protocol ride its first stage on the runtime's
     hello, as a secure-sum session advertises ahead."""
 
+    #: whether the embedded engine runs this driver in one process too, over a
+    #: :class:`~secagg.local_link.LocalLink` (issue 34's migration: True once the driver
+    #: carries everything the layer's in-process ``aggregate`` did; until then that runs)
+    local: bool
+
     def hello(self, round: int, phase: str, n: int) -> dict[str, Any]:
         """Fields the runtime's hello carries for the run's first phase (cohort size n)."""
         ...
@@ -172,13 +178,37 @@ def book_drops(link: Link, ctx: RoundContext, stage: str, failed: Mapping[int, s
 
 
 def keep_live(link: Link, ctx: RoundContext, stage: str, got: Mapping[int, Reply],
-              failed: dict[int, str], dropped: Dropped) -> dict[int, Reply]:
-    """The replies of the clients still live at ``stage``: those that answered and that the
-    run's injected dropouts keep; every other addressed client is booked as dropped."""
+              failed: dict[int, str], dropped: Dropped) -> Mapping[int, Reply]:
+    """The replies of the clients still live at ``stage`` (in client order, each read from
+    ``got`` when asked for): those that answered and that the run's injected dropouts keep;
+    every other addressed client is booked as dropped."""
     live = set(ctx.dropouts.survivors(stage, sorted(got)))
     failed.update({c: "injected dropout" for c in got if c not in live})
     book_drops(link, ctx, stage, failed, dropped)
-    return {c: got[c] for c in sorted(live)}
+    return _Subset(got, sorted(live))
+
+
+class _Subset(Mapping[int, Reply]):
+    """The replies of ``keys`` among ``got``, each read from ``got`` when asked for (a
+    lazy link's reply is computed then, and not held here)."""
+
+    def __init__(self, got: Mapping[int, Reply], keys: Sequence[int]) -> None:
+        self._got, self._keys = got, list(keys)
+        self._members = set(self._keys)
+
+    def __getitem__(self, c: int) -> Reply:
+        if c not in self._members:
+            raise KeyError(c)
+        return self._got[c]
+
+    def __contains__(self, c: object) -> bool:
+        return c in self._members
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 def add_clips(clips: ClipReport, rec: Reply) -> None:

@@ -120,19 +120,13 @@ def task_identity():
 
 
 def _sums_by_round(layer, rounds, fraction, dropouts=None, algo=None, max_records=None):
-    """The embedded engine's aggregate per round, and its Result."""
+    """The embedded engine's aggregate per round (as the server solves from it), and its
+    Result."""
     seen = {}
-    inner = layer.aggregate
-
-    def aggregate(uploads, spec, ctx):
-        agg = inner(uploads, spec, ctx)
-        seen[ctx.round] = agg
-        return agg
-
-    layer.aggregate = aggregate
     result = Federation(algo or _algo(), layer, _partition(), rounds=rounds, seed=0,
                         fraction=fraction, dropout=dropouts if dropouts is not None else 0.0,
-                        progress=False, max_records=max_records).run()
+                        progress=False, max_records=max_records).run(
+        on_aggregate=lambda r, p, agg: seen.__setitem__(r, agg))
     return seen, result
 
 

@@ -36,16 +36,9 @@ def test_the_planned_noise_is_the_noise_the_run_adds(name, part):
     assert [p.round for p in plan] == [0, 1] and {p.field for p in plan} == {"update"}
     layer = LAYERS[name]()
     seen = []
-    inner = layer.aggregate
-
-    def aggregate(uploads, spec, ctx):
-        agg = inner(uploads, spec, ctx)
-        seen.append(agg.notes["dp"])
-        return agg
-
-    layer.aggregate = aggregate
     res = Federation(FedAvg(local_epochs=1, feature_dim=8, clip=1.0), layer, part,
-                     rounds=2, seed=0).run()
+                     rounds=2, seed=0).run(
+        on_aggregate=lambda r, p, agg: seen.append(agg.notes["dp"]))
     assert res.failure() is None and len(seen) == 2
     for p, notes in zip(plan, seen, strict=True):
         real = notes.get("sum_sigma", {}).get("update", notes["fields"]["update"]["sigma"])

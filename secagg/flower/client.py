@@ -86,8 +86,9 @@ from secagg.data import ClientData, Dataset, Partition
 from secagg.engine import AlgorithmLike, ClientState
 from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
 from secagg.flower.records import RECORD, content, field, read
-from secagg.layers.plaintext import upload_on_node
 from secagg.messages import Upload, UploadSpec
+from secagg.node import UPLOADS as _UPLOADS
+from secagg.node import leave, protocol_step, runs_client_step
 from secagg.privacy.node_ledger import LedgerError, NodeLedger, check_head, release_id
 from secagg.privacy.policy import NodePolicy
 from secagg.wire import unpack_arrays
@@ -397,7 +398,7 @@ class _Node:
                            reply_to=msg)
         if step == "close":  # the end of the run: the node's closing statements
             return Message(content(**_close(rec, key, context, store)), reply_to=msg)
-        if step in _UPLOADS and (step != "share" or rec.get("with_step") is True):
+        if runs_client_step(step, rec):
             # the node's own checks, before its data is touched: its policy floor, then its
             # budget (the release is charged, durably, before the step runs)
             raw = rec.get("broadcast", b"")
@@ -426,12 +427,8 @@ class _Node:
                 raise ProtocolError(_NO_EVALUATION)
             out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
                                  *self._load(context), store)
-        elif step == "advertise-next":
-            out = self._advertise_next(rec, context, store)
-        else:  # a layer's protocol stage
-            out = _layer_step(step)(step, rec, store)
-            if step == "unmask" and "next_session" in rec:
-                out.update(self._advertise_next(rec, context, store))
+        else:  # a layer's protocol stage (advertise-next included)
+            out = protocol_step(step, rec, store, self._cid(context, store))
         if "cid" not in store:
             store["cid"] = int(self._load(context)[1].id)
         return Message(content(**_attest(rec, step, out, key, store, context)), reply_to=msg)
@@ -527,7 +524,7 @@ class _Node:
         elif "att_noised" in store:
             del store["att_noised"]
         # the upload leaves the node the layer's way
-        return _UPLOADS[field(rec, "step", str)](rec, spec, up, st.id, part, out, cpu, store)
+        return leave(rec, spec, up, st.id, part, out, cpu, store)
 
     def _evaluate(
         self, raw: bytes, seed: int, dataset: Dataset, data: ClientData, store: ConfigRecord
@@ -571,42 +568,6 @@ def _thaw_state(raw: bytes, st: ClientState, algo: Any) -> dict[str, Any]:
     except safestore.StoreError as exc:
         raise ProtocolError(f"the node's stored client state: {exc}") from None
     return state if isinstance(state, dict) else {}
-
-
-def _he_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int, part: Any,
-               out: dict[str, Any], cpu: float, store: ConfigRecord) -> dict[str, Any]:
-    """Homomorphic: the upload encrypted (:func:`secagg.homomorphic.node.encrypt`)."""
-    from secagg.homomorphic.node import encrypt
-
-    return {**out, **encrypt(rec, spec, up, store)}
-
-
-def _secure_sum_upload(rec: ConfigRecord, spec: UploadSpec, up: Upload, client: int,
-                       part: Any, out: dict[str, Any], cpu: float,
-                       store: ConfigRecord) -> dict[str, Any]:
-    """SecureSum: encoded, then advertised or shared (:func:`secagg.secure_sum.node.upload`)."""
-    from secagg.secure_sum.node import upload
-
-    return upload(rec, spec, up, client, part, out, cpu, store)
-
-
-#: the instructions that run the client step (``share`` only ``with_step``: else it is the
-#: secure-sum stage), each with how the upload then leaves the node
-_UPLOADS: dict[str, Callable[..., dict[str, Any]]] = {
-    "upload": upload_on_node, "he-upload": _he_upload,
-    "advertise": _secure_sum_upload, "share": _secure_sum_upload}
-
-
-def _layer_step(step: str) -> Callable[[str, ConfigRecord, ConfigRecord], dict[str, Any]]:
-    """The layer's node step that answers ``step`` (imported when first asked for: a
-    secure-sum node never loads TenSEAL)."""
-    if step.startswith("he-"):
-        from secagg.homomorphic.node import decryptor_step
-
-        return decryptor_step
-    from secagg.secure_sum.node import stage
-
-    return stage
 
 
 def _policy(context: Context) -> NodePolicy:

@@ -374,6 +374,34 @@ class Homomorphic(Layer):
                                              packing.limb_bits)
         return packing.flatten(values, np.int64)
 
+    def notes(self, params: HEParams, packing: Packing, spec: UploadSpec,
+              n_live: int) -> dict[str, Any]:
+        """The aggregate's notes on a release by ``n_live`` clients (the same on every
+        runtime): the parameters, key roles, packing, BFV limbs and the CKKS error bound
+        and flooding."""
+        notes: dict[str, Any] = {
+            "he_params": params.as_dict(),
+            "key_holder": self.key_holder,
+            "ciphertexts_per_upload": packing.n_ciphertexts,
+            "slot_utilisation": packing.utilisation,
+        }
+        if packing.limbs:
+            notes["limbs"] = {"limb_bits": packing.limb_bits,
+                              "fields": {n: packing.field_limbs(n) for n in packing.names
+                                         if packing.field_limbs(n) > 1}}
+        if self.scheme == "ckks":
+            n = max(n_live, 1)
+            notes["error_bound"] = ckks_error_bound(params, n, self.sum_bound(spec, n))
+            notes["flooding"] = {
+                "sigma": params.flood_sigma,
+                "required_sigma": required_flooding_sigma(params, n),
+                "grid": params.grid,
+                "statistical_security_bits": params.flood_security_bits,
+                "max_decryptions_per_key": params.max_decryptions,
+                "sizing": "Li, Micciancio, Schultz, Sorrell (CRYPTO 2022), Corollary 2",
+            }
+        return notes
+
     def aggregate(
         self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
     ) -> Aggregate:
@@ -399,27 +427,7 @@ class Homomorphic(Layer):
         ks.aggregator.assert_public()
         self._distribute(ks, cohort, ctx)
         live = ctx.dropouts.survivors("upload", cohort)
-        notes: dict[str, Any] = {
-            "he_params": params.as_dict(),
-            "key_holder": self.key_holder,
-            "ciphertexts_per_upload": packing.n_ciphertexts,
-            "slot_utilisation": packing.utilisation,
-        }
-        if packing.limbs:
-            notes["limbs"] = {"limb_bits": packing.limb_bits,
-                              "fields": {n: packing.field_limbs(n) for n in packing.names
-                                         if packing.field_limbs(n) > 1}}
-        if self.scheme == "ckks":
-            notes["error_bound"] = ckks_error_bound(params, max(len(live), 1),
-                                                    self.sum_bound(spec, max(len(live), 1)))
-            notes["flooding"] = {
-                "sigma": params.flood_sigma,
-                "required_sigma": required_flooding_sigma(params, max(len(live), 1)),
-                "grid": params.grid,
-                "statistical_security_bits": params.flood_security_bits,
-                "max_decryptions_per_key": params.max_decryptions,
-                "sizing": "Li, Micciancio, Schultz, Sorrell (CRYPTO 2022), Corollary 2",
-            }
+        notes = self.notes(params, packing, spec, len(live))
         sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
                 for f in spec.additive}
         if not live or packing.total == 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import MutableMapping
+from functools import lru_cache
 from typing import Any
 
 from secagg.errors import ProtocolError
@@ -37,25 +38,30 @@ def layer_of(rec: Reply) -> Homomorphic:
     return Homomorphic(**{k: cfg[k] for k in LAYER_KEYS if k in cfg})
 
 
+@lru_cache(maxsize=4)
+def _encryptor(scheme: str, pub: bytes) -> Any:
+    """The encryptor of the public context ``pub`` (deserialized once per context: the
+    clients of one process share the server's copy of it; it holds no secret)."""
+    from secagg.homomorphic.keys import Encryptor
+    from secagg.homomorphic.packing import fingerprint
+
+    return Encryptor(scheme, pub, fingerprint(pub))
+
+
 def encrypt(rec: Reply, spec: UploadSpec, up: Upload, store: NodeStore) -> dict[str, Any]:
     """This client's encrypted upload (see the module docstring); the frames go back as a
     list of bytes."""
-    from secagg.homomorphic.keys import Encryptor
-    from secagg.homomorphic.packing import Packing, fingerprint
-
     layer = layer_of(rec)
     n_plan = field(rec, "n_plan", int)
     t0 = time.process_time()
-    params = layer.params_for(spec, n_plan)
-    fps = layer.fixed_point(spec, n_plan) if layer.scheme == "bfv" else None
+    fps = layer.fixed_point(spec, n_plan, limbs=True) if layer.scheme == "bfv" else None
     key = "he-context/" + field(rec, "params", str)
     if "context" in rec:
         store[key] = field(rec, "context", bytes)
     if key not in store:
         raise ProtocolError("he-upload without the public context, and none is held")
-    pub = store[key]
-    enc = Encryptor(layer.scheme, pub, fingerprint(pub))
-    packing = Packing.from_spec(spec, params.slots)
+    enc = _encryptor(layer.scheme, bytes(store[key]))
+    packing = layer.packing(spec, n_plan)  # BFV: fields wider than a slot in limbs
     frames = enc.encrypt(layer._flatten(up, spec, packing, fps), packing)
     return {"frames": [bytes(f) for f in frames],
             "enc_cpu_s": time.process_time() - t0}

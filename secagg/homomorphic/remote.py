@@ -15,7 +15,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
 from secagg.homomorphic.keys import Aggregator
 from secagg.homomorphic.layer import DECRYPTOR, Homomorphic, decode_sums
 from secagg.homomorphic.node import LAYER_KEYS
-from secagg.homomorphic.packing import Packing
 from secagg.layers.base import Aggregate
 from secagg.link import Dropped, Link, PhaseCall, Reply, add_clips, book_drops, keep_live
 from secagg.link import reply_field as rfield
@@ -47,6 +46,10 @@ class HomomorphicServer:
             the clients booked as provisioned, the clients sent the context).
         decryptions: CKKS: decryptions of the current key per parameter set.
     """
+
+    #: the embedded engine runs this driver too (over a LocalLink; key_holder="clients"
+    #: is the in-process layer's own, refused here by the engine's check_remote)
+    local: ClassVar[bool] = True
 
     def __init__(self, *, layer: Homomorphic, decryptor: int | None = None) -> None:
         self.layer = layer
@@ -75,12 +78,12 @@ class HomomorphicServer:
         layer.check(spec)
         n_plan = layer.planned_clients(len(cohort))
         params = layer.params_for(spec, n_plan)
-        fps = layer.fixed_point(spec, n_plan) if layer.scheme == "bfv" else None
+        fps = layer.fixed_point(spec, n_plan, limbs=True) if layer.scheme == "bfv" else None
         pjson = json.dumps(dataclasses.asdict(params))
         dec = self.decryptor if self.decryptor is not None else min(link.clients)
         if dec not in link.clients:
             raise ConfigurationError(f"decryptor client {dec} is not connected")
-        packing = Packing.from_spec(spec, params.slots)
+        packing = layer.packing(spec, n_plan)  # BFV: fields wider than a slot in limbs
         if params.scheme == "ckks":
             # a CKKS key answers at most max_decryptions ciphertext decryptions (the flooding
             # is sized for them): past that, new keys, generated and provisioned like the first
@@ -121,18 +124,20 @@ class HomomorphicServer:
         sent.update(got)  # a node keeps the public context for the rest of the run
         dropped: Dropped = {}
         live = keep_live(link, ctx, "upload", got, failed, dropped)
-        notes: dict[str, Any] = {
-            "he_params": params.as_dict(), "key_holder": layer.key_holder,
-            "decryptor_client": dec, "ciphertexts_per_upload": packing.n_ciphertexts,
-            "slot_utilisation": packing.utilisation, "dropped": dropped,
-        }
+        notes = {**layer.notes(params, packing, spec, len(live)), "decryptor_client": dec,
+                 "dropped": dropped}
         sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
                 for f in spec.additive}
         agg.start(packing)
-        share = {f.name: f.size / max(packing.total, 1) for f in spec.additive}
+        share = {f.name: f.size * packing.field_limbs(f.name) / max(packing.total, 1)
+                 for f in spec.additive}
         contributors = []
         for c in sorted(live):
-            rec = got[c]
+            try:  # each reply read once, as it arrives (a lazy link computes it now)
+                rec = live[c]
+            except ProtocolError as exc:
+                book_drops(link, ctx, "upload", {c: f"ProtocolError: {exc}"}, dropped)
+                continue
             frames = rec.get("frames")
             if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
                 book_drops(link, ctx, "upload", {c: "reply without ciphertext frames"},
@@ -156,7 +161,8 @@ class HomomorphicServer:
                         server_cpu_s=server_s,
                         flops=rfield(rec, "flops", float) + he_flops(
                             "encrypt", params.poly_modulus_degree,
-                            len(params.coeff_mod_bit_sizes), packing.n_ciphertexts))
+                            len(params.coeff_mod_bit_sizes), packing.n_ciphertexts),
+                        step_flops=rfield(rec, "flops", float))
             d = digest(frames)
             for f in spec.additive:
                 ctx.observe(SERVER, c, "upload", f.name, "encrypted", frames,

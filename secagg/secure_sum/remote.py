@@ -38,7 +38,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -103,6 +103,10 @@ class SecureSumServer:
             refuse the whole roster) and forwards every consistency signature, so a node
             can count the distinct pinned signers of the survivor set on any graph.
     """
+
+    #: whether the embedded engine runs this driver too (not yet: in one process
+    #: run_secure_sum still drives the session)
+    local: ClassVar[bool] = False
 
     def __init__(self, *, layer: SecureSum, pinned: Mapping[int, bytes] | None = None) -> None:
         self.layer = layer
