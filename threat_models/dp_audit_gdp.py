@@ -22,7 +22,7 @@ Gaussian and Skellam sums of DistributedDP, whose noise in integer units has a s
 deviation of about 2^20 steps (the fit's normal-approximation interval holds for them by
 the central limit theorem at 10^4+ trials). Their claims are the same Gaussian curve: the
 ledger charges each release as its rounded-Gaussian reference plus the proven pointwise gap
-between the two laws (secagg.privacy.pld; ~1e-10 in epsilon at these noise levels), no
+between the two laws (secagg.privacy.pld; below 1e-7 in epsilon at these noise levels), no
 longer the RDP bound that sat ~8% above it. A mechanism whose
 curve is not Gaussian-shaped (randomized response, Laplace) can be (eps, delta)-DP with an
 eps below the tight bound: audit it in the assumption-free threshold mode.
