@@ -403,7 +403,9 @@ class PrivacyLedger:
         return float(acc.get_delta(float(epsilon)))
 
     def method(self, events: Sequence[PrivacyEvent] | None = None) -> str:
-        """Which accountant composes ``events`` (default: all): ``"pld"`` or ``"rdp"``."""
+        """Which accountant composes ``events`` (default: all): ``"pld"`` (integer
+        mechanisms with enough noise included, through their Gaussian reference) or
+        ``"rdp"``."""
         evs = self._events if events is None else events
         if self.accountant != "auto":
             return self.accountant
@@ -556,8 +558,8 @@ class PrivacyLedger:
             if self._transfers(events):
                 eps = self._transfer(events).epsilon(delta)  # None: tails too heavy, RDP
             if eps is None:
-                eps = float(self._accountant(events, rdp=self.method(events) == "pld"
-                                             and self._transfers(events)).get_epsilon(delta))
+                eps = float(self._accountant(events, rdp=self._transfers(events))
+                            .get_epsilon(delta))
             if len(_EPS_CACHE) >= _CACHE_SIZE:
                 _EPS_CACHE.pop(next(iter(_EPS_CACHE)))
             _EPS_CACHE[key] = math.inf if math.isnan(eps) else eps
