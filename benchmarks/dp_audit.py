@@ -124,7 +124,7 @@ def _row(kind: str, tight: AuditResult, thr: AuditResult) -> str:
 
 
 #: 10% variants of the injected bugs (the knob of each).
-TEN_PERCENT = {"share-count": {"threshold": 0.7}, "stale-bound": {"ratio": 0.9},
+TEN_PERCENT = {"share-count": {"threshold": 0.8}, "stale-bound": {"ratio": 0.9},
                "dropped-field-share": {"fields": 6}, "delta-mixup": {"factor": 4.0}}
 
 

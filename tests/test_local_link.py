@@ -18,13 +18,12 @@ from secagg import Federation, Plaintext
 from secagg.costs import Ledger
 from secagg.data import dirichlet_split, load_dataset
 from secagg.dropouts import DropoutModel, ScheduledDropouts
-from secagg.layers.base import RoundContext
+from secagg.layers.base import RoundContext, ServerPart
 from secagg.layers.plaintext import PlaintextServer
 from secagg.link import PhaseCall
 from secagg.local_link import LocalLink
 from secagg.messages import Bound, ClipReport, Field, Upload, UploadSpec
 from secagg.node import runs_client_step
-from secagg.privacy.release import Release
 from secagg.stream import UploadStream
 from secagg.transcript import Transcript
 from secagg.wire import pack_arrays
@@ -52,7 +51,7 @@ def _phase(tamper=None, dropouts=None, keep=False):
     link.serve(uploads, SPEC)
     ctx = RoundContext(0, "p", 0, Ledger(), Transcript(False), dropouts or DropoutModel(0.0))
     call = PhaseCall(spec=SPEC, cohort=list(range(N)), ctx=ctx,
-                     release=Release.begin(None, SPEC, ctx, N), instruction={},
+                     release=ServerPart(SPEC, ctx), instruction={},
                      clips=ClipReport())
     return link, stepped, call, ctx
 

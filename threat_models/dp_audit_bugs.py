@@ -132,7 +132,9 @@ def injected_audits(epsilon: float = 1.0, *, delta: float = DEFAULT_DELTA,
     ``options`` overrides a bug's knob (``threshold`` of the share-count bug's secure sum,
     ``ratio`` of the stale bound, ``fields`` of the dropped share, ``factor`` of the delta
     mix-up)."""
-    opt = {"threshold": 0.6, "ratio": 0.8, "fields": 3, "factor": 20.0, **(options or {})}
+    # share-count: 7 of 10 survivors is sqrt(10/7) = 1.20x in mu, 1.22x in epsilon against
+    # the (exact) claim; 0.6 gave 1.21x only while the claim was the RDP bound, 8% above
+    opt = {"threshold": 0.7, "ratio": 0.8, "fields": 3, "factor": 20.0, **(options or {})}
     names = list(which) if which is not None else list(BUGS)
     common = {"epsilon": epsilon, "delta": delta, "rounds": 1, "seed": seed}
     out = []

@@ -172,7 +172,8 @@ class DistributedDP(_DPLayer):
                 d1 = self._int_l1(spec, f, scales[f.name])
                 out.append(SkellamEvent(
                     l2_sensitivity=d2, l1_sensitivity=d1,
-                    variance=shares * sigma_share ** 2, fields=(f.name,), label=self.name,
+                    variance=shares * sigma_share ** 2, dimension=max(f.size, 1),
+                    fields=(f.name,), label=self.name,
                     **where))
         return out
 

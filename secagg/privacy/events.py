@@ -9,12 +9,15 @@ event                         dp_accounting form                          accoun
 ============================  ==========================================  ==========
 :class:`GaussianEvent`        ``GaussianDpEvent(z)``                      PLD (tight)
 :class:`SampledGaussianEvent` ``PoissonSampledDpEvent(q, Gaussian(z))``   PLD (tight)
-:class:`DiscreteGaussianEvent` sum of n discrete Gaussians: RDP bound of  RDP
-                              Kairouz, Liu, Steinke (ICML 2021, Thm 1 /
-                              Prop 14); n = 1 is the zCDP bound of
-                              Canonne, Kamath, Steinke (2020)
-:class:`SkellamEvent`         RDP bound of Agarwal, Kairouz, Liu           RDP
-                              (NeurIPS 2021, multi-dimensional Skellam)
+:class:`DiscreteGaussianEvent` sum of n discrete Gaussians: its rounded-  PLD (tight)
+                              Gaussian reference (secagg.privacy.pld)
+                              where the noise is large, else the RDP      else RDP
+                              bound of Kairouz, Liu, Steinke (ICML 2021,
+                              Thm 1 / Prop 14); n = 1 is the zCDP bound
+                              of Canonne, Kamath, Steinke (2020)
+:class:`SkellamEvent`         the same reference (needs ``dimension``),   PLD (tight)
+                              else the RDP bound of Agarwal, Kairouz,     else RDP
+                              Liu (NeurIPS 2021, multi-dim. Skellam)
 :class:`NonPrivateEvent`      ``NonPrivateDpEvent`` (epsilon = inf)        both
 ============================  ==========================================  ==========
 
@@ -61,11 +64,13 @@ class DistributedDiscreteGaussianDpEvent(dp_event.DpEvent):
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class SkellamDpEvent(dp_event.DpEvent):
     """Symmetric Skellam noise of total ``variance`` on an integer query with L2 and L1
-    sensitivities ``l2_sensitivity`` and ``l1_sensitivity`` (integer units)."""
+    sensitivities ``l2_sensitivity`` and ``l1_sensitivity`` (integer units), of
+    ``dimension`` entries (None: not known, so only the RDP bound applies)."""
 
     l2_sensitivity: float
     l1_sensitivity: float
     variance: float
+    dimension: int | None = None
 
 
 def _positive(name: str, v: float, allow_zero: bool = False) -> None:
@@ -203,7 +208,8 @@ class DiscreteGaussianEvent(PrivacyEvent):
         return math.sqrt(self.n_shares) * self.sigma_share
 
     def dp_event(self) -> dp_event.DpEvent:
-        """A :class:`DistributedDiscreteGaussianDpEvent` (RDP accountant only)."""
+        """A :class:`DistributedDiscreteGaussianDpEvent` (its Gaussian reference where the
+        noise is large, else the RDP bound)."""
         return DistributedDiscreteGaussianDpEvent(
             float(self.l2_sensitivity), float(self.sigma_share), int(self.n_shares),
             int(self.dimension),
@@ -219,6 +225,7 @@ class SkellamEvent(PrivacyEvent):
     l2_sensitivity: float
     l1_sensitivity: float
     variance: float
+    dimension: int | None = None
     mechanism: ClassVar[str] = "skellam"
 
     def __post_init__(self) -> None:
@@ -226,11 +233,16 @@ class SkellamEvent(PrivacyEvent):
         _positive("l2_sensitivity", self.l2_sensitivity)
         _positive("l1_sensitivity", self.l1_sensitivity)
         _positive("variance", self.variance)
+        v = self.dimension
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise PrivacyError(f"dimension must be a positive integer or None, got {v!r}")
 
     def dp_event(self) -> dp_event.DpEvent:
-        """A :class:`SkellamDpEvent` (RDP accountant only)."""
+        """A :class:`SkellamDpEvent` (its Gaussian reference where the dimension is known
+        and the noise large, else the RDP bound)."""
         return SkellamDpEvent(float(self.l2_sensitivity), float(self.l1_sensitivity),
-                              float(self.variance))
+                              float(self.variance),
+                              None if self.dimension is None else int(self.dimension))
 
 
 @dataclass(frozen=True, kw_only=True)
