@@ -25,7 +25,7 @@ from secagg.privacy.client_ledger import (
     release_epsilon,
     server_epsilon,
 )
-from secagg.privacy.events import DiscreteGaussianEvent, GaussianEvent
+from secagg.privacy.events import DiscreteGaussianEvent, GaussianEvent, SkellamEvent
 from secagg.privacy.policy import NodePolicy
 
 DELTA = 1e-6
@@ -70,6 +70,19 @@ def test_event_json_round_trip_and_refusals() -> None:
         ClientEvent.from_dict({**e.to_dict(), "epsilon": 1.0})
     with pytest.raises(PrivacyError, match="observers"):
         ev(0, "uploaded", unprotected={"everyone": "x"})
+
+
+def test_a_skellam_event_keeps_its_dimension_in_the_client_ledger() -> None:
+    """The dimension selects the tight (PLD) charge for Skellam (secagg.privacy.pld); a
+    client ledger that dropped it charged the looser RDP bound. A ledger written before
+    the field existed still loads (the event's default: the RDP bound)."""
+    sk = SkellamEvent(l2_sensitivity=3.0, l1_sensitivity=9.0, variance=400.0, dimension=4)
+    d = event_to_dict(sk)
+    assert d["dimension"] == 4
+    assert event_from_dict(d) == sk
+    old = {k: v for k, v in d.items() if k != "dimension"}
+    assert event_from_dict(old) == SkellamEvent(l2_sensitivity=3.0, l1_sensitivity=9.0,
+                                                variance=400.0)
 
 
 # ---------------------------------------------------------------- the issue's figures

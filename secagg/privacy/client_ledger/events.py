@@ -46,8 +46,11 @@ _EVENT_PARAMS: dict[str, tuple[str, ...]] = {
     "gaussian": ("noise_multiplier",),
     "sampled_gaussian": ("noise_multiplier", "sampling_rate", "steps"),
     "discrete_gaussian": ("l2_sensitivity", "sigma_share", "n_shares", "dimension"),
-    "skellam": ("l2_sensitivity", "l1_sensitivity", "variance"),
+    "skellam": ("l2_sensitivity", "l1_sensitivity", "variance", "dimension"),
 }
+#: parameters a ledger written before they existed may lack (read as the event's default:
+#: a Skellam event without its dimension is charged by the published RDP bound)
+_OPTIONAL_PARAMS: dict[str, tuple[str, ...]] = {"skellam": ("dimension",)}
 
 
 def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
@@ -75,8 +78,9 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
     name = d.get("mechanism")
     if name not in _EVENT_TYPES:
         raise PrivacyError(f"unknown mechanism in a client ledger event: {name!r}")
+    optional = _OPTIONAL_PARAMS.get(name, ())
     try:
-        params = {k: d[k] for k in _EVENT_PARAMS[name]}
+        params = {k: d[k] for k in _EVENT_PARAMS[name] if k not in optional or k in d}
     except KeyError as exc:
         raise PrivacyError(f"{name} event without {exc.args[0]!r}: {dict(d)!r}") from None
     return _EVENT_TYPES[name](count=int(d.get("count", 1)), **params)  # type: ignore[call-arg]
