@@ -99,3 +99,11 @@ def test_the_readme_links_every_docs_page():
     linked = {(readme.parent / t.partition("#")[0]).resolve() for t in links(readme.read_text())}
     unlinked = [p.name for p in PAGES[1:] if p.resolve() not in linked]
     assert unlinked == [], f"README.md links no page for: {unlinked}"
+
+
+def test_the_readme_stays_an_index():
+    """Issue 34: at most 200 lines, with the run command and the test command that .ci/run
+    extracts by their markers; the reference text lives on the docs pages."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    assert "Set up and run the default job" in text and "<!-- test-command" in text
