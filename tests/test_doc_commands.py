@@ -9,6 +9,12 @@ entry point as the ``secagg`` script. Only the length of the work is cut, by thi
 * ``secagg sweep CONFIG``: CONFIG is a copy of the checkout's file at the same relative
   path, with ``sweep.rounds = 1``, ``sweep.workers = 0``, one seed and the first epsilon
   of each axis;
+* ``secagg dp-audit``: ``--quiet`` appended; ``--epsilon 1`` (the first of its default
+  1, 2, 4) when the command names no epsilon; and :data:`AUDIT_TRIALS` trials when it
+  names none and the page says it exits 0. Soundness and tightness at the full trial
+  counts are tested in tests/test_dp_audit.py and tests/test_dp_audit_tight.py; here the
+  command must run and exit as shown. A command the page says finds a violation (``exit
+  6``) keeps its trials, since finding it depends on them;
 * everything else runs as written.
 
 A command whose comment says ``exit N`` must exit with N; every other one with 0. A new
@@ -50,6 +56,9 @@ SHELL_LANGS = {"bash", "sh", "shell", "console", ""}
 #: How far a printed number may be from the one a page shows (half a unit of the 4th decimal).
 TOLERANCE = 5e-4
 FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+#: Releases per world for a ``dp-audit`` command cut to run (DP-SGD: trainings; as many as
+#: tests/test_dp_audit.py audits DP-SGD with).
+AUDIT_TRIALS = 300
 
 
 def shell_lines(text: str) -> list[str]:
@@ -128,8 +137,18 @@ def _fast_sweep_config(source: Path, target: Path) -> None:
     target.write_text("\n".join(lines) + "\n")
 
 
-def fast_argv(argv: list[str]) -> list[str]:
-    """The command with the flags that cut its work (see the module docstring)."""
+def _names(argv: list[str], option: str) -> bool:
+    return any(tok == option or tok.startswith(option + "=") for tok in argv)
+
+
+def fast_argv(argv: list[str], expected: int = 0) -> list[str]:
+    """The command with the flags that cut its work (see the module docstring);
+    ``expected`` is the exit status the page shows for it."""
+    if argv and argv[0] == "dp-audit":
+        extra = [] if _names(argv, "--epsilon") else ["--epsilon", "1"]
+        if expected == 0 and not _names(argv, "--trials"):
+            extra += ["--trials", str(AUDIT_TRIALS)]
+        return [*argv, *extra, "--quiet"]
     if not argv or argv[0] != "run":
         return list(argv)
     extra = ["--rounds", "1", "--quiet"]
@@ -163,6 +182,13 @@ def test_the_pages_show_commands_and_the_extraction_reads_them():
                                                            "plot"}
     assert fast_argv(["run", "--algorithm", "gmm", "--rounds", "20"]) == [
         "run", "--algorithm", "gmm", "--rounds", "20", "--rounds", "1", "--quiet"]
+    assert fast_argv(["dp-audit", "--layer", "dp-sgd"]) == [
+        "dp-audit", "--layer", "dp-sgd", "--epsilon", "1", "--trials", str(AUDIT_TRIALS),
+        "--quiet"]
+    shown = ["dp-audit", "--inject", "all", "--epsilon", "2"]  # exit 6: its trials kept
+    assert fast_argv(shown, 6) == [*shown, "--quiet"]
+    assert fast_argv(["dp-audit", "--trials=50"]) == ["dp-audit", "--trials=50", "--epsilon",
+                                                      "1", "--quiet"]
 
 
 def blocks(text: str) -> list[tuple[str, str, str | None]]:
@@ -277,7 +303,7 @@ def test_every_secagg_command_on_the_page_runs(page, tmp_path, capsys, monkeypat
                 _fast_sweep_config(ROOT / config, tmp_path / config)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                rc = main(fast_argv(argv))
+                rc = main(fast_argv(argv, expected))
         except SystemExit as exc:  # argparse: usage errors, --help
             rc = exc.code if isinstance(exc.code, int) else 1
         err = capsys.readouterr().err
