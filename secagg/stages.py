@@ -9,7 +9,7 @@ modules), the Flower records, the costs and the engine import them. As in Flower
 row and a transcript read exactly as they did when the names were spelled inline.
 
 * :class:`Stage` -- a step a node is asked to run (the instruction's ``step``) and the
-  stage a message or a drop is booked under (``dropped:<stage>``: :func:`dropped`).
+  stage a message or a drop is booked under (``dropped:<stage>``: :func:`dropped_stage`).
 * :class:`Key` -- the fields of an instruction or a reply (``reply_field(rec, Key.MSG,
   bytes)``).
 
@@ -68,7 +68,7 @@ STEPS: Final = (Stage.HELLO, Stage.UPLOAD, *SECURE_SUM_STAGES, Stage.ADVERTISE_N
                 Stage.CLOSE)
 
 
-def dropped(stage: str) -> str:
+def dropped_stage(stage: str) -> str:
     """The ledger stage of a client dropped at ``stage``: ``"dropped:<stage>"``."""
     return f"{Stage.DROPPED_PREFIX}{stage}"
 
@@ -80,6 +80,7 @@ class Key:
     STEP: Final = "step"
     RUN: Final = "run"
     ROUND: Final = "round"
+    ROUNDS: Final = "rounds"
     PHASE: Final = "phase"
     SEED: Final = "seed"
     #: the packed broadcast the client step needs
@@ -119,6 +120,8 @@ class Key:
     # Flower's node evaluation and attestation
     EVALUATE: Final = "evaluate"
     EVAL_STATE: Final = "eval_state"
+    #: the global model a node evaluates on its own (the ``evaluate`` step)
+    STATE: Final = "state"
     ACC: Final = "acc"
     HAS_TEST: Final = "has_test"
     ATT: Final = "att"
