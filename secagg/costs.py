@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from secagg.errors import ConfigurationError
+from secagg.stages import Stage
 
 SERVER = "server"
 #: The designated decryptor of the homomorphic layer: a party, never a client.
@@ -142,9 +143,9 @@ def secure_sum_client_flops(
     (look-ups only: 0).
     """
     d = max(int(degree), 0)
-    if step == "advertise":
+    if step == Stage.ADVERTISE:
         return crypto_flops(x25519=2)
-    if step == "share":
+    if step == Stage.SHARE:
         return crypto_flops(
             x25519=d, hkdf=d, mulmod127=_SHAMIR_ELEMENTS * (d + 1) * max(share_threshold, 1),
             aes_gcm_call=d, aes_gcm_byte=d * _SHARE_ENTRY_BYTES, sha256_byte=64,
@@ -157,7 +158,7 @@ def secure_sum_client_flops(
             x25519=d, hkdf=d + 1, aes_ctr_byte=(d + 1) * vector_bytes,
             sha256_byte=vector_bytes + 64,
         ) + (d + 1) * words  # one modular add (or subtract) per word per mask
-    if step == "unmask":
+    if step == Stage.UNMASK:
         return 0.0
     raise ConfigurationError(
         f"unknown secure-sum step {step!r}; one of advertise, share, ack, masked, unmask")

@@ -20,6 +20,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
+from secagg.stages import Stage
+
 
 def _key(text: str) -> int:
     return zlib.crc32(text.encode())
@@ -57,7 +59,7 @@ class DropoutModel:
         self.seed = seed
         self.default = default
         self.per = per
-        self.stages: tuple[str, ...] = ("upload",)
+        self.stages: tuple[str, ...] = (Stage.UPLOAD,)
         self.round = 0
         self.phase = ""
 

@@ -65,6 +65,7 @@ from secagg.link import LayerServer, Link, PhaseCall, Reply
 from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
 from secagg.result import Result
 from secagg.seeds import derive_seed
+from secagg.stages import Stage
 from secagg.stream import UploadStream
 from secagg.transcript import Transcript, digest
 from secagg.wire import is_message, pack_arrays, unpack_arrays
@@ -368,12 +369,12 @@ def book_broadcast(ctx: RoundContext, cohort: Sequence[int], wire: bytes,
     # the same bytes for every client: hashed once
     sha = digest(wire) if ctx.attest is not None and is_message(wire) else None
     for c in cohort:
-        ctx.message(SERVER, c, "broadcast", wire, plaintext_bytes=plain, fields=dict(fields),
+        ctx.message(SERVER, c, Stage.BROADCAST, wire, plaintext_bytes=plain, fields=dict(fields),
                     client_cpu_s=client_cpu_s, server_cpu_s=server_cpu_s, sha=sha)
 
 
 #: where the transcript records the clients' own evaluation (phase, field)
-EVALUATION_PHASE, EVALUATION_FIELD = "evaluate", "local test accuracy"
+EVALUATION_PHASE, EVALUATION_FIELD = Stage.EVALUATE, "local test accuracy"
 
 
 def clients_evaluated(run: RunState, round: int, acc: Mapping[int, tuple[float, bool]]
@@ -388,7 +389,7 @@ def clients_evaluated(run: RunState, round: int, acc: Mapping[int, tuple[float, 
     if acc:
         for c in sorted(acc):
             run.transcript.observe(
-                round=round, phase=EVALUATION_PHASE, stage="evaluate", party=SERVER,
+                round=round, phase=EVALUATION_PHASE, stage=Stage.EVALUATE, party=SERVER,
                 sender=c, field=EVALUATION_FIELD, form="clear",
                 value=np.array(acc[c], dtype=np.float64))
         if run.privacy is not None:
@@ -1203,7 +1204,7 @@ class Engine:
                     f"returned {sorted(out)}: a local phase must return {{}}")
             flops = float(phase.client_flops(states[c]))
             # work, not a message: a ledger row of 0 bytes, nothing in the transcript
-            ctx.ledger.record(CostRow(round=ctx.round, phase=ctx.phase, stage="local",
+            ctx.ledger.record(CostRow(round=ctx.round, phase=ctx.phase, stage=Stage.LOCAL,
                                       sender=c, receiver=c, client_cpu_s=dt, flops=flops,
                                       step_flops=flops))
         return len(cohort)

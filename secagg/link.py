@@ -27,6 +27,7 @@ from secagg.costs import SERVER
 from secagg.errors import ProtocolError
 from secagg.layers.base import Aggregate, RoundContext, ServerPart
 from secagg.messages import ClipReport, UploadSpec
+from secagg.stages import Key, dropped_stage
 
 Reply = Mapping[str, Any]
 """One client's reply to an instruction: field name -> value (int, float, str, bytes...)."""
@@ -35,9 +36,9 @@ Needs = Sequence[tuple[str, type]]
 """The fields (name, type) a reply must carry for its stage."""
 
 #: what a plain protocol reply carries: the protocol message and the node's CPU seconds
-PROTOCOL_REPLY: Needs = (("msg", bytes), ("cpu_s", float))
+PROTOCOL_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float))
 #: what a reply to an instruction that ran the client step carries
-STEP_REPLY: Needs = (("msg", bytes), ("cpu_s", float), ("flops", float), ("clipped", str))
+STEP_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float), (Key.FLOPS, float), (Key.CLIPPED, str))
 
 Dropped = dict[str, dict[int, str]]
 """Stage -> client -> why it was dropped there (an aggregate's ``notes["dropped"]``)."""
@@ -112,7 +113,7 @@ class PhaseCall:
     @property
     def broadcast(self) -> bytes:
         """The packed broadcast the client step needs (b"" when none)."""
-        return self.instruction.get("broadcast") or b""
+        return self.instruction.get(Key.BROADCAST) or b""
 
 
 class LayerServer(Protocol):
@@ -172,7 +173,7 @@ def book_drops(link: Link, ctx: RoundContext, stage: str, failed: Mapping[int, s
     stage ``"dropped:<stage>"`` from it, and its reason in ``dropped``; then tell the
     runtime (:meth:`Link.lost`)."""
     for c, why in sorted(failed.items()):
-        ctx.message(c, SERVER, f"dropped:{stage}", 0)
+        ctx.message(c, SERVER, dropped_stage(stage), 0)
         dropped.setdefault(stage, {})[c] = why
     link.lost(dropped)
 
@@ -213,5 +214,5 @@ class _Subset(Mapping[int, Reply]):
 
 def add_clips(clips: ClipReport, rec: Reply) -> None:
     """Add a step reply's clip counts (its ``clipped`` JSON object) to ``clips``."""
-    for k, v in json.loads(reply_field(rec, "clipped", str)).items():
+    for k, v in json.loads(reply_field(rec, Key.CLIPPED, str)).items():
         clips.counts[k] = clips.counts.get(k, 0) + v

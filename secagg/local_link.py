@@ -39,6 +39,7 @@ from secagg.layers.base import RoundContext
 from secagg.link import PROTOCOL_REPLY, Dropped, Needs, Reply, malformed, reply_field
 from secagg.messages import UploadSpec
 from secagg.node import leave, protocol_step, runs_client_step
+from secagg.stages import Key
 from secagg.stream import UploadStream
 
 LinkTamper = Callable[[str, Any, Any, Mapping[str, Any]], "Mapping[str, Any] | None"]
@@ -119,7 +120,7 @@ class LocalLink:
             if ins is None:
                 failed[c] = "instruction lost"
                 continue
-            name = reply_field(ins, "step", str)
+            name = reply_field(ins, Key.STEP, str)
             if runs_client_step(name, ins):
                 lazy[c] = ins
                 continue
@@ -169,8 +170,8 @@ class LocalLink:
             raise ProtocolError(f"client {client}: a client-step instruction at {stage!r} "
                                 "outside a phase served by this link")
         up = self._uploads[client]
-        out: dict[str, Any] = {"cpu_s": float(up.cpu_s), "flops": float(up.flops),
-                               "clipped": json.dumps(up.clipped)}
+        out: dict[str, Any] = {Key.CPU_S: float(up.cpu_s), Key.FLOPS: float(up.flops),
+                               Key.CLIPPED: json.dumps(up.clipped)}
         rep = self._deliver(stage, client, "server",
                             leave(ins, self._spec, up, client, None, out,
                                   float(up.cpu_s), self.store(client)))

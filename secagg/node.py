@@ -29,6 +29,7 @@ from secagg.errors import ProtocolError
 from secagg.layers.plaintext import upload_on_node
 from secagg.link import Reply, reply_field
 from secagg.messages import Upload, UploadSpec
+from secagg.stages import Key, Stage
 
 NodeStore = MutableMapping[str, Any]
 """A node's private store between messages (Flower: a ConfigRecord in ``Context.state``;
@@ -55,14 +56,14 @@ def _secure_sum_upload(rec: Reply, spec: UploadSpec, up: Upload, client: int,
 #: the instructions that run the client step (``share`` only ``with_step``: else it is the
 #: secure-sum stage), each with how the upload then leaves the node
 UPLOADS: dict[str, Callable[..., dict[str, Any]]] = {
-    "upload": upload_on_node, "he-upload": _he_upload,
-    "advertise": _secure_sum_upload, "share": _secure_sum_upload}
+    Stage.UPLOAD: upload_on_node, Stage.HE_UPLOAD: _he_upload,
+    Stage.ADVERTISE: _secure_sum_upload, Stage.SHARE: _secure_sum_upload}
 
 
 def runs_client_step(step: str, rec: Reply) -> bool:
     """Whether the instruction ``rec`` (of step ``step``) runs the client step before the
     layer's part (see the module docstring)."""
-    return step in UPLOADS and (step != "share" or rec.get("with_step") is True)
+    return step in UPLOADS and (step != Stage.SHARE or rec.get(Key.WITH_STEP) is True)
 
 
 def leave(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: Any,
@@ -76,7 +77,7 @@ def leave(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: Any,
     Raises:
         ProtocolError: the instruction runs no client step, or the layer's part refuses.
     """
-    step = reply_field(rec, "step", str)
+    step = reply_field(rec, Key.STEP, str)
     if step not in UPLOADS:
         raise ProtocolError(f"secagg step {step!r} runs no client step")
     return UPLOADS[step](rec, spec, up, client, part, out, cpu, store)
@@ -103,9 +104,9 @@ def protocol_step(step: str, rec: Reply, store: NodeStore, client: int) -> dict[
     """
     from secagg.secure_sum.node import advertise_next
 
-    if step == "advertise-next":
+    if step == Stage.ADVERTISE_NEXT:
         return advertise_next(rec, client, store)
     out = _layer_step(step)(step, rec, store)
-    if step == "unmask" and "next_session" in rec:
+    if step == Stage.UNMASK and Key.NEXT_SESSION in rec:
         out.update(advertise_next(rec, client, store))
     return out

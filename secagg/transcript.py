@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from secagg.errors import TranscriptError
+from secagg.stages import Stage
 from secagg.wire import Message, is_message, message_size
 
 FORMS = ("clear", "masked", "encrypted", "noised")
@@ -85,7 +86,7 @@ class Transcript:
         field: str,
         form: str,
         value: np.ndarray | Message,
-        what: str = "upload",
+        what: str = Stage.UPLOAD,
         nbytes: int | None = None,
         value_digest: str | None = None,
     ) -> None:

@@ -24,9 +24,10 @@ from secagg.secure_sum import TooFewShares, run_secure_sum, wire
 from secagg.secure_sum.client import Client, share_aad, share_nonce
 from secagg.secure_sum.graph import build
 from secagg.secure_sum.keys import agree, key_commitment, pair_digest, share_key, share_statement
+from secagg.stages import SECURE_SUM_STAGES
 
 BITS, M, N, T = 24, 6, 10, 7
-STAGES = ("advertise", "share", "masked-input", "consistency", "unmask")
+STAGES = SECURE_SUM_STAGES
 
 
 def _ctx(schedule=None):

@@ -20,8 +20,9 @@ from secagg.errors import SecureSumAborted
 from secagg.layers.base import RoundContext
 from secagg.secure_sum import run_secure_sum
 from secagg.secure_sum.graph import build
+from secagg.stages import SECURE_SUM_STAGES
 
-STAGES = ("advertise", "share", "masked-input", "consistency", "unmask")
+STAGES = SECURE_SUM_STAGES
 
 
 def _expected(graph, cohort, drop_stage):

@@ -14,6 +14,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secagg.errors import SecaggError
+from secagg.stages import Stage
 from secagg.transcript import digest
 
 #: Prefix of every signed statement (domain separation from other Ed25519 uses).
@@ -38,7 +39,7 @@ FORMS = ("clear", "noised", "masked", "encrypted", "protocol")
 _SIG_BYTES = 64
 #: observations not covered by statements: the accuracies Flower nodes report
 #: (``secagg.engine.EVALUATION_PHASE``), measurements rather than protocol messages
-UNSIGNED_PHASE = "evaluate"
+UNSIGNED_PHASE = Stage.EVALUATE
 
 
 class AttestationError(SecaggError, ValueError):

@@ -24,6 +24,7 @@ from secagg.attest.statement import (
     Statement,
     params_digest,
 )
+from secagg.stages import Stage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,7 +151,7 @@ def _messages_match(records: list[dict[str, Any]],
         if r.get("type") != "message" or r.get("stage") == STAGE:
             continue
         if not _is_signer(r.get("sender")) or r.get("receiver") != "server" \
-                or str(r.get("stage", "")).startswith("dropped:"):
+                or str(r.get("stage", "")).startswith(Stage.DROPPED_PREFIX):
             continue
         base = (r.get("round"), r.get("phase"), r.get("stage"), str(r.get("sender")),
                 str(r.get("receiver")))

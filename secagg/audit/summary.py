@@ -13,6 +13,7 @@ from typing import Any
 
 from secagg.audit.attested import check_privacy, trusted_root
 from secagg.costs import DIRECTIONS, SERVER
+from secagg.stages import Stage
 from secagg.transcript import Transcript
 
 #: Suffix DistributedDP gives the secure-sum label of its noised ring vector.
@@ -151,7 +152,7 @@ def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None, *
         })
         rounds[key].add(r["round"])
         label = f"{r['form']} {r['what']}"
-        if isinstance(r["sender"], int) and r["what"] == "upload":
+        if isinstance(r["sender"], int) and r["what"] == Stage.UPLOAD:
             senders[key].add(r["sender"])
             e["bytes_uploaded"] += int(r["bytes"])
             if r["field"].endswith(_NOISED_SUFFIX):
@@ -159,7 +160,7 @@ def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None, *
         if r["party"] == SERVER:
             e["server_saw"][label] += 1
             e["bytes_to_server"] += int(r["bytes"])
-            if r["form"] == "clear" and r["what"] == "upload":
+            if r["form"] == "clear" and r["what"] == Stage.UPLOAD:
                 e["clear_individual_uploads"] += 1
         else:
             e["others_saw"][str(r["party"])][label] += 1

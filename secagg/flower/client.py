@@ -91,6 +91,7 @@ from secagg.node import UPLOADS as _UPLOADS
 from secagg.node import leave, protocol_step, runs_client_step
 from secagg.privacy.node_ledger import LedgerError, NodeLedger, check_head, release_id
 from secagg.privacy.policy import NodePolicy
+from secagg.stages import Key, Stage
 from secagg.wire import unpack_arrays
 
 PartitionLoader = Callable[[Context], tuple[Dataset, ClientData]]
@@ -100,9 +101,10 @@ _STATE = "secagg-node"  # ConfigRecord in Context.state (stays on the node)
 _IDENTITY = "secagg-identity"  # the node's Ed25519 identity (kept across runs)
 _ATTEST = "secagg-attest"  # per run tag: the node's statement numbers (kept across runs)
 #: reply fields that are messages a node sends, signed (secagg.attest)
-_SIGNED = ("msg", "ack", "frames", "next_msg")
+_SIGNED = (Key.MSG, Key.ACK, Key.FRAMES, Key.NEXT_MSG)
 #: steps whose message is booked under another stage name by the server
-_STAGE_OF_STEP = {"he-keygen": "keys", "he-decrypt": "result", "he-upload": "upload"}
+_STAGE_OF_STEP = {Stage.HE_KEYGEN: Stage.KEYS, Stage.HE_DECRYPT: Stage.RESULT,
+                  Stage.HE_UPLOAD: Stage.UPLOAD}
 
 
 #: node config keys of the node's pinned identities
@@ -246,9 +248,9 @@ def _close(rec: ConfigRecord, key: Any, context: Context, store: ConfigRecord
     t0 = time.process_time()
     if "cid" not in store:
         raise ProtocolError("a closing request for a run this node did not join")
-    book = _AttestBook(context, str(store["run"]))
+    book = _AttestBook(context, str(store[Key.RUN]))
     try:
-        terms = json.loads(field(rec, "dp_terms", str)) if "dp_terms" in rec else None
+        terms = json.loads(field(rec, Key.DP_TERMS, str)) if Key.DP_TERMS in rec else None
     except ValueError:
         raise ProtocolError("closing request: dp_terms is not JSON") from None
     if terms is not None and not isinstance(terms, dict):
@@ -259,16 +261,16 @@ def _close(rec: ConfigRecord, key: Any, context: Context, store: ConfigRecord
                             f"to sign misdescribe the noise it applied: {'; '.join(wrong)}")
     params: dict[str, Any] = {"applied": book.applied}
     if terms is not None:
-        params["dp"] = terms
-    rnd = field(rec, "round", int) if "round" in rec else -1
+        params[Key.DP] = terms
+    rnd = field(rec, Key.ROUND, int) if Key.ROUND in rec else -1
     parties: list[Any] = [int(store["cid"])]
     if book.seq.get("decryptor", 0) > 0:
         parties.append("decryptor")
-    atts = [closing_statement(key, run=str(store["run"]), round=rnd, sender=p,
+    atts = [closing_statement(key, run=str(store[Key.RUN]), round=rnd, sender=p,
                               count=book.seq.get(str(p), 0), params=params) for p in parties]
     book.closed = True
     book.save()
-    return {"att": json.dumps(atts), "att_cpu_s": time.process_time() - t0}
+    return {Key.ATT: json.dumps(atts), Key.ATT_CPU_S: time.process_time() - t0}
 
 
 def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
@@ -282,35 +284,35 @@ def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
     from secagg.attest import params_digest, sign_reply
 
     t0 = time.process_time()
-    labels = json.loads(rec["att"]) if isinstance(rec.get("att"), str) else [-1, "", step]
+    labels = json.loads(rec[Key.ATT]) if isinstance(rec.get(Key.ATT), str) else [-1, "", step]
     rnd, phase, stage = int(labels[0]), str(labels[1]), str(labels[2])
     stage = _STAGE_OF_STEP.get(step, stage)
-    sender: Any = "decryptor" if step in ("he-keygen", "he-decrypt") else int(store["cid"])
+    sender: Any = "decryptor" if step in (Stage.HE_KEYGEN, Stage.HE_DECRYPT) else int(store["cid"])
     params: dict[str, Any] = {}
-    if "layer" in rec:
-        params["told"] = params_digest(json.loads(field(rec, "layer", str)))
-    if "dp" in rec:
-        params["noise"] = json.loads(field(rec, "dp", str))
+    if Key.LAYER in rec:
+        params["told"] = params_digest(json.loads(field(rec, Key.LAYER, str)))
+    if Key.DP in rec:
+        params["noise"] = json.loads(field(rec, Key.DP, str))
     noised = json.loads(store["att_noised"]) if "att_noised" in store else []
     msgs = {k: (stage, out[k]) for k in _SIGNED if k in out and k != "next_msg"}
-    book = _AttestBook(context, str(store["run"]))
+    book = _AttestBook(context, str(store[Key.RUN]))
     if "att_release" in store:  # a release this node noised, now sent
         if step in _UPLOADS:
             book.applied.append(json.loads(store["att_release"]))
         del store["att_release"]
-    atts = json.loads(sign_reply(key, run=str(store["run"]), round=rnd, phase=phase,
+    atts = json.loads(sign_reply(key, run=str(store[Key.RUN]), round=rnd, phase=phase,
                                  sender=sender, messages=msgs, params=params,
                                  noised=noised if step in _UPLOADS else (),
                                  first_seq=book.take(sender, len(msgs))))
-    if "next_msg" in out:  # ADVERTISE ahead for the next session
+    if Key.NEXT_MSG in out:  # ADVERTISE ahead for the next session
         atts += json.loads(sign_reply(
-            key, run=str(store["run"]), round=int(rec.get("next_round", -1)), phase="",
-            sender=sender, messages={"next_msg": ("advertise", out["next_msg"])},
+            key, run=str(store[Key.RUN]), round=int(rec.get(Key.NEXT_ROUND, -1)), phase="",
+            sender=sender, messages={Key.NEXT_MSG: (Stage.ADVERTISE, out[Key.NEXT_MSG])},
             params={}, first_seq=book.take(sender, 1)))
     book.save()
     if atts:
-        out["att"] = json.dumps(atts)
-        out["att_cpu_s"] = time.process_time() - t0
+        out[Key.ATT] = json.dumps(atts)
+        out[Key.ATT_CPU_S] = time.process_time() - t0
     return out
 
 
@@ -370,19 +372,19 @@ class _Node:
 
     def handle(self, msg: Message, context: Context) -> Message:
         rec = read(msg)
-        step = field(rec, "step", str)
+        step = field(rec, Key.STEP, str)
         store = self._store(context)
-        tag = field(rec, "run", str)
-        if store.get("run") != tag:  # a new run: forget the previous run's private state
+        tag = field(rec, Key.RUN, str)
+        if store.get(Key.RUN) != tag:  # a new run: forget the previous run's private state
             for k in list(store.keys()):
                 del store[k]
-            store["run"] = tag
+            store[Key.RUN] = tag
         key = _identity(context)
         pins = _pinned(context)
         if pins is not None:  # the secure-sum parties sign with the pinned key, check peers'
             store["pinned"] = json.dumps({str(c): k.hex() for c, k in pins.items()})
             store["signing"] = key.private_bytes_raw()
-        if step == "hello":  # with SecureSum, ADVERTISE for the run's first session too
+        if step == Stage.HELLO:  # with SecureSum, ADVERTISE for the run's first session too
             _, data = self._load(context)
             store["cid"] = int(data.id)
             out: dict[str, Any] = {"cid": int(data.id)}  # no record count: it is private
@@ -391,23 +393,23 @@ class _Node:
             out["identity"] = public_hex(key)  # the public half of the node's identity
             head = _ledger_head(context)
             if head is not None:  # where the node's ledger stands as the run begins
-                out["ledger_head"] = head
-            if "next_session" in rec:
+                out[Key.LEDGER_HEAD] = head
+            if Key.NEXT_SESSION in rec:
                 out.update(self._advertise_next(rec, context, store))
             return Message(content(**_attest(rec, step, out, key, store, context)),
                            reply_to=msg)
-        if step == "close":  # the end of the run: the node's closing statements
+        if step == Stage.CLOSE:  # the end of the run: the node's closing statements
             return Message(content(**_close(rec, key, context, store)), reply_to=msg)
         if runs_client_step(step, rec):
             # the node's own checks, before its data is touched: its policy floor, then its
             # budget (the release is charged, durably, before the step runs)
-            raw = rec.get("broadcast", b"")
+            raw = rec.get(Key.BROADCAST, b"")
             bcast = unpack_arrays(raw) if raw else {}
             policy = _policy(context)
             _check_policy(policy, rec, bcast, pins)
             sizing = "pinned" if pins is not None else (
                 "alone" if policy.noise_alone else "server")
-            store["dp_sizing"] = sizing
+            store[Key.DP_SIZING] = sizing
             with _charged(context, rec, lambda: self._cid(context, store)) as charge:
                 if charge is not None:
                     charge.sizing = sizing
@@ -420,12 +422,12 @@ class _Node:
                                         score=not _budgeted(context), check=check)
                 if charge is not None:
                     out.update(charge.commit())
-            if "dp" in rec:  # how this node sized its noise (the server's copy of its event)
-                out["dp_sizing"] = sizing
-        elif step == "evaluate":
+            if Key.DP in rec:  # how this node sized its noise (the server's copy of its event)
+                out[Key.DP_SIZING] = sizing
+        elif step == Stage.EVALUATE:
             if _budgeted(context):
                 raise ProtocolError(_NO_EVALUATION)
-            out = self._evaluate(field(rec, "state", bytes), field(rec, "seed", int),
+            out = self._evaluate(field(rec, Key.STATE, bytes), field(rec, Key.SEED, int),
                                  *self._load(context), store)
         else:  # a layer's protocol stage (advertise-next included)
             out = protocol_step(step, rec, store, self._cid(context, store))
@@ -458,20 +460,20 @@ class _Node:
         request riding on the message (False: leave it unanswered). ``check`` (the node's
         policy on the release as it would be charged) is called with the phase's spec
         before ``admit``."""
-        rnd, rounds = field(rec, "round", int), field(rec, "rounds", int)
-        seed = field(rec, "seed", int)
+        rnd, rounds = field(rec, Key.ROUND, int), field(rec, Key.ROUNDS, int)
+        seed = field(rec, Key.SEED, int)
         if "att_release" in store:  # (left by a step that failed after its noise)
             del store["att_release"]
         scored: dict[str, Any] = {}
-        if rec.get("evaluate") is True and score:  # the previous round's, before this step
-            scored = self._evaluate(field(rec, "eval_state", bytes), seed, dataset, data, store)
-            scored = {"acc": scored["acc"], "has_test": scored["has_test"]}
+        if rec.get(Key.EVALUATE) is True and score:  # the previous round's, before this step
+            scored = self._evaluate(field(rec, Key.EVAL_STATE, bytes), seed, dataset, data, store)
+            scored = {Key.ACC: scored[Key.ACC], Key.HAS_TEST: scored[Key.HAS_TEST]}
         algo = copy.deepcopy(self.algorithm)  # one private copy per node and message
         st = ClientState(data)
         algo.setup(dataset, [st], seed)
         if "client_state" in store:
             st.state = _thaw_state(store["client_state"], st, algo)
-        name = field(rec, "phase", str)
+        name = field(rec, Key.PHASE, str)
         phases = [p for p in algo.phases(rnd, rounds) if p.name == name]
         if not phases:
             raise ProtocolError(f"round {rnd} has no phase {name!r} on this client")
@@ -497,19 +499,19 @@ class _Node:
                                 "nothing is sent (the charge stands)")
         up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
         store["client_state"] = safestore.dumps(st.state)
-        out: dict[str, Any] = {"cpu_s": cpu, "flops": float(phase.client_flops(st)),
-                               "clipped": json.dumps(up.clipped), **scored}
+        out: dict[str, Any] = {Key.CPU_S: cpu, Key.FLOPS: float(phase.client_flops(st)),
+                               Key.CLIPPED: json.dumps(up.clipped), **scored}
         # the wrapping layer's node part, on the node, from the node's own noise stream
         # (e.g. LocalDP noises the upload before it leaves, the inner layer then carrying
         # the widened spec; DistributedDP adds this node's noise share when it encodes)
         part = None
-        if "dp" in rec:  # (imported here: a node's messages without DP skip the accountant)
+        if Key.DP in rec:  # (imported here: a node's messages without DP skip the accountant)
             from secagg.privacy.release import node_part
 
             t0 = time.process_time()
-            part = node_part(rec, st.id, str(store.get("dp_sizing", "server")))
+            part = node_part(rec, st.id, str(store.get(Key.DP_SIZING, "server")))
             up, spec = part.prepare(up, spec)
-            out["cpu_s"] = cpu = cpu + time.process_time() - t0
+            out[Key.CPU_S] = cpu = cpu + time.process_time() - t0
             from secagg.attest import applied_release
 
             mine: list[str] = []
@@ -544,7 +546,7 @@ class _Node:
         # the embedded engine keeps whatever evaluation leaves in the client's state
         store["client_state"] = safestore.dumps(st.state)
         has_test = data.y_test is not None and len(data.y_test) > 0
-        return {"acc": acc, "has_test": bool(has_test), "cpu_s": cpu}
+        return {Key.ACC: acc, Key.HAS_TEST: bool(has_test), Key.CPU_S: cpu}
 
 
 
@@ -588,9 +590,9 @@ def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.nda
     cohort larger than the clients pinned is refused too (the server would be inventing
     clients). The refusal is an error reply: the node drops and sends nothing."""
     try:
-        dp = json.loads(field(rec, "dp", str)) if "dp" in rec else None
+        dp = json.loads(field(rec, Key.DP, str)) if Key.DP in rec else None
         clip = float(np.asarray(bcast["clip"]).ravel()[0]) if "clip" in bcast else None
-        n = rec.get("n")
+        n = rec.get(Key.N)
         policy.check(dp, clip, cohort=n)
         if pins is not None and isinstance(n, int) and n > len(pins):
             raise PrivacyError(f"a cohort of {n} clients, but only {len(pins)} are pinned "
@@ -605,15 +607,15 @@ def _check_release(policy: NodePolicy, rec: ConfigRecord, spec: UploadSpec, clie
     """Refuse the release the instruction asks for when the event this node would be
     charged for it breaks its policy (:meth:`NodePolicy.check_release`: its epsilon, and
     noise resting on the server's word), before the step touches the data."""
-    if "dp" not in rec or not policy.holds_floor:  # nothing to hold the event against
+    if Key.DP not in rec or not policy.holds_floor:  # nothing to hold the event against
         return
     from secagg.privacy.node_budget import node_event
 
     try:
-        dp = json.loads(field(rec, "dp", str))
-        event = node_event(client, field(rec, "run", str), field(rec, "round", int),
-                           field(rec, "phase", str), dp, spec=spec, cohort=rec.get("n"),
-                           layer=rec.get("layer"), sizing=sizing)
+        dp = json.loads(field(rec, Key.DP, str))
+        event = node_event(client, field(rec, Key.RUN, str), field(rec, Key.ROUND, int),
+                           field(rec, Key.PHASE, str), dp, spec=spec, cohort=rec.get(Key.N),
+                           layer=rec.get(Key.LAYER), sizing=sizing)
         policy.check_release(event, dp.get("delta") if policy.max_delta is None else None)
     except (PrivacyError, ValueError, TypeError) as exc:
         raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
@@ -703,8 +705,8 @@ class _Charge:
         if self.path is None:
             raise ProtocolError(f"node config {CLIENT_BUDGET} needs {LEDGER_PATH} (a budget "
                                 "kept in memory would reset with the process)")
-        self.run = field(rec, "run", str)
-        self.round, self.phase = field(rec, "round", int), field(rec, "phase", str)
+        self.run = field(rec, Key.RUN, str)
+        self.round, self.phase = field(rec, Key.ROUND, int), field(rec, Key.PHASE, str)
         self.rid = release_id(self.run, self.round, self.phase)
         try:
             self.ledger = NodeLedger(self.path, _head_path(context, self.path),
@@ -739,8 +741,8 @@ class _Charge:
         assert self.ledger is not None
         rec = self.rec
         try:
-            event = node_event(self.client, self.run, self.round, self.phase, rec.get("dp"),
-                               spec=spec, cohort=rec.get("n"), layer=rec.get("layer"),
+            event = node_event(self.client, self.run, self.round, self.phase, rec.get(Key.DP),
+                               spec=spec, cohort=rec.get(Key.N), layer=rec.get(Key.LAYER),
                                sizing=self.sizing)
             ok = None if self.budget is None else node_admit(
                 self.ledger.charged(), event, *self.budget)
@@ -755,7 +757,7 @@ class _Charge:
     def commit(self) -> dict[str, Any]:
         """After the step: commit the release; the reply's ``ledger_head``."""
         assert self.ledger is not None
-        return {"ledger_head": self.ledger.commit(self.rid, {"status": "uploaded"})}
+        return {Key.LEDGER_HEAD: self.ledger.commit(self.rid, {"status": "uploaded"})}
 
     def close(self) -> None:
         """Release the ledger's lock."""

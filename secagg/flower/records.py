@@ -21,10 +21,6 @@ RECORD = "secagg"
 #: Flower message type of every instruction (ClientApp action ``secagg``).
 MESSAGE_TYPE = "train.secagg"
 
-#: Steps a client can be asked to run (``close``: at the end of the run, the node's signed
-#: closing statement, :mod:`secagg.attest`).
-STEPS = ("hello", "upload", "advertise", "share", "masked-input", "consistency", "unmask",
-         "advertise-next", "he-keygen", "he-upload", "he-decrypt", "evaluate", "close")
 
 
 def content(**values: Any) -> RecordDict:

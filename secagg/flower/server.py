@@ -63,6 +63,7 @@ from secagg.flower.records import field as rfield
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.link import PROTOCOL_REPLY, Dropped, LayerServer, Needs, Reply, malformed
 from secagg.result import Result
+from secagg.stages import Key, Stage
 from secagg.wire import pack_arrays
 
 #: the check every runtime makes before contacting a node (kept under its old name)
@@ -283,7 +284,7 @@ class FlowerFederation(TransportHooks):
     def _exchange(
         self, grid: Grid, stage: str, ctx: RoundContext | None,
         payloads: Mapping[int, RecordDict], timeout: float | None = None,
-        needs: Sequence[tuple[str, type]] = (("msg", bytes), ("cpu_s", float)),
+        needs: Sequence[tuple[str, type]] = ((Key.MSG, bytes), (Key.CPU_S, float)),
         tag: str | None = None,
     ) -> tuple[dict[int, Any], dict[int, str]]:
         """Send one message per client, wait for the replies; returns (client -> reply
@@ -291,7 +292,7 @@ class FlowerFederation(TransportHooks):
         answered with an error, or answered without the fields ``needs`` names (a
         malformed reply counts as that client dropping, never as a crash)."""
         if tag is None:
-            tag = "hello" if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
+            tag = Stage.HELLO if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
         msgs = []
         for c, rd in payloads.items():
             m = Message(rd, dst_node_id=self.nodes[c], message_type=MESSAGE_TYPE, group_id=tag)
@@ -312,8 +313,8 @@ class FlowerFederation(TransportHooks):
             try:
                 rec = read(rep)
                 bad = malformed(rec, needs)
-                if bad is None and "clipped" in rec:
-                    clipped = json.loads(rfield(rec, "clipped", str))
+                if bad is None and Key.CLIPPED in rec:
+                    clipped = json.loads(rfield(rec, Key.CLIPPED, str))
                     if not isinstance(clipped, dict) or not all(
                             isinstance(v, int) for v in clipped.values()):
                         bad = "malformed reply: 'clipped' is not a JSON object of counts"
@@ -337,21 +338,21 @@ class FlowerFederation(TransportHooks):
         """The release ``ins`` asks node ``client`` for, as the node's ledger charges it
         (:func:`secagg.engine.node_release_event`, from the same fields, and ``sizing``:
         how the node says it sized a DistributedDP noise share)."""
-        rnd, name = ins.get("round", ctx.round), ins.get("phase", ctx.phase)
+        rnd, name = ins.get(Key.ROUND, ctx.round), ins.get(Key.PHASE, ctx.phase)
         sizing = sizing if sizing in ("server", "pinned", "alone") else "server"
-        key = (self._run_tag, rnd, name, ins.get("dp"), ins.get("layer"), ins.get("n"),
+        key = (self._run_tag, rnd, name, ins.get(Key.DP), ins.get(Key.LAYER), ins.get(Key.N),
                sizing)
         if key not in self._events:  # one event per release (its plan), not per node
             spec = None
-            if "dp" in ins:  # the release's spec: its un-noised fields, DistributedDP's plan
+            if Key.DP in ins:  # the release's spec: its un-noised fields, DistributedDP's plan
                 phase = next(p for p in self.algorithm.phases(rnd, self.rounds)
                              if p.name == name)
                 spec = phase.spec()
                 if spec.max_records is None:
                     spec = replace(spec, max_records=int(ins["max_records"]))
             self._events = {key: node_release_event(
-                client, self._run_tag, rnd, name, ins.get("dp"), spec=spec,
-                cohort=ins.get("n"), layer=ins.get("layer"), sizing=sizing)}
+                client, self._run_tag, rnd, name, ins.get(Key.DP), spec=spec,
+                cohort=ins.get(Key.N), layer=ins.get(Key.LAYER), sizing=sizing)}
         return replace(self._events[key], client=str(client), **kw).to_dict()
 
     def _close_nodes(self, terms: Mapping[str, Any] | None) -> dict[int, str]:
@@ -364,23 +365,23 @@ class FlowerFederation(TransportHooks):
         if not self.nodes:
             return {}
         last = max(len(self.round_wall_s) - 1, 0)
-        extra = {} if terms is None else {"dp_terms": json.dumps(terms, sort_keys=True)}
-        payloads = {c: content(step="close", run=self._run_tag, round=last, **extra)
+        extra = {} if terms is None else {Key.DP_TERMS: json.dumps(terms, sort_keys=True)}
+        payloads = {c: content(step=Stage.CLOSE, run=self._run_tag, round=last, **extra)
                     for c in sorted(self.nodes)}
-        got, failed = self._exchange(self._grid, "close", None,  # type: ignore[arg-type]
-                                     payloads, needs=(("att", str),), tag=f"{last}/close")
+        got, failed = self._exchange(self._grid, Stage.CLOSE, None,  # type: ignore[arg-type]
+                                     payloads, needs=((Key.ATT, str),), tag=f"{last}/close")
         # our bytes: the terms to each node, the signed closing statements back (not on the
         # cost ledger: once per node per run, as in one process)
-        self.transport.add("close", ours=len(extra.get("dp_terms", "")) * len(payloads)
-                           + sum(len(rec["att"]) for rec in got.values()))
+        self.transport.add(Stage.CLOSE, ours=len(extra.get(Key.DP_TERMS, "")) * len(payloads)
+                           + sum(len(rec[Key.ATT]) for rec in got.values()))
         return failed
 
     def _statements(self, client: int, rec: Any) -> None:
         """Keep the signed statements a node's reply carries (``att``), for the transcript
         (:class:`secagg.attest.Collector`)."""
-        if isinstance(rec.get("att"), str):
-            cpu = rec.get("att_cpu_s", 0.0)
-            self.collector.received(client, rec["att"],
+        if isinstance(rec.get(Key.ATT), str):
+            cpu = rec.get(Key.ATT_CPU_S, 0.0)
+            self.collector.received(client, rec[Key.ATT],
                                     float(cpu) if isinstance(cpu, float | int) else 0.0)
 
     # ---------------------------------------------------------------- the Link
@@ -408,14 +409,14 @@ class FlowerFederation(TransportHooks):
         if step:
             self._collect_evaluation(got)
             for c, rec in got.items():  # how each node sized its DistributedDP share
-                if isinstance(rec.get("dp_sizing"), str):
-                    self._sizings.setdefault(rec["dp_sizing"], set()).add(int(c))
+                if isinstance(rec.get(Key.DP_SIZING), str):
+                    self._sizings.setdefault(rec[Key.DP_SIZING], set()).add(int(c))
             for c, rec in got.items():  # the release each node charged on its own ledger
-                if isinstance(rec.get("ledger_head"), str):
+                if isinstance(rec.get(Key.LEDGER_HEAD), str):
                     self._node_ledgers.append({
-                        "type": "node-ledger", "client": int(c), "head": rec["ledger_head"],
+                        "type": "node-ledger", "client": int(c), "head": rec[Key.LEDGER_HEAD],
                         "event": self._node_event(c, instructions[c], ctx,
-                                                  rec.get("dp_sizing"))})
+                                                  rec.get(Key.DP_SIZING))})
             for c, why in failed.items():  # a node's budget refusal (an error reply)
                 if NODE_BUDGET_REFUSAL in why:
                     self._node_ledgers.append({
@@ -455,17 +456,17 @@ class FlowerFederation(TransportHooks):
             time.sleep(0.5)
             ids = list(grid.get_node_ids())
         self.nodes = {}
-        fields: dict[str, Any] = {"run": self._run_tag, **hello(len(ids))}
-        msgs = [Message(content(step="hello", **fields), dst_node_id=node,
-                        message_type=MESSAGE_TYPE, group_id="hello") for node in ids]
+        fields: dict[str, Any] = {Key.RUN: self._run_tag, **hello(len(ids))}
+        msgs = [Message(content(step=Stage.HELLO, **fields), dst_node_id=node,
+                        message_type=MESSAGE_TYPE, group_id=Stage.HELLO) for node in ids]
         for m in msgs:
-            self.transport.add("hello", flower=flower_bytes(m))
+            self.transport.add(Stage.HELLO, flower=flower_bytes(m))
         errors = []
         for rep in send_and_receive(grid, msgs, self.connect_timeout, self.poll_interval):
             if rep.has_error():
                 errors.append(rep.error.reason)
                 continue
-            self.transport.add("hello", flower=flower_bytes(rep))
+            self.transport.add(Stage.HELLO, flower=flower_bytes(rep))
             rec = read(rep)
             cid = rfield(rec, "cid", int)
             if cid in self.nodes:
@@ -475,9 +476,9 @@ class FlowerFederation(TransportHooks):
             self.nodes[cid] = int(rep.metadata.src_node_id)
             if isinstance(rec.get("identity"), str):  # the node's public identity key
                 self.collector.keys[str(cid)] = rec["identity"]
-            if isinstance(rec.get("ledger_head"), str):  # its own ledger, as the run begins
+            if isinstance(rec.get(Key.LEDGER_HEAD), str):  # its own ledger, as the run begins
                 self._node_ledgers.append({"type": "node-ledger", "client": cid,
-                                           "head": rec["ledger_head"], "event": None})
+                                           "head": rec[Key.LEDGER_HEAD], "event": None})
             self._statements(cid, rec)
             greeted(cid, rec)
         if len(self.nodes) < self.min_nodes:
@@ -599,8 +600,8 @@ class FlowerFederation(TransportHooks):
         if ev is None or c not in ev.ask or c in ev.sent:
             return {}
         ev.sent.add(c)
-        self.transport.add("evaluate", ours=len(ev.wire))
-        return {"evaluate": True, "eval_state": ev.wire}
+        self.transport.add(Stage.EVALUATE, ours=len(ev.wire))
+        return {Key.EVALUATE: True, Key.EVAL_STATE: ev.wire}
 
     def _collect_evaluation(self, got: Mapping[int, Any],
                             ev: _PendingEvaluation | None = None) -> None:
@@ -612,7 +613,7 @@ class FlowerFederation(TransportHooks):
         for c, rec in got.items():
             if c in ev.sent and c not in ev.acc:
                 try:
-                    ev.acc[c] = (rfield(rec, "acc", float), rfield(rec, "has_test", bool))
+                    ev.acc[c] = (rfield(rec, Key.ACC, float), rfield(rec, Key.HAS_TEST, bool))
                 except ProtocolError:
                     continue
 
@@ -625,12 +626,12 @@ class FlowerFederation(TransportHooks):
             return
         rest = [c for c in ev.ask if c not in ev.sent]
         if rest:
-            payloads = {c: content(step="evaluate", run=self._run_tag, seed=self.seed,
+            payloads = {c: content(step=Stage.EVALUATE, run=self._run_tag, seed=self.seed,
                                    state=ev.wire) for c in rest}
-            self.transport.add("evaluate", ours=len(ev.wire) * len(rest))
+            self.transport.add(Stage.EVALUATE, ours=len(ev.wire) * len(rest))
             got, _ = self._exchange(
-                self._grid, "evaluate", None, payloads, timeout=self.step_timeout,
-                needs=(("acc", float), ("has_test", bool), ("cpu_s", float)),
+                self._grid, Stage.EVALUATE, None, payloads, timeout=self.step_timeout,
+                needs=((Key.ACC, float), (Key.HAS_TEST, bool), (Key.CPU_S, float)),
                 tag=f"{ev.round}/evaluate")
             ev.sent.update(rest)
             self._collect_evaluation(got, ev)

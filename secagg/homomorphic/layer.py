@@ -33,6 +33,7 @@ from secagg.homomorphic.params import (
 )
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
+from secagg.stages import Stage
 from secagg.transcript import digest
 from secagg.wire import message_size, pack_arrays
 
@@ -344,12 +345,12 @@ class Homomorphic(Layer):
     def _distribute(self, ks: _Keyset, cohort: list[int], ctx: RoundContext) -> None:
         sender = DECRYPTOR if self.key_holder == "decryptor" else PROVISIONER
         if not ks.server_has_context:
-            ctx.message(sender, SERVER, "keys", wire_bytes=bytes(ks.holder.public_context),
+            ctx.message(sender, SERVER, Stage.KEYS, wire_bytes=bytes(ks.holder.public_context),
                         client_cpu_s=ks.keygen_s)
             ks.server_has_context = True
         for c in cohort:
             if c not in ks.clients_with_context:
-                ctx.message(sender, c, "keys", wire_bytes=len(ks.holder.client_context))
+                ctx.message(sender, c, Stage.KEYS, wire_bytes=len(ks.holder.client_context))
                 ks.clients_with_context.add(c)
 
     def _flatten(self, up: Upload, spec: UploadSpec, packing: Packing,
@@ -426,7 +427,7 @@ class Homomorphic(Layer):
                 ks = self.keyset(params)
         ks.aggregator.assert_public()
         self._distribute(ks, cohort, ctx)
-        live = ctx.dropouts.survivors("upload", cohort)
+        live = ctx.dropouts.survivors(Stage.UPLOAD, cohort)
         notes = self.notes(params, packing, spec, len(live))
         sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
                 for f in spec.additive}
@@ -446,7 +447,7 @@ class Homomorphic(Layer):
             agg.add(wire)
             server_s = time.process_time() - t0
             size = message_size(wire)
-            ctx.message(c, SERVER, "upload", wire_bytes=wire, plaintext_bytes=spec.nbytes,
+            ctx.message(c, SERVER, Stage.UPLOAD, wire_bytes=wire, plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.additive},
                         client_cpu_s=client_s + up.cpu_s, server_cpu_s=server_s,
                         flops=up.flops + he_flops("encrypt", params.poly_modulus_degree,
@@ -455,7 +456,7 @@ class Homomorphic(Layer):
                         step_flops=up.flops)
             wire_digest = digest(wire)  # one message, recorded once per field it carries
             for f in spec.additive:
-                ctx.observe(SERVER, c, "upload", f.name, "encrypted", wire,
+                ctx.observe(SERVER, c, Stage.UPLOAD, f.name, "encrypted", wire,
                             nbytes=round(size * share[f.name]), value_digest=wire_digest)
         t0 = time.process_time()
         agg_wire = agg.finish()
@@ -463,18 +464,18 @@ class Homomorphic(Layer):
 
         party: str | int = DECRYPTOR
         if self.key_holder == "clients":
-            able = ctx.dropouts.survivors("decrypt", live)
+            able = ctx.dropouts.survivors(Stage.DECRYPT, live)
             if not able:
-                raise SecureSumAborted("decrypt", 0, 1)
+                raise SecureSumAborted(Stage.DECRYPT, 0, 1)
             party = able[0]
         agg_size = message_size(agg_wire)
-        ctx.message(SERVER, party, "decrypt", wire_bytes=agg_wire, server_cpu_s=finish_s)
+        ctx.message(SERVER, party, Stage.DECRYPT, wire_bytes=agg_wire, server_cpu_s=finish_s)
         agg_digest = digest(agg_wire)
         for f in spec.additive:
             n = round(agg_size * share[f.name])
             ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum", nbytes=n,
                         value_digest=agg_digest)
-            ctx.observe(party, SERVER, "decrypt", f.name, "encrypted", agg_wire, what="sum",
+            ctx.observe(party, SERVER, Stage.DECRYPT, f.name, "encrypted", agg_wire, what="sum",
                         nbytes=n, value_digest=agg_digest)
 
         t0 = time.process_time()
@@ -482,19 +483,19 @@ class Homomorphic(Layer):
         sums.update(decode_sums(flat, packing, spec, fps))
         decrypt_s = time.process_time() - t0
         result = pack_arrays(sums)
-        ctx.message(party, SERVER, "result", wire_bytes=result,
+        ctx.message(party, SERVER, Stage.RESULT, wire_bytes=result,
                     plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
                     fields={k: int(v.nbytes) for k, v in sums.items()}, client_cpu_s=decrypt_s,
                     flops=he_flops("decrypt", params.poly_modulus_degree,
                                    len(params.coeff_mod_bit_sizes) - 1, packing.n_ciphertexts))
         for f in spec.additive:
-            ctx.observe(party, SERVER, "decrypt", f.name, "clear", sums[f.name], what="sum")
-            ctx.observe(SERVER, party, "result", f.name, "clear", sums[f.name], what="sum")
+            ctx.observe(party, SERVER, Stage.DECRYPT, f.name, "clear", sums[f.name], what="sum")
+            ctx.observe(SERVER, party, Stage.RESULT, f.name, "clear", sums[f.name], what="sum")
         return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(live), notes)
 
     def dropout_stages(self) -> tuple[str, ...]:
         """Upload, and in ``"clients"`` mode also the decrypting client's turn."""
-        return ("upload", "decrypt") if self.key_holder == "clients" else ("upload",)
+        return (Stage.UPLOAD, Stage.DECRYPT) if self.key_holder == "clients" else (Stage.UPLOAD,)
 
     def describe(self) -> dict[str, Any]:
         """Parameters and key roles (read by threat models and written to results)."""

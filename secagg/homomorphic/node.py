@@ -22,6 +22,7 @@ from secagg.homomorphic.layer import Homomorphic
 from secagg.link import Reply
 from secagg.link import reply_field as field
 from secagg.messages import Upload, UploadSpec
+from secagg.stages import Key, Stage
 from secagg.wire import pack_arrays
 
 NodeStore = MutableMapping[str, Any]
@@ -34,7 +35,7 @@ LAYER_KEYS = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_c
 
 def layer_of(rec: Reply) -> Homomorphic:
     """The Homomorphic layer an instruction's ``layer`` JSON describes."""
-    cfg = json.loads(field(rec, "layer", str))
+    cfg = json.loads(field(rec, Key.LAYER, str))
     return Homomorphic(**{k: cfg[k] for k in LAYER_KEYS if k in cfg})
 
 
@@ -52,19 +53,19 @@ def encrypt(rec: Reply, spec: UploadSpec, up: Upload, store: NodeStore) -> dict[
     """This client's encrypted upload (see the module docstring); the frames go back as a
     list of bytes."""
     layer = layer_of(rec)
-    n_plan = field(rec, "n_plan", int)
+    n_plan = field(rec, Key.N_PLAN, int)
     t0 = time.process_time()
     fps = layer.fixed_point(spec, n_plan, limbs=True) if layer.scheme == "bfv" else None
-    key = "he-context/" + field(rec, "params", str)
-    if "context" in rec:
-        store[key] = field(rec, "context", bytes)
+    key = "he-context/" + field(rec, Key.PARAMS, str)
+    if Key.CONTEXT in rec:
+        store[key] = field(rec, Key.CONTEXT, bytes)
     if key not in store:
         raise ProtocolError("he-upload without the public context, and none is held")
     enc = _encryptor(layer.scheme, bytes(store[key]))
     packing = layer.packing(spec, n_plan)  # BFV: fields wider than a slot in limbs
     frames = enc.encrypt(layer._flatten(up, spec, packing, fps), packing)
-    return {"frames": [bytes(f) for f in frames],
-            "enc_cpu_s": time.process_time() - t0}
+    return {Key.FRAMES: [bytes(f) for f in frames],
+            Key.ENC_CPU_S: time.process_time() - t0}
 
 
 def decryptor_step(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
@@ -77,19 +78,19 @@ def decryptor_step(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
     from secagg.homomorphic.params import HEParams
     from secagg.privacy.samplers import noise_generator
 
-    d = json.loads(field(rec, "params", str))
+    d = json.loads(field(rec, Key.PARAMS, str))
     d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
     params = HEParams(**d)
-    key = "he-secret/" + field(rec, "params", str)
+    key = "he-secret/" + field(rec, Key.PARAMS, str)
     t0 = time.process_time()
-    if step == "he-keygen":
+    if step == Stage.HE_KEYGEN:
         holder = KeyHolder(params, "decryptor")
         store[key] = holder._ctx.serialize(save_public_key=True, save_secret_key=True,
                                            save_galois_keys=False, save_relin_keys=False)
         store[key + "/public"] = holder.public_context
         store[key + "/decryptions"] = 0  # a new key: its CKKS decryption quota starts afresh
-        return {"msg": holder.public_context, "cpu_s": time.process_time() - t0}
-    if step != "he-decrypt":
+        return {Key.MSG: holder.public_context, Key.CPU_S: time.process_time() - t0}
+    if step != Stage.HE_DECRYPT:
         raise ProtocolError(f"unknown secagg step {step!r}")
     if key not in store:
         raise ProtocolError("he-decrypt for parameters this node holds no keys of")
@@ -102,12 +103,12 @@ def decryptor_step(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
     # noise generator is fresh (a new OS key) per message
     holder.decryptions = int(store.get(key + "/decryptions", 0))
     holder._noise = noise_generator()
-    p = json.loads(field(rec, "packing", str))
+    p = json.loads(field(rec, Key.PACKING, str))
     packing = Packing(tuple(p["names"]), tuple(tuple(x) for x in p["shapes"]),
                       tuple(p["offsets"]), int(p["total"]), int(p["slots"]))
-    frames = rec.get("frames")
+    frames = rec.get(Key.FRAMES)
     if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
         raise ProtocolError("he-decrypt without the aggregate's frames")
     flat = holder.decrypt(frames, packing)
     store[key + "/decryptions"] = holder.decryptions
-    return {"msg": pack_arrays({"flat": flat}), "cpu_s": time.process_time() - t0}
+    return {Key.MSG: pack_arrays({"flat": flat}), Key.CPU_S: time.process_time() - t0}

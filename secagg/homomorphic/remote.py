@@ -27,6 +27,7 @@ from secagg.homomorphic.node import LAYER_KEYS
 from secagg.layers.base import Aggregate
 from secagg.link import Dropped, Link, PhaseCall, Reply, add_clips, book_drops, keep_live
 from secagg.link import reply_field as rfield
+from secagg.stages import Key, Stage
 from secagg.transcript import digest
 from secagg.wire import unpack_arrays
 
@@ -74,7 +75,7 @@ class HomomorphicServer:
         layer, spec, ctx, cohort = self.layer, call.release.carried, call.release.ctx, call.cohort
         common, clips = call.instruction, call.clips
         if call.broadcast:  # it rides in the upload instruction
-            link.count("upload", len(call.broadcast) * len(cohort))
+            link.count(Stage.UPLOAD, len(call.broadcast) * len(cohort))
         layer.check(spec)
         n_plan = layer.planned_clients(len(cohort))
         params = layer.params_for(spec, n_plan)
@@ -98,32 +99,34 @@ class HomomorphicServer:
         keys = self.keys.get(pjson)
         if keys is None:
             self.decryptions[pjson] = 0
-            got, failed = link.exchange("keys", ctx, {dec: dict(step="he-keygen", params=pjson)})
+            got, failed = link.exchange(Stage.KEYS, ctx,
+                                        {dec: dict(step=Stage.HE_KEYGEN, params=pjson)})
             if dec not in got:
-                raise SecureSumAborted("keys", 0, 1)
-            pub = rfield(got[dec], "msg", bytes)
+                raise SecureSumAborted(Stage.KEYS, 0, 1)
+            pub = rfield(got[dec], Key.MSG, bytes)
             agg = Aggregator(params.scheme, pub)  # refuses a context with a secret key
-            ctx.message(DECRYPTOR, SERVER, "keys", pub,
-                        client_cpu_s=rfield(got[dec], "cpu_s", float))
-            link.count("keys", len(pub))
+            ctx.message(DECRYPTOR, SERVER, Stage.KEYS, pub,
+                        client_cpu_s=rfield(got[dec], Key.CPU_S, float))
+            link.count(Stage.KEYS, len(pub))
             keys = self.keys[pjson] = (pub, agg, set(), set())
         pub, agg, provisioned, sent = keys
         agg.assert_public()
         for c in cohort:
             if c not in provisioned:
-                ctx.message(DECRYPTOR, c, "keys", wire_bytes=len(pub))
+                ctx.message(DECRYPTOR, c, Stage.KEYS, wire_bytes=len(pub))
                 provisioned.add(c)
         desc = {k: getattr(layer, k) for k in LAYER_KEYS}
-        got, failed = link.exchange("upload", ctx, {c: dict(
-            step="he-upload", layer=json.dumps(desc), n_plan=n_plan, params=pjson,
+        got, failed = link.exchange(Stage.UPLOAD, ctx, {c: dict(
+            step=Stage.HE_UPLOAD, layer=json.dumps(desc), n_plan=n_plan, params=pjson,
             context=None if c in sent else pub, **common)
             for c in cohort},
-            needs=(("cpu_s", float), ("flops", float), ("clipped", str), ("enc_cpu_s", float)),
+            needs=((Key.CPU_S, float), (Key.FLOPS, float), (Key.CLIPPED, str),
+                   (Key.ENC_CPU_S, float)),
             step=True)
-        link.count("upload", len(pub) * len(set(cohort) - sent))
+        link.count(Stage.UPLOAD, len(pub) * len(set(cohort) - sent))
         sent.update(got)  # a node keeps the public context for the rest of the run
         dropped: Dropped = {}
-        live = keep_live(link, ctx, "upload", got, failed, dropped)
+        live = keep_live(link, ctx, Stage.UPLOAD, got, failed, dropped)
         notes = {**layer.notes(params, packing, spec, len(live)), "decryptor_client": dec,
                  "dropped": dropped}
         sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
@@ -136,74 +139,74 @@ class HomomorphicServer:
             try:  # each reply read once, as it arrives (a lazy link computes it now)
                 rec = live[c]
             except ProtocolError as exc:
-                book_drops(link, ctx, "upload", {c: f"ProtocolError: {exc}"}, dropped)
+                book_drops(link, ctx, Stage.UPLOAD, {c: f"ProtocolError: {exc}"}, dropped)
                 continue
-            frames = rec.get("frames")
+            frames = rec.get(Key.FRAMES)
             if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
-                book_drops(link, ctx, "upload", {c: "reply without ciphertext frames"},
+                book_drops(link, ctx, Stage.UPLOAD, {c: "reply without ciphertext frames"},
                            dropped)
                 continue
             t0 = time.process_time()
             try:
                 agg.add(frames)
             except ProtocolError as exc:
-                book_drops(link, ctx, "upload", {c: f"refused: {exc}"}, dropped)
+                book_drops(link, ctx, Stage.UPLOAD, {c: f"refused: {exc}"}, dropped)
                 continue
             server_s = time.process_time() - t0
             contributors.append(c)
             size = sum(len(f) for f in frames)
-            link.count("upload", size)
+            link.count(Stage.UPLOAD, size)
             add_clips(clips, rec)
-            ctx.message(c, SERVER, "upload", wire_bytes=frames, plaintext_bytes=spec.nbytes,
+            ctx.message(c, SERVER, Stage.UPLOAD, wire_bytes=frames, plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.additive},
-                        client_cpu_s=rfield(rec, "cpu_s", float)
-                        + rfield(rec, "enc_cpu_s", float),
+                        client_cpu_s=rfield(rec, Key.CPU_S, float)
+                        + rfield(rec, Key.ENC_CPU_S, float),
                         server_cpu_s=server_s,
-                        flops=rfield(rec, "flops", float) + he_flops(
+                        flops=rfield(rec, Key.FLOPS, float) + he_flops(
                             "encrypt", params.poly_modulus_degree,
                             len(params.coeff_mod_bit_sizes), packing.n_ciphertexts),
-                        step_flops=rfield(rec, "flops", float))
+                        step_flops=rfield(rec, Key.FLOPS, float))
             d = digest(frames)
             for f in spec.additive:
-                ctx.observe(SERVER, c, "upload", f.name, "encrypted", frames,
+                ctx.observe(SERVER, c, Stage.UPLOAD, f.name, "encrypted", frames,
                             nbytes=round(size * share[f.name]), value_digest=d)
         if contributors and packing.total:
             t0 = time.process_time()
             agg_wire = [bytes(f) for f in agg.finish()]
             finish_s = time.process_time() - t0
             agg_size = sum(len(f) for f in agg_wire)
-            ctx.message(SERVER, DECRYPTOR, "decrypt", wire_bytes=agg_wire,
+            ctx.message(SERVER, DECRYPTOR, Stage.DECRYPT, wire_bytes=agg_wire,
                         server_cpu_s=finish_s)
-            link.count("decrypt", agg_size)
+            link.count(Stage.DECRYPT, agg_size)
             d = digest(agg_wire)
             for f in spec.additive:
                 n = round(agg_size * share[f.name])
                 ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum",
                             nbytes=n, value_digest=d)
-                ctx.observe(DECRYPTOR, SERVER, "decrypt", f.name, "encrypted", agg_wire,
+                ctx.observe(DECRYPTOR, SERVER, Stage.DECRYPT, f.name, "encrypted", agg_wire,
                             what="sum", nbytes=n, value_digest=d)
-            got, failed = link.exchange("decrypt", ctx, {dec: dict(
-                step="he-decrypt", params=pjson, frames=agg_wire,
+            got, failed = link.exchange(Stage.DECRYPT, ctx, {dec: dict(
+                step=Stage.HE_DECRYPT, params=pjson, frames=agg_wire,
                 packing=json.dumps(dataclasses.asdict(packing)))})
             if dec not in got:
-                raise SecureSumAborted("decrypt", 0, 1)
+                raise SecureSumAborted(Stage.DECRYPT, 0, 1)
             if params.scheme == "ckks":
                 self.decryptions[pjson] = (self.decryptions.get(pjson, 0)
                                                + packing.n_ciphertexts)
-            raw = rfield(got[dec], "msg", bytes)
+            raw = rfield(got[dec], Key.MSG, bytes)
             flat = unpack_arrays(raw)["flat"]
             sums.update(decode_sums(flat, packing, spec, fps))
-            ctx.message(DECRYPTOR, SERVER, "result", wire_bytes=raw,
+            ctx.message(DECRYPTOR, SERVER, Stage.RESULT, wire_bytes=raw,
                         plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
                         fields={k: int(v.nbytes) for k, v in sums.items()},
-                        client_cpu_s=rfield(got[dec], "cpu_s", float),
+                        client_cpu_s=rfield(got[dec], Key.CPU_S, float),
                         flops=he_flops("decrypt", params.poly_modulus_degree,
                                        len(params.coeff_mod_bit_sizes) - 1,
                                        packing.n_ciphertexts))
-            link.count("decrypt", len(raw))
+            link.count(Stage.DECRYPT, len(raw))
             for f in spec.additive:
-                ctx.observe(DECRYPTOR, SERVER, "decrypt", f.name, "clear", sums[f.name],
+                ctx.observe(DECRYPTOR, SERVER, Stage.DECRYPT, f.name, "clear", sums[f.name],
                             what="sum")
-                ctx.observe(SERVER, DECRYPTOR, "result", f.name, "clear", sums[f.name],
+                ctx.observe(SERVER, DECRYPTOR, Stage.RESULT, f.name, "clear", sums[f.name],
                             what="sum")
         return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(contributors), notes)

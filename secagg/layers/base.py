@@ -36,6 +36,7 @@ from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
 from secagg.errors import ProtocolError
 from secagg.messages import Upload, UploadSpec
+from secagg.stages import Stage
 from secagg.transcript import Transcript, digest
 from secagg.wire import Message, is_message, message_size
 
@@ -156,7 +157,7 @@ class RoundContext:
         field: str,
         form: str,
         value: np.ndarray | Message,
-        what: str = "upload",
+        what: str = Stage.UPLOAD,
         nbytes: int | None = None,
         value_digest: str | None = None,
     ) -> None:
@@ -310,7 +311,7 @@ class Layer(ABC):
         """The stages, in order, at which this layer asks which clients are still live
         (``ctx.dropouts.survivors(stage, ...)``); a per-round dropout rate is spread over
         them. The default is the single ``"upload"`` stage."""
-        return ("upload",)
+        return (Stage.UPLOAD,)
 
     def check(self, spec: UploadSpec) -> None:  # noqa: B027 - default admits everything
         """Refuse (raise :class:`~secagg.errors.InadmissibleField`) a field this layer

@@ -23,6 +23,7 @@ from secagg.link import (
     reply_field,
 )
 from secagg.messages import ClipReport, Upload, UploadSpec
+from secagg.stages import Key, Stage
 from secagg.wire import pack_arrays, unpack_arrays
 
 
@@ -41,7 +42,7 @@ class Plaintext(Layer):
         is read once and added to the running sums as it arrives, in cohort order, so a
         streamed cohort is never held whole. A client whose upload reads as missing
         (``uploads.get`` returns None: a server driver refused it when read) is left out."""
-        live = ctx.dropouts.survivors("upload", sorted(uploads))
+        live = ctx.dropouts.survivors(Stage.UPLOAD, sorted(uploads))
         sums = {f.name: np.zeros(f.shape, dtype=np.int64 if f.is_integer else np.float64)
                 for f in spec.additive}
         values: dict[str, dict[int, np.ndarray]] = {f.name: {} for f in spec.non_additive}
@@ -58,13 +59,13 @@ class Plaintext(Layer):
             t0 = time.process_time()
             got = unpack_arrays(wire)
             server_s = time.process_time() - t0
-            ctx.message(c, SERVER, "upload", wire_bytes=wire,
+            ctx.message(c, SERVER, Stage.UPLOAD, wire_bytes=wire,
                         plaintext_bytes=spec.nbytes,
                         fields={f.name: f.nbytes for f in spec.fields},
                         client_cpu_s=client_s, server_cpu_s=server_s, flops=up.flops,
                         step_flops=up.flops)
             for f in spec.fields:
-                ctx.observe(SERVER, c, "upload", f.name, "clear", got[f.name])
+                ctx.observe(SERVER, c, Stage.UPLOAD, f.name, "clear", got[f.name])
             t0 = time.process_time()
             for f in spec.additive:
                 sums[f.name] += got[f.name]
@@ -111,12 +112,13 @@ class PlaintextServer:
         """Collect the cohort's uploads, refuse (drop) any that breaks the spec, aggregate."""
         spec, ctx = call.release.carried, call.release.ctx
         if call.broadcast:  # it rides in the upload instruction
-            link.count("upload", len(call.broadcast) * len(call.cohort))
+            link.count(Stage.UPLOAD, len(call.broadcast) * len(call.cohort))
         got, failed = link.exchange(
-            "upload", ctx, {c: {"step": "upload", **call.instruction} for c in call.cohort},
+            Stage.UPLOAD, ctx,
+            {c: {Key.STEP: Stage.UPLOAD, **call.instruction} for c in call.cohort},
             needs=STEP_REPLY, step=True)
         dropped: Dropped = {}
-        book_drops(link, ctx, "upload", failed, dropped)
+        book_drops(link, ctx, Stage.UPLOAD, failed, dropped)
         uploads = _Arrived(got, spec, link, ctx, dropped, call.clips)
         agg = self.layer.aggregate(uploads, spec, ctx)
         uploads.finish()
@@ -160,7 +162,7 @@ class _Arrived(Mapping[int, Upload]):
         return up
 
     def _refuse(self, c: int, why: str) -> None:
-        book_drops(self._link, self._ctx, "upload", {c: why}, self._dropped)
+        book_drops(self._link, self._ctx, Stage.UPLOAD, {c: why}, self._dropped)
 
     def _check(self, c: int) -> Upload | None:
         spec = self._spec
@@ -172,17 +174,17 @@ class _Arrived(Mapping[int, Upload]):
         if (bad := malformed(rec, STEP_REPLY)) is not None:
             self._refuse(c, bad)
             return None
-        raw = reply_field(rec, "msg", bytes)
-        self._link.count("upload", len(raw))
+        raw = reply_field(rec, Key.MSG, bytes)
+        self._link.count(Stage.UPLOAD, len(raw))
         try:
             up = Upload.validate(spec, unpack_arrays(raw), c, int(spec.max_records or 1),
                                  "raise")
         except (ProtocolError, UploadError) as exc:
             self._refuse(c, f"refused: {exc}")
             return None
-        up.cpu_s = reply_field(rec, "cpu_s", float)
-        up.flops = reply_field(rec, "flops", float)
-        up.clipped = json.loads(reply_field(rec, "clipped", str))
+        up.cpu_s = reply_field(rec, Key.CPU_S, float)
+        up.flops = reply_field(rec, Key.FLOPS, float)
+        up.clipped = json.loads(reply_field(rec, Key.CLIPPED, str))
         self._clips.add(up)
         return up
 
@@ -200,6 +202,6 @@ def upload_on_node(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: 
     its reply fields, ``cpu`` its CPU seconds): the upload packed as it is, for
     :class:`PlaintextServer`."""
     t0 = time.process_time()
-    out["msg"] = pack_arrays({f.name: up[f.name] for f in spec.fields})
-    out["cpu_s"] = cpu + time.process_time() - t0
+    out[Key.MSG] = pack_arrays({f.name: up[f.name] for f in spec.fields})
+    out[Key.CPU_S] = cpu + time.process_time() - t0
     return out

@@ -38,6 +38,7 @@ from secagg.privacy.samplers import (
     noise_generator,
 )
 from secagg.privacy.sensitivity import field_l2, noise_split
+from secagg.stages import Stage
 from secagg.stream import Booked, Lazy
 
 DEFAULT_DELTA = 1e-5
@@ -48,7 +49,7 @@ class _RelabelContext(RoundContext):
     _noised: frozenset[str] = frozenset()
 
     def observe(self, party: str, sender: Any, stage: str, field: str, form: str,
-                value: Any, what: str = "upload", nbytes: int | None = None,
+                value: Any, what: str = Stage.UPLOAD, nbytes: int | None = None,
                 value_digest: str | None = None) -> None:
         """Record an observation; ``"clear"`` becomes ``"noised"`` for noised fields."""
         if form == "clear" and field in self._noised:

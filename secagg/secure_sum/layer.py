@@ -31,6 +31,7 @@ from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
 from secagg.secure_sum.graph import GraphKind, check_threshold, degree_for, resolve_threshold
 from secagg.secure_sum.protocol import SessionReport, run_secure_sum
+from secagg.stages import Stage
 from secagg.stream import Booked
 
 
@@ -122,7 +123,7 @@ class SecureSum(Layer):
     def dropout_stages(self) -> tuple[str, ...]:
         """The protocol's five rounds: key advertisement, share exchange, masked input, the
         consistency check and unmasking."""
-        return ("advertise", "share", "masked-input", "consistency", "unmask")
+        return (Stage.ADVERTISE, Stage.SHARE, Stage.MASKED_INPUT, Stage.CONSISTENCY, Stage.UNMASK)
 
     def degree(self, n: int) -> int | None:
         """The SecAgg+ degree for a cohort of n: ``k`` if given, else the plain degree
@@ -220,7 +221,7 @@ class SecureSum(Layer):
         vectors: Mapping[int, np.ndarray],
         ring_bits: int,
         ctx: RoundContext,
-        label: str = "upload",
+        label: str = Stage.UPLOAD,
         upload_costs: Mapping[int, tuple[float, float]] | None = None,
         length: int | None = None,
     ) -> tuple[np.ndarray, tuple[int, ...]]:

@@ -42,6 +42,7 @@ from secagg.secure_sum.client import Client
 from secagg.secure_sum.graph import auto_degree, resolve_threshold
 from secagg.secure_sum.keys import KeyPairs, private_bytes
 from secagg.secure_sum.layer import SecureSum
+from secagg.stages import Key, Stage
 from secagg.wire import pack_arrays, unpack_arrays
 
 NodeStore = MutableMapping[str, Any]
@@ -125,16 +126,16 @@ def advertise_next(rec: Reply, cid: int, store: NodeStore) -> dict[str, Any]:
     """ADVERTISE for the next session (see the module docstring); replies ``next_msg``
     and ``next_cpu_s``."""
     _forget(store)  # a session this node was dropped from
-    layer = SecureSum(**json.loads(field(rec, "next_layer", str)))
-    n = field(rec, "next_n", int)
+    layer = SecureSum(**json.loads(field(rec, Key.NEXT_LAYER, str)))
+    n = field(rec, Key.NEXT_N, int)
     t, min_holders = session_bounds(layer, n)
     t0 = time.process_time()
-    party = Client(int(cid), field(rec, "next_session", bytes), field(rec, "next_round", int),
+    party = Client(int(cid), field(rec, Key.NEXT_SESSION, bytes), field(rec, Key.NEXT_ROUND, int),
                    threshold=t, min_holders=min_holders, **party_identity(store))
     msg = party.advertise()
     store["party"] = freeze(party)
     store["party_n"] = n
-    return {"next_msg": msg, "next_cpu_s": time.process_time() - t0}
+    return {Key.NEXT_MSG: msg, Key.NEXT_CPU_S: time.process_time() - t0}
 
 
 def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart | None,
@@ -145,9 +146,9 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart
     ``share`` keys with the party advertised ahead (its vector length and ring are fixed
     now, before the ROSTER is read, which must announce the same)."""
     store["cid"] = int(client)
-    layer = SecureSum(**json.loads(field(rec, "layer", str)))
-    n = field(rec, "n", int)
-    rnd = field(rec, "round", int)
+    layer = SecureSum(**json.loads(field(rec, Key.LAYER, str)))
+    n = field(rec, Key.N, int)
+    rnd = field(rec, Key.ROUND, int)
     t, min_holders = session_bounds(layer, n)
     t0 = time.process_time()
     worst = t
@@ -161,15 +162,15 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart
         parts = [p.encode(np.asarray(up[f])) for f, p in plans.items()]
         vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
     store["vector"] = pack_arrays({"v": vector})
-    if field(rec, "step", str) == "advertise":
+    if field(rec, Key.STEP, str) == Stage.ADVERTISE:
         # configured as the embedded engine configures its clients (run_secure_sum)
         # with pinned identities, at least ``worst`` distinct pinned clients must sign the
         # survivor set before this node unmasks (the noise shares were sized for them)
-        party = Client(client, field(rec, "session", bytes), rnd, threshold=worst,
+        party = Client(client, field(rec, Key.SESSION, bytes), rnd, threshold=worst,
                        length=int(vector.size), ring_bits=bits, min_holders=min_holders,
                        **party_identity(store))
-        out["msg"] = party.advertise()
-        out["cpu_s"] = cpu + time.process_time() - t0
+        out[Key.MSG] = party.advertise()
+        out[Key.CPU_S] = cpu + time.process_time() - t0
         store["party"] = freeze(party)
         return out
     if "party" not in store or store.get("party_n") != n:
@@ -181,10 +182,10 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart
                             f"({party.stage}), not round {rnd}'s")
     party.length, party.ring_bits = int(vector.size), bits
     party.threshold = max(int(party.threshold or 0), worst)
-    out["step_cpu_s"] = cpu + time.process_time() - t0
+    out[Key.STEP_CPU_S] = cpu + time.process_time() - t0
     t0 = time.process_time()
-    out["msg"] = party.share_keys(field(rec, "msg", bytes))
-    out["cpu_s"] = time.process_time() - t0
+    out[Key.MSG] = party.share_keys(field(rec, Key.MSG, bytes))
+    out[Key.CPU_S] = time.process_time() - t0
     store["party"] = freeze(party)
     return out
 
@@ -194,25 +195,25 @@ def stage(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
     if "party" not in store:
         raise ProtocolError(f"secure-sum step {step!r} before 'advertise' on this node")
     party = thaw(store["party"])
-    inbox = field(rec, "msg", bytes)
+    inbox = field(rec, Key.MSG, bytes)
     t0 = time.process_time()
     out: dict[str, Any] = {}
-    if step == "share":
-        out["msg"] = party.share_keys(inbox)
-    elif step == "masked-input":
-        out["ack"] = party.receive_forward(inbox)
+    if step == Stage.SHARE:
+        out[Key.MSG] = party.share_keys(inbox)
+    elif step == Stage.MASKED_INPUT:
+        out[Key.ACK] = party.receive_forward(inbox)
         t1 = time.process_time()
-        out["ack_cpu_s"] = t1 - t0
-        out["msg"] = party.masked_input(unpack_arrays(store["vector"])["v"])
+        out[Key.ACK_CPU_S] = t1 - t0
+        out[Key.MSG] = party.masked_input(unpack_arrays(store["vector"])["v"])
         t0 = t1
-    elif step == "consistency":
-        out["msg"] = party.sign_survivors(inbox)
-    elif step == "unmask":
-        out["msg"] = party.unmask(inbox)
+    elif step == Stage.CONSISTENCY:
+        out[Key.MSG] = party.sign_survivors(inbox)
+    elif step == Stage.UNMASK:
+        out[Key.MSG] = party.unmask(inbox)
     else:
         raise ProtocolError(f"unknown secagg step {step!r}")
-    out["cpu_s"] = time.process_time() - t0
-    if step == "unmask":  # the session is over: forget its secrets
+    out[Key.CPU_S] = time.process_time() - t0
+    if step == Stage.UNMASK:  # the session is over: forget its secrets
         _forget(store)
     else:
         store["party"] = freeze(party)

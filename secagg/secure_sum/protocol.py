@@ -37,6 +37,7 @@ from secagg.secure_sum.keys import sign_public
 from secagg.secure_sum.parties import Call, Outcome, parties
 from secagg.secure_sum.prg import SeededEntropy
 from secagg.secure_sum.server import Server
+from secagg.stages import Stage
 
 Tamper = Callable[[str, Any, Any, bytes], bytes | None]
 """Fault injection: (stage, sender, receiver, message) -> the bytes delivered (None: lost)."""
@@ -103,7 +104,7 @@ def run_secure_sum(
     threshold: float | int = 0.7,
     graph: GraphKind = "complete",
     k: int | None = None,
-    label: str = "upload",
+    label: str = Stage.UPLOAD,
     segments: Mapping[str, slice] | None = None,
     length: int | None = None,
     plaintext_bytes: int = 0,
@@ -238,7 +239,7 @@ def run_secure_sum(
             server_cpu[0] += time.thread_time() - t0
 
     # ---- stage 1: advertise keys
-    stage = "advertise"
+    stage = Stage.ADVERTISE
     clients = {u: Client(u, session, rnd, entropy_of(u), threshold=g.threshold, length=length,
                          ring_bits=ring_bits, pinned=pins,
                          min_holders=g.threshold if g.kind == "complete" else None,
@@ -247,13 +248,13 @@ def run_secure_sum(
     party = parties(clients, workers)
     try:
         calls = ((u, None) for u in ctx.dropouts.survivors(stage, cohort))
-        for u, msg, dt in stepped(party.run("advertise", calls)):
+        for u, msg, dt in stepped(party.run(Stage.ADVERTISE, calls)):
             to_server(u, msg, server.receive_advertise, dt,
                       flops=secure_sum_client_flops(stage, len(g.neighbours[u])))
         rosters, dt_close = timed(server.close_advertise)
 
         # ---- stage 2: share keys
-        stage = "share"
+        stage = Stage.SHARE
         inbox = to_clients(rosters, dt_close)
         for u, msg, dt in stepped(party.run("share_keys", replies(inbox))):
             to_server(u, msg, server.receive_shares, dt, flops=secure_sum_client_flops(
@@ -261,7 +262,7 @@ def run_secure_sum(
         forwards, dt_close = timed(server.close_shares)
 
         # ---- stage 3: masked input collection (ACK of the forwarded shares, then the vector)
-        stage = "masked-input"
+        stage = Stage.MASKED_INPUT
         inbox = to_clients(forwards, dt_close)
         live3 = []
         for u, msg, dt in stepped(party.run("receive_forward", replies(inbox))):
@@ -290,16 +291,16 @@ def run_secure_sum(
         survivors, dt_close = timed(server.close_masked)
 
         # ---- stage 4: consistency check (each survivor signs the survivor set it was shown)
-        stage = "consistency"
+        stage = Stage.CONSISTENCY
         inbox = to_clients(survivors, dt_close)
         for u, msg, dt in stepped(party.run("sign_survivors", replies(inbox))):
             to_server(u, msg, server.receive_signature, dt)
         requests, dt_close = timed(server.close_consistency)
 
         # ---- stage 5: unmasking
-        stage = "unmask"
+        stage = Stage.UNMASK
         inbox = to_clients(requests, dt_close)
-        for u, msg, dt in stepped(party.run("unmask", replies(inbox))):
+        for u, msg, dt in stepped(party.run(Stage.UNMASK, replies(inbox))):
             to_server(u, msg, server.receive_unmask, dt)
     finally:
         party.close()

@@ -62,9 +62,10 @@ from secagg.secure_sum import wire as ss_wire
 from secagg.secure_sum.graph import build
 from secagg.secure_sum.layer import SecureSum
 from secagg.secure_sum.server import Server
+from secagg.stages import Key, Stage
 
 # what a reply carries that advertised ahead for the next session
-_ADVERT_REPLY: Needs = (("next_msg", bytes), ("next_cpu_s", float))
+_ADVERT_REPLY: Needs = ((Key.NEXT_MSG, bytes), (Key.NEXT_CPU_S, float))
 
 
 @dataclass
@@ -85,8 +86,8 @@ class _PreAdvertised:
         if (bad := malformed(rec, _ADVERT_REPLY)) is not None:
             self.failed[client] = bad
         else:
-            self.adverts[client] = (rfield(rec, "next_msg", bytes),
-                                    rfield(rec, "next_cpu_s", float))
+            self.adverts[client] = (rfield(rec, Key.NEXT_MSG, bytes),
+                                    rfield(rec, Key.NEXT_CPU_S, float))
 
 
 class SecureSumServer:
@@ -203,8 +204,8 @@ class SecureSumServer:
                     flops: Callable[[int], float] = lambda u: 0.0) -> None:
             """Hand each reply's protocol message to the server, booked as it arrives."""
             for u, rec in got.items():
-                to_server(u, stage, rfield(rec, "msg", bytes), handler,
-                          rfield(rec, "cpu_s", float), flops=flops(u))
+                to_server(u, stage, rfield(rec, Key.MSG, bytes), handler,
+                          rfield(rec, Key.CPU_S, float), flops=flops(u))
 
         def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
             t0 = time.process_time()
@@ -226,13 +227,13 @@ class SecureSumServer:
                        ) -> dict[int, Reply]:
             book_out(stage, inbox, close_s)
             got, failed = link.exchange(
-                stage, ctx, {v: {**per_node(v), "step": stage, "msg": m}
+                stage, ctx, {v: {**per_node(v), Key.STEP: stage, Key.MSG: m}
                              for v, m in inbox.items()}, needs=needs, step=step)
             return survive(stage, got, failed)
 
         def stepped(u: int, rec: Reply, cpu_field: str) -> None:
             """Keep a client step's costs (booked with its masked input) and clip counts."""
-            costs[u] = (rfield(rec, cpu_field, float), rfield(rec, "flops", float))
+            costs[u] = (rfield(rec, cpu_field, float), rfield(rec, Key.FLOPS, float))
             add_clips(clips, rec)
 
         # stage 1: ADVERTISE -- with the client step and encoding in one message, or
@@ -241,59 +242,60 @@ class SecureSumServer:
         if pre is None:
             session = secrets.token_bytes(ss_wire.SESSION_BYTES)
             if wire:
-                link.count("advertise", len(wire) * len(cohort))
-            got, failed = link.exchange("advertise", ctx, {
-                c: {"step": "advertise", "session": session, "n": len(cohort), "layer": params,
-                    **common}
+                link.count(Stage.ADVERTISE, len(wire) * len(cohort))
+            got, failed = link.exchange(Stage.ADVERTISE, ctx, {
+                c: {Key.STEP: Stage.ADVERTISE, Key.SESSION: session, Key.N: len(cohort),
+                    Key.LAYER: params, **common}
                 for c in cohort}, needs=STEP_REPLY, step=True)
-            got = survive("advertise", got, failed)
+            got = survive(Stage.ADVERTISE, got, failed)
             for u, rec in got.items():
                 stepped(u, rec, "cpu_s")
-            adverts = {u: (rfield(rec, "msg", bytes), 0.0) for u, rec in got.items()}
+            adverts = {u: (rfield(rec, Key.MSG, bytes), 0.0) for u, rec in got.items()}
         else:
             session = pre.session
-            adverts = survive("advertise", pre.adverts, dict(pre.failed))
+            adverts = survive(Stage.ADVERTISE, pre.adverts, dict(pre.failed))
         server = Server(session, ctx.round, g, bits, off, pinned=self.pinned,
                         forward_all_signatures=self.pinned is not None)
         for u, (msg, cpu) in adverts.items():
-            to_server(u, "advertise", msg, server.receive_advertise, cpu,
-                      flops=secure_sum_client_flops("advertise", len(g.neighbours[u])))
+            to_server(u, Stage.ADVERTISE, msg, server.receive_advertise, cpu,
+                      flops=secure_sum_client_flops(Stage.ADVERTISE, len(g.neighbours[u])))
         rosters, dt = timed(server.close_advertise)
-        link.reached(ctx, "advertise")
+        link.reached(ctx, Stage.ADVERTISE)
 
         # stage 2: share keys (with the client step when ADVERTISE came early)
         def share_flops(u: int) -> float:
-            return secure_sum_client_flops("share", len(g.neighbours[u]), g.share_threshold)
+            return secure_sum_client_flops(Stage.SHARE, len(g.neighbours[u]), g.share_threshold)
 
         if pre is None:
-            deliver("share", round_trip("share", rosters, dt), server.receive_shares,
+            deliver(Stage.SHARE, round_trip(Stage.SHARE, rosters, dt), server.receive_shares,
                     share_flops)
         else:
             if wire:
-                link.count("share", len(wire) * len(rosters))
+                link.count(Stage.SHARE, len(wire) * len(rosters))
             got = round_trip(
-                "share", rosters, dt, needs=(*STEP_REPLY, ("step_cpu_s", float)), step=True,
+                Stage.SHARE, rosters, dt, needs=(*STEP_REPLY, (Key.STEP_CPU_S, float)), step=True,
                 per_node=lambda v: dict(with_step=True, n=len(cohort), layer=params, **common))
             for u, rec in got.items():
                 stepped(u, rec, "step_cpu_s")
-            deliver("share", got, server.receive_shares, share_flops)
+            deliver(Stage.SHARE, got, server.receive_shares, share_flops)
         forwards, dt = timed(server.close_shares)
-        link.reached(ctx, "share")
+        link.reached(ctx, Stage.SHARE)
 
         # stage 3: ACK, then the masked vector (one Flower message carries both)
-        got = round_trip("masked-input", forwards, dt,
-                         needs=(("msg", bytes), ("cpu_s", float), ("ack", bytes),
-                                ("ack_cpu_s", float)))
+        got = round_trip(Stage.MASKED_INPUT, forwards, dt,
+                         needs=((Key.MSG, bytes), (Key.CPU_S, float), (Key.ACK, bytes),
+                                (Key.ACK_CPU_S, float)))
         acked = [u for u, rec in got.items()
-                 if to_server(u, "masked-input", rfield(rec, "ack", bytes), server.receive_ack,
-                              rfield(rec, "ack_cpu_s", float),
+                 if to_server(u, Stage.MASKED_INPUT, rfield(rec, Key.ACK, bytes),
+                              server.receive_ack, rfield(rec, Key.ACK_CPU_S, float),
                               flops=secure_sum_client_flops("ack", len(g.neighbours[u])))
                  is not None]
         for u in acked:
             rec = got[u]
             extra_cpu, flops = costs.get(u, (0.0, 0.0))
-            res = to_server(u, "masked-input", rfield(rec, "msg", bytes), server.receive_masked,
-                            rfield(rec, "cpu_s", float) + extra_cpu,
+            res = to_server(u, Stage.MASKED_INPUT, rfield(rec, Key.MSG, bytes),
+                            server.receive_masked,
+                            rfield(rec, Key.CPU_S, float) + extra_cpu,
                             plaintext_bytes=sum(fields.values()), fields=dict(fields),
                             flops=flops + secure_sum_client_flops(
                                 "masked", len(g.neighbours[u]), vector_bytes=off * word,
@@ -301,41 +303,41 @@ class SecureSumServer:
             if res is not None:
                 for name, sl in segments.items():
                     part = res[1][sl]
-                    ctx.observe(SERVER, u, "masked-input", name, "masked", part,
+                    ctx.observe(SERVER, u, Stage.MASKED_INPUT, name, "masked", part,
                                 nbytes=int(part.size) * word)
         survivors, dt = timed(server.close_masked)
-        link.reached(ctx, "masked-input")
+        link.reached(ctx, Stage.MASKED_INPUT)
 
         # stage 4: consistency check (each survivor signs the survivor set it was shown;
         # Bonawitz et al.'s active-security round, as the embedded engine runs it)
-        deliver("consistency", round_trip("consistency", survivors, dt),
+        deliver(Stage.CONSISTENCY, round_trip(Stage.CONSISTENCY, survivors, dt),
                 server.receive_signature)
         requests, dt = timed(server.close_consistency)
-        link.reached(ctx, "consistency")
+        link.reached(ctx, Stage.CONSISTENCY)
 
         # stage 5: unmasking, with the next session's ADVERTISE in the same exchange (a node
         # of the next cohort that is not asked to unmask gets an instruction of its own,
         # sent alongside): the next session then starts at its share stage
-        book_out("unmask", requests, dt)
+        book_out(Stage.UNMASK, requests, dt)
         nxt = call.upcoming()
         ahead = None if nxt is None else _PreAdvertised(
             nxt[0], nxt[1], secrets.token_bytes(ss_wire.SESSION_BYTES), tuple(nxt[2]))
-        payloads: dict[int, dict[str, Any]] = {v: {"step": "unmask", "msg": m}
+        payloads: dict[int, dict[str, Any]] = {v: {Key.STEP: Stage.UNMASK, Key.MSG: m}
                                                for v, m in requests.items()}
         if ahead is not None:
             nf = dict(next_session=ahead.session, next_round=ahead.round,
                       next_n=len(ahead.cohort), next_layer=params)
             for v in ahead.cohort:
-                payloads[v] = ({"step": "unmask", "msg": requests[v], **nf} if v in requests
-                               else {"step": "advertise-next", **nf})
-        got, failed = link.exchange("unmask", ctx, payloads, needs=())
+                payloads[v] = ({Key.STEP: Stage.UNMASK, Key.MSG: requests[v], **nf} if v in requests
+                               else {Key.STEP: Stage.ADVERTISE_NEXT, **nf})
+        got, failed = link.exchange(Stage.UNMASK, ctx, payloads, needs=())
         mine = {v: rec for v, rec in got.items() if v in requests}
         why = {v: w for v, w in failed.items() if v in requests}
         for v in list(mine):
             if (bad := malformed(mine[v], PROTOCOL_REPLY)) is not None:
                 why[v] = bad
                 del mine[v]
-        deliver("unmask", survive("unmask", mine, why), server.receive_unmask)
+        deliver(Stage.UNMASK, survive(Stage.UNMASK, mine, why), server.receive_unmask)
         if ahead is not None:
             for v in ahead.cohort:
                 if v not in got:
@@ -346,7 +348,7 @@ class SecureSumServer:
         (total, contributors), _ = timed(server.finish)
         for name, sl in segments.items():
             part = total[sl]
-            ctx.observe(SERVER, SERVER, "unmask", name, "clear", part, what="sum",
+            ctx.observe(SERVER, SERVER, Stage.UNMASK, name, "clear", part, what="sum",
                         nbytes=int(part.size) * word)
         notes = {"secure_sum": {
             "ring_bits": bits, "graph": g.kind, "k": g.k, "threshold": g.threshold,

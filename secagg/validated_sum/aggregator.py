@@ -34,6 +34,7 @@ import struct
 import numpy as np
 
 from secagg.secure_sum.errors import StageOrderError
+from secagg.stages import Stage
 from secagg.validated_sum import field as F
 from secagg.validated_sum import proof as proofs
 from secagg.validated_sum import wire as W
@@ -71,7 +72,7 @@ class Aggregator:
         self._dig: dict[int, bytes] = {}
         self._coins: list[bytes] = []
         self._nonce: bytes | None = None
-        self._stage = "upload"
+        self._stage = Stage.UPLOAD
 
     # -- helpers -------------------------------------------------------------------------
     def _reject(self, err: ClientRejected) -> ClientRejected:
@@ -130,7 +131,7 @@ class Aggregator:
     # -- step 1 ----------------------------------------------------------------------------
     def receive_upload(self, client: int, msg: bytes) -> None:
         """Store a client's share of its update (SHARE_X)."""
-        self._need("upload")
+        self._need(Stage.UPLOAD)
         if self._seen(client, "x", msg):
             return  # the same message again (a retransmission): nothing new
         if client in self._x or client in self.rejected:
@@ -176,7 +177,8 @@ class Aggregator:
         self._coins.append(hashlib.sha256(b"vsum-joint|" + label + b"|" + b"".join(halves)
                                           ).digest())
         self._nonce = None
-        self._stage = {"upload": "proof", "proof": "check"}.get(self._stage, self._stage)
+        self._stage = {Stage.UPLOAD: Stage.PROOF, Stage.PROOF: Stage.CHECK}.get(self._stage,
+                                                                               self._stage)
 
     # -- step 2/3 ----------------------------------------------------------------------------
     @property
@@ -186,21 +188,21 @@ class Aggregator:
 
     def challenge(self, client: int) -> bytes:
         """The CHALLENGE for a live client: the wraparound coin."""
-        self._need("proof")
+        self._need(Stage.PROOF)
         return W.Header(W.CHALLENGE, self.run_id, self.round, client, self.role
                         ).pack() + self._coins[0]
 
     def receive_proof(self, client: int, msg: bytes) -> None:
         """Store a client's share of its proof (SHARE_PROOF)."""
-        self._need("proof")
-        if self._seen(client, "proof", msg):
+        self._need(Stage.PROOF)
+        if self._seen(client, Stage.PROOF, msg):
             return  # the same message again (a retransmission): nothing new
         if client not in self._x:
             raise self._reject(ReplayedShare(client, "proof without an upload"))
         if client in self._u:
             raise self._reject(ReplayedShare(client, "second proof in one round"))
         dig, share = self._client_body(client, msg, W.SHARE_PROOF, self.params.proof_len,
-                                       "proof")
+                                       Stage.PROOF)
         self._u[client] = share
         self._dig[client] += dig
 
@@ -213,12 +215,12 @@ class Aggregator:
 
     def check_message(self) -> bytes:
         """Open this aggregator's shares of every proved client's check values."""
-        self._need("check")
+        self._need(Stage.CHECK)
         for c in [c for c in self._x if c not in self._u]:
             self._x.pop(c)  # no proof: the client did not finish and is simply absent
         parts = [W.Header(W.CHECK, self.run_id, self.round, W.NO_CLIENT, 1 - self.role).pack(),
                  _ID.pack(len(self._u))]
-        ctx = W.context(self.run_id, self.round, W.NO_CLIENT, "check")
+        ctx = W.context(self.run_id, self.round, W.NO_CLIENT, Stage.CHECK)
         ch = proofs.challenge(self._coins[1], ctx, self.params)
         for c in sorted(self._u):
             share = proofs.check_share(self.role, self._x[c], self._u[c], self._wrap(), ch,

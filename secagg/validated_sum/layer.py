@@ -30,6 +30,7 @@ from secagg.costs import SERVER
 from secagg.errors import InadmissibleField
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
+from secagg.stages import Stage
 from secagg.transcript import digest
 from secagg.validated_sum import proof as proofs
 from secagg.validated_sum.protocol import run_round
@@ -65,7 +66,7 @@ class ValidatedSum(Layer):
 
     def dropout_stages(self) -> tuple[str, ...]:
         """A client can drop before its shares or before its proof."""
-        return ("share", "proof")
+        return (Stage.SHARE, Stage.PROOF)
 
     def check(self, spec: UploadSpec) -> None:
         """Refuse non-additive and integer fields."""
@@ -105,10 +106,10 @@ class ValidatedSum(Layer):
         dim = int(sum(int(np.prod(f.shape)) for f in fields))
         params = proofs.Params(dim, self.bound_for(spec))
         cohort = sorted(uploads)
-        live = ctx.dropouts.survivors("share", cohort)
-        proved = set(ctx.dropouts.survivors("proof", live))
-        dropped = {c: "upload" for c in cohort if c not in live}
-        dropped.update({c: "proof" for c in live if c not in proved})
+        live = ctx.dropouts.survivors(Stage.SHARE, cohort)
+        proved = set(ctx.dropouts.survivors(Stage.PROOF, live))
+        dropped = {c: Stage.UPLOAD for c in cohort if c not in live}
+        dropped.update({c: Stage.PROOF for c in live if c not in proved})
         vecs = {c: np.concatenate([np.asarray(uploads[c][f.name], dtype=np.float64).ravel()
                                    for f in fields]) for c in cohort}
         cheaters = {c: CHEAT_FACTOR for c in live[:self.cheaters]}
@@ -122,7 +123,7 @@ class ValidatedSum(Layer):
             server_s = receiver_s + (0.0 if isinstance(s, int) else sender_s)
             ctx.message(s, r, stage, wire_bytes=msg, client_cpu_s=client_s,
                         server_cpu_s=server_s)
-            if isinstance(s, int) and stage == "share":
+            if isinstance(s, int) and stage == Stage.SHARE:
                 sha = digest(msg)  # an additive share of every field: uniform on its own
                 for f in fields:
                     ctx.observe(r, s, stage, f.name, "masked", msg, value_digest=sha)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from secagg.stages import Stage
 from secagg.validated_sum import proof as proofs
 from secagg.validated_sum import wire as W
 from secagg.validated_sum.aggregator import ALL_CHECKS, Aggregator
@@ -135,17 +136,17 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
                 book(c, AGGREGATORS[role], stage, msg, sent_s / 2, spent)
 
     for c, cl in clients.items():
-        if dropped.get(c) == "upload":
+        if dropped.get(c) == Stage.UPLOAD:
             continue
         t0 = time.process_time()
         msgs = cl.upload(updates[c])
         spent = time.process_time() - t0
         client_s[c] += spent
-        deliver(c, W.SHARE_X, msgs, "receive_upload", "share", spent)
+        deliver(c, W.SHARE_X, msgs, "receive_upload", Stage.SHARE, spent)
     _coin(aggs, agg_s, book, "coin-wrap")
     live = set(aggs[0].live) & set(aggs[1].live)
     for c in sorted(live):
-        if dropped.get(c) == "proof":
+        if dropped.get(c) == Stage.PROOF:
             continue
         chal = []
         for role in (0, 1):
@@ -158,7 +159,7 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
         msgs = clients[c].respond(*chal)
         spent = time.process_time() - t0
         client_s[c] += spent
-        deliver(c, W.SHARE_PROOF, msgs, "receive_proof", "proof", spent)
+        deliver(c, W.SHARE_PROOF, msgs, "receive_proof", Stage.PROOF, spent)
     _coin(aggs, agg_s, book, "coin-check")
     checks_msgs = []
     for role in (0, 1):
@@ -170,7 +171,7 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
         aggs[role].receive_check(checks_msgs[1 - role])
         spent = time.process_time() - t0
         agg_s[role] += spent
-        book(AGGREGATORS[1 - role], AGGREGATORS[role], "check", checks_msgs[1 - role], 0.0,
+        book(AGGREGATORS[1 - role], AGGREGATORS[role], Stage.CHECK, checks_msgs[1 - role], 0.0,
              spent)
     t0 = time.process_time()
     sum_msg = aggs[1].sum_message()
