@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from secagg.client_step import run_step
+from secagg.client_step import zeros as _zeros
 from secagg.costs import SERVER, CostRow, Ledger
 from secagg.data import ClientData, Dataset, Partition
 from secagg.dropouts import DropoutModel
@@ -520,11 +522,6 @@ class InProcess(TransportHooks):
 # ---------------------------------------------------------------- layers over a link
 
 
-def _zeros(spec: UploadSpec) -> dict[str, np.ndarray]:
-    """An upload of zeros for every field of ``spec`` (what a filtered client sends)."""
-    return {f.name: np.zeros(f.shape, dtype=f.dtype) for f in spec.fields}
-
-
 def check_phase(phase: _Phase) -> None:
     """Refuse, on a remote runtime, a phase whose spec has no fields (a "local-only"
     phase: clients compute and upload nothing, the layer is not called). A remote runtime
@@ -967,28 +964,24 @@ class Engine:
         if prepare is not None:
             prepare([states[c] for c in cohort if c not in refusing and not halted(states[c])],
                     bcast)
-        cpu_of = getattr(phase, "client_cpu_s", None)
+        def screen(spec: UploadSpec, up: Upload) -> Upload:
+            """The client's individual filter, charged from what it would send; over its
+            budget it sends zeros instead, silently."""
+            from secagg.privacy.client_ledger import individual_mu
+
+            assert filt is not None
+            st = states[up.client]
+            if filt.step(self._filter_state(st), individual_mu(self.layer, spec, up)):
+                return up
+            return Upload.validate(spec, _zeros(spec), up.client, st.n_records,
+                                   self.on_violation)
 
         def step(c: int) -> Upload:
             st = states[c]
-            stopped = halted(st)
-            t0 = time.process_time()
-            values = _zeros(spec) if stopped else phase.client_step(st, bcast)
-            dt = time.process_time() - t0
-            if cpu_of is not None and not stopped:
-                dt = cpu_of(st, dt)
-            up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
-            if filt is not None and not stopped:
-                from secagg.privacy.client_ledger import individual_mu
-
-                # charged from what it would send; over budget: zeros instead, silently
-                if not filt.step(self._filter_state(st), individual_mu(self.layer, spec, up)):
-                    up = Upload.validate(spec, _zeros(spec), c, st.n_records,
-                                         self.on_violation)
-            up.cpu_s, up.flops = dt, float(phase.client_flops(st))
-            if local is None:  # over the link, the driver counts what arrives
-                run.clips.add(up)
-            return up
+            # over the link, the driver counts the clips of what arrives
+            return run_step(phase, st, bcast, spec, on_violation=self.on_violation,
+                            halted=halted(st), screen=None if filt is None else screen,
+                            clips=run.clips if local is None else None)
 
         # refused before touching its data: no step, no upload
         stepping = [c for c in cohort if c not in refusing]
@@ -1193,17 +1186,11 @@ class Engine:
         refusing = {} if self.accounts is None else self.accounts.refusing
         cohort = [c for c in cohort if c not in refusing]  # they do not touch their data
         bcast = self.transport.broadcast(phase.broadcast(), cohort, ctx)
+        empty = phase.spec()
         for c in cohort:
-            t0 = time.process_time()
-            out = phase.client_step(states[c], bcast)
-            dt = time.process_time() - t0
-            if out:
-                raise ConfigurationError(
-                    f"phase {phase.name!r} declares no upload fields but its client step "
-                    f"returned {sorted(out)}: a local phase must return {{}}")
-            flops = float(phase.client_flops(states[c]))
+            up = run_step(phase, states[c], bcast, empty)  # refuses a non-empty return
             # work, not a message: a ledger row of 0 bytes, nothing in the transcript
             ctx.ledger.record(CostRow(round=ctx.round, phase=ctx.phase, stage="local",
-                                      sender=c, receiver=c, client_cpu_s=dt, flops=flops,
-                                      step_flops=flops))
+                                      sender=c, receiver=c, client_cpu_s=up.cpu_s,
+                                      flops=up.flops, step_flops=up.flops))
         return len(cohort)
