@@ -11,7 +11,8 @@ What one step does, in order:
 
 1. the phase's ``client_step(client, broadcast)`` (a halted client runs none: its upload is
    zeros), timed with :func:`time.process_time`;
-2. the phase's ``client_cpu_s(client, measured)`` hook, when it declares one, books shared
+2. the phase's ``client_cpu_s(client, measured)`` hook
+   (:meth:`secagg.phase.PhaseBase.client_cpu_s`; by default the measured time) books shared
    work (a batched chunk's training) to the client;
 3. the values are checked against the spec (:meth:`~secagg.messages.Upload.validate`, with
    the run's ``on_violation``); a phase with no upload fields must return ``{}``;
@@ -37,7 +38,8 @@ __all__ = ["StepPhase", "reply_fields", "run_step", "zeros"]
 
 
 class StepPhase(Protocol):
-    """What :func:`run_step` asks of a phase (see :class:`algorithms.base.Phase`)."""
+    """What :func:`run_step` asks of a phase (declared with its defaults on
+    :class:`secagg.phase.PhaseBase`)."""
 
     name: str
 
@@ -48,6 +50,10 @@ class StepPhase(Protocol):
 
     def client_flops(self, client: Any) -> float:
         """The FLOP estimate of the client's step."""
+        ...
+
+    def client_cpu_s(self, client: Any, measured: float) -> float:
+        """The client's CPU seconds, given what its step measured."""
         ...
 
 
@@ -99,9 +105,8 @@ def run_step(
     else:
         values = phase.client_step(client, broadcast)
     cpu = time.process_time() - t0
-    cpu_of = getattr(phase, "client_cpu_s", None)
-    if cpu_of is not None and not halted:
-        cpu = float(cpu_of(client, cpu))
+    if not halted:  # shared work (a batched chunk's) booked to this client
+        cpu = float(phase.client_cpu_s(client, cpu))
     checked = spec if isinstance(spec, UploadSpec) else spec()
     if not checked.fields and values:
         raise ConfigurationError(

@@ -24,6 +24,7 @@ from secagg.data.containers import ClientData
 from secagg.engine import ClientState
 from secagg.errors import ConfigurationError, UploadError
 from secagg.messages import Bound, ClipReport, Field, Upload, UploadSpec
+from secagg.phase import PhaseBase
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("secagg", "algorithms", "threat_models")
@@ -82,13 +83,16 @@ SPEC = UploadSpec((Field("s", (3,), "float64", Bound(l2=1.0), additive=True),
                    Field("n", (1,), "int64", additive=True)), max_records=10)
 
 
-class _Phase:
-    """A phase that counts its steps; its values and hook are set by each test."""
+class _Phase(PhaseBase):
+    """A phase that counts its steps; its values and CPU hook are set by each test."""
 
     name = "p"
 
     def __init__(self, values: Mapping[str, Any], hook: bool = False) -> None:
         self.values, self.steps, self.hooked = dict(values), 0, hook
+
+    def spec(self) -> UploadSpec:
+        return SPEC
 
     def client_step(self, client: ClientState, broadcast: Mapping[str, np.ndarray]
                     ) -> dict[str, Any]:
@@ -96,13 +100,14 @@ class _Phase:
         return {k: np.asarray(v) * float(broadcast.get("scale", 1.0)) if k == "s"
                 else np.asarray(v) for k, v in self.values.items()}
 
+    def server_step(self, aggregate: Any) -> None:
+        return None
+
     def client_flops(self, client: ClientState) -> float:
         return 7.0 * client.n_records
 
-    def __getattr__(self, item: str) -> Any:
-        if item == "client_cpu_s" and self.__dict__.get("hooked"):
-            return lambda client, measured: measured + 100.0 + client.id
-        raise AttributeError(item)
+    def client_cpu_s(self, client: ClientState, measured: float) -> float:
+        return measured + 100.0 + client.id if self.hooked else measured
 
 
 def _client(cid: int = 3, n: int = 4) -> ClientState:
