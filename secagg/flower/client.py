@@ -484,7 +484,7 @@ class _Node:
             check(declared)
         if admit is not None:  # charged (or refused) before the step touches the data
             admit(declared)
-        on_violation = field(rec, "on_violation", str)
+        on_violation = field(rec, "on_violation", str)  # (read before the data is touched)
 
         def spec_after() -> UploadSpec:
             """The spec after the step: a phase whose bounds come with the broadcast
@@ -499,8 +499,7 @@ class _Node:
             return after
 
         up = run_step(phase, st, bcast, spec_after, on_violation=on_violation)
-        spec = up.spec
-        cpu = up.cpu_s
+        spec, cpu = up.spec, up.cpu_s
         store["client_state"] = safestore.dumps(st.state)
         out: dict[str, Any] = {**reply_fields(up), **scored}
         # the wrapping layer's node part, on the node, from the node's own noise stream
