@@ -78,7 +78,7 @@ def run_step(
 
     Args:
         phase: the phase whose step runs.
-        client: the client's state (:class:`~secagg.engine.ClientState`: ``id``,
+        client: the client's state (:class:`~secagg.phase.ClientState`: ``id``,
             ``n_records``, its data and private state).
         broadcast: what the server sent for this phase.
         spec: the spec the upload is checked against, or a function that gives it after
