@@ -48,8 +48,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from secagg.client_step import run_step
+from secagg.client_step import zeros as _zeros
 from secagg.costs import SERVER, CostRow, Ledger
-from secagg.data import ClientData, Dataset, Partition
+from secagg.data import Dataset, Partition
 from secagg.dropouts import DropoutModel
 from secagg.errors import (
     BudgetExceeded,
@@ -63,6 +65,7 @@ from secagg.errors import (
 from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.link import LayerServer, Link, PhaseCall, Reply
 from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
+from secagg.phase import AlgorithmBase, ClientState, PhaseBase, check_contract
 from secagg.result import Result
 from secagg.seeds import derive_seed
 from secagg.stages import Stage
@@ -77,46 +80,9 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- what the engine runs
 
 
-@dataclass
-class ClientState:
-    """One client during a run: its data and its persistent private state."""
-
-    data: ClientData
-    state: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def id(self) -> int:
-        """The client id."""
-        return self.data.id
-
-    @property
-    def n_records(self) -> int:
-        """Number of training records."""
-        return len(self.data.y)
-
-
-class _Phase(Protocol):
-    name: str
-
-    def spec(self) -> UploadSpec: ...
-    def broadcast(self) -> dict[str, np.ndarray]: ...
-    def client_step(
-        self, client: ClientState, broadcast: Mapping[str, np.ndarray]
-    ) -> dict[str, np.ndarray]: ...  # noqa: E501
-    def server_step(self, aggregate: Aggregate) -> None: ...
-    def client_flops(self, client: ClientState) -> float: ...
-
-
-class AlgorithmLike(Protocol):
-    """What the engine needs of an algorithm (see :class:`algorithms.base.Algorithm`)."""
-
-    name: str
-    personalized: bool
-
-    def setup(self, dataset: Dataset, clients: Sequence[ClientState], seed: int) -> None: ...
-    def phases(self, round: int, rounds: int) -> Sequence[_Phase]: ...
-    def evaluate(self, dataset: Dataset, clients: Sequence[ClientState]) -> float: ...
-    def describe(self) -> dict[str, Any]: ...
+#: what the engine runs: the contracts, with their defaults, are declared in secagg.phase
+_Phase = PhaseBase
+AlgorithmLike = AlgorithmBase
 
 
 # ---------------------------------------------------------------- the shared steps
@@ -195,8 +161,7 @@ def solve(phase: _Phase, agg: Aggregate, ctx: RoundContext,
     t0 = time.process_time()
     phase.server_step(agg)
     ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
-    measure = getattr(phase, "measurements", None)
-    values = measure() if callable(measure) else None
+    values = phase.measurements()
     if values:
         measurements.append({"round": ctx.round, "phase": ctx.phase, **values})
 
@@ -225,7 +190,7 @@ def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
     from secagg.privacy.clipping import AdaptiveClip
 
     if getattr(layer, "tree", False) and isinstance(
-            getattr(algorithm, "clip_policy", None), AdaptiveClip):
+            algorithm.clip_policy, AdaptiveClip):
         raise PrivacyError(  # refused here, not after round 0's training
             f"{layer.name}: DP-FTRL's tree needs the same bound in every round, but the "
             "algorithm's clip is adaptive (its bound moves each round); use a fixed clip "
@@ -235,15 +200,15 @@ def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
     seen: set[tuple[Any, ...]] = set()
     for r in range(rounds):
         for phase in algorithm.phases(r, rounds):
-            trained = tuple(getattr(phase, "trained_fields", lambda: ())())
-            dpsgd = bool(getattr(phase, "trained_with_dpsgd", lambda: False)())
+            trained = tuple(phase.trained_fields())
+            dpsgd = bool(phase.trained_with_dpsgd())
             if (phase.name, trained, dpsgd) in seen:
                 continue
             seen.add((phase.name, trained, dpsgd))
             spec = phase.spec()
             check_training_adjacency(
                 phase.name, spec, trained, dp_adjacency(layer, spec), dpsgd,
-                getattr(phase, "training_note", ""),
+                phase.training_note,
                 max_records_given or spec.max_records is not None)
     maker = getattr(layer, "make_privacy_ledger", None)
     return maker() if callable(maker) else None
@@ -301,8 +266,7 @@ def round_invariant(algorithm: AlgorithmLike, rounds: int) -> dict[str, list[str
     out: dict[str, list[str]] = {}
     for r in range(rounds):
         for ph in algorithm.phases(r, rounds):
-            declared = getattr(ph, "round_invariant_fields", None)
-            names = list(declared()) if callable(declared) else []
+            names = list(ph.round_invariant_fields())
             if names:
                 have = out.setdefault(ph.name, [])
                 have += [n for n in names if n not in have]
@@ -336,13 +300,13 @@ def account_local_training(phase: _Phase, spec: UploadSpec, layer: Layer, ctx: R
     event per round: the clients' records are disjoint; a user-seeded training's events
     mark the run not private), and, when a privacy ledger is in use, mark every field
     that neither the layer noises nor DP-SGD covers as released without DP noise."""
-    covered = set(getattr(phase, "dp_covered_fields", lambda: ())())
+    covered = set(phase.dp_covered_fields())
     # Un-noised releases are remembered even before a ledger exists (DP-SGD may start
     # in a later round): a ledger made then still reports every one of them.
     for name, why in layer.unnoised_fields(spec).items():
         if name not in covered:
             run.unnoised.setdefault((phase.name, name), why)
-    events = list(getattr(phase, "privacy_events", lambda: [])())
+    events = list(phase.privacy_events())
     if events:
         from secagg.privacy.accountant import PrivacyLedger
         from secagg.privacy.dpsgd import round_event
@@ -521,11 +485,6 @@ class InProcess(TransportHooks):
 # ---------------------------------------------------------------- layers over a link
 
 
-def _zeros(spec: UploadSpec) -> dict[str, np.ndarray]:
-    """An upload of zeros for every field of ``spec`` (what a filtered client sends)."""
-    return {f.name: np.zeros(f.shape, dtype=f.dtype) for f in spec.fields}
-
-
 def check_phase(phase: _Phase) -> None:
     """Refuse, on a remote runtime, a phase whose spec has no fields (a "local-only"
     phase: clients compute and upload nothing, the layer is not called). A remote runtime
@@ -622,8 +581,7 @@ def _export_model(algorithm: AlgorithmLike, states: Sequence[ClientState]) -> An
     """The algorithm's trained model for the result (``export_model``; None when it has
     none). ``states`` is empty on a remote runtime: the clients' own models live on their
     nodes, and only a global model (the server's) is saved."""
-    export = getattr(algorithm, "export_model", None)
-    return None if export is None else export(states)
+    return algorithm.export_model(states)
 
 
 def is_dp(layer: Layer) -> bool:
@@ -768,6 +726,7 @@ class Engine:
         alg, layer, tr = self.algorithm, self.layer, self.transport
         # plan: before any client is contacted
         alg.setup(tr.dataset, tr.states, self.seed)
+        check_contract(alg, [ph for r in range(self.rounds) for ph in alg.phases(r, self.rounds)])
         leaks = None if self.threat is None else check_threat(
             alg, layer, self.threat, self.rounds, len(tr.states), self.fraction,
             self._max_records, self.allow_leaks, may_drop=self._may_drop())
@@ -885,7 +844,7 @@ class Engine:
             # every party closes its signed sequence, with the DP terms the run applied
             run.attest.close(run.transcript, run.privacy)
         self.privacy = run.privacy
-        kind = "mean local test" if getattr(alg, "personalized", False) else "global test"
+        kind = "mean local test" if alg.personalized else "global test"
         return Result(
             algorithm=alg.describe(), layer=layer.describe(), rounds=len(run.history),
             seed=self.seed, accuracy=run.history[-1], accuracy_kind=kind,
@@ -961,40 +920,33 @@ class Engine:
         def halted(st: ClientState) -> bool:
             return filt is not None and bool(self._filter_state(st).get("halted", False))
 
-        # optional phase hooks: prepare(clients, broadcast) announces the clients that will
-        # step (a phase may then compute a chunk of their steps at once, e.g. batched
-        # training), and client_cpu_s(client, measured) books such shared work to each
-        prepare = getattr(phase, "prepare", None)
-        if prepare is not None:
-            prepare([states[c] for c in cohort if c not in refusing and not halted(states[c])],
-                    bcast)
-        cpu_of = getattr(phase, "client_cpu_s", None)
+        # the phase's prepare hook: the clients about to step (e.g. batched training; its
+        # client_cpu_s hook then books the shared work to each, in run_step)
+        phase.prepare([states[c] for c in cohort if c not in refusing and not halted(states[c])],
+                      bcast)
+
+        def screen(spec: UploadSpec, up: Upload) -> Upload:
+            """The client's individual filter, charged from what it would send; over its
+            budget it sends zeros instead, silently."""
+            from secagg.privacy.client_ledger import individual_mu
+
+            assert filt is not None
+            st = states[up.client]
+            if filt.step(self._filter_state(st), individual_mu(self.layer, spec, up)):
+                return up
+            return Upload.validate(spec, _zeros(spec), up.client, st.n_records,
+                                   self.on_violation)
 
         def step(c: int) -> Upload:
             st = states[c]
-            stopped = halted(st)
-            t0 = time.process_time()
-            values = _zeros(spec) if stopped else phase.client_step(st, bcast)
-            dt = time.process_time() - t0
-            if cpu_of is not None and not stopped:
-                dt = cpu_of(st, dt)
-            up = Upload.validate(spec, values, c, st.n_records, self.on_violation)
-            if filt is not None and not stopped:
-                from secagg.privacy.client_ledger import individual_mu
-
-                # charged from what it would send; over budget: zeros instead, silently
-                if not filt.step(self._filter_state(st), individual_mu(self.layer, spec, up)):
-                    up = Upload.validate(spec, _zeros(spec), c, st.n_records,
-                                         self.on_violation)
-            up.cpu_s, up.flops = dt, float(phase.client_flops(st))
-            if local is None:  # over the link, the driver counts what arrives
-                run.clips.add(up)
-            return up
+            # over the link, the driver counts the clips of what arrives
+            return run_step(phase, st, bcast, spec, on_violation=self.on_violation,
+                            halted=halted(st), screen=None if filt is None else screen,
+                            clips=run.clips if local is None else None)
 
         # refused before touching its data: no step, no upload
         stepping = [c for c in cohort if c not in refusing]
-        lazy = self.stream and self.layer.streams and not bool(
-            getattr(phase, "trained_with_dpsgd", lambda: False)())
+        lazy = self.stream and self.layer.streams and not bool(phase.trained_with_dpsgd())
         local = self._local_link()
         uploads = UploadStream(stepping, step, keep=not lazy)
         account_local_training(phase, spec, self.layer, ctx, run)
@@ -1138,8 +1090,7 @@ class Engine:
             if not ph.spec().fields:
                 continue
             spec = run_spec(ph, self.layer, self._max_records, checked)
-            infos.append((ph.name, spec, tuple(getattr(ph, "dp_covered_fields",
-                                                       lambda: ())())))
+            infos.append((ph.name, spec, tuple(ph.dp_covered_fields())))
         rate, k = self._rate_and_cohort(n)
         self.accounts.begin_round(r, infos, rate, k)
 
@@ -1194,17 +1145,11 @@ class Engine:
         refusing = {} if self.accounts is None else self.accounts.refusing
         cohort = [c for c in cohort if c not in refusing]  # they do not touch their data
         bcast = self.transport.broadcast(phase.broadcast(), cohort, ctx)
+        empty = phase.spec()
         for c in cohort:
-            t0 = time.process_time()
-            out = phase.client_step(states[c], bcast)
-            dt = time.process_time() - t0
-            if out:
-                raise ConfigurationError(
-                    f"phase {phase.name!r} declares no upload fields but its client step "
-                    f"returned {sorted(out)}: a local phase must return {{}}")
-            flops = float(phase.client_flops(states[c]))
+            up = run_step(phase, states[c], bcast, empty)  # refuses a non-empty return
             # work, not a message: a ledger row of 0 bytes, nothing in the transcript
             ctx.ledger.record(CostRow(round=ctx.round, phase=ctx.phase, stage=Stage.LOCAL,
-                                      sender=c, receiver=c, client_cpu_s=dt, flops=flops,
-                                      step_flops=flops))
+                                      sender=c, receiver=c, client_cpu_s=up.cpu_s,
+                                      flops=up.flops, step_flops=up.flops))
         return len(cohort)

@@ -30,10 +30,10 @@ and returns what is delivered, or None for a message lost.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
+from secagg.client_step import reply_fields
 from secagg.errors import ProtocolError
 from secagg.layers.base import RoundContext
 from secagg.link import PROTOCOL_REPLY, Dropped, Needs, Reply, malformed, reply_field
@@ -170,8 +170,7 @@ class LocalLink:
             raise ProtocolError(f"client {client}: a client-step instruction at {stage!r} "
                                 "outside a phase served by this link")
         up = self._uploads[client]
-        out: dict[str, Any] = {Key.CPU_S: float(up.cpu_s), Key.FLOPS: float(up.flops),
-                               Key.CLIPPED: json.dumps(up.clipped)}
+        out = reply_fields(up)
         rep = self._deliver(stage, client, "server",
                             leave(ins, self._spec, up, client, None, out,
                                   float(up.cpu_s), self.store(client)))

@@ -255,13 +255,14 @@ import numpy as np  # noqa: E402
 from secagg import Federation, Plaintext  # noqa: E402
 from secagg.data import iid_split, load_dataset  # noqa: E402
 from secagg.messages import Bound, Field, UploadSpec  # noqa: E402
+from secagg.phase import AlgorithmBase, PhaseBase  # noqa: E402
 from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP  # noqa: E402
 from secagg.secure_sum.layer import SecureSum  # noqa: E402
 
 DIM, CLIP = 64, 1.0
 
 
-class _MeanPhase:
+class _MeanPhase(PhaseBase):
     """Each client uploads a fixed vector of norm CLIP (client-level bound); the server
     keeps the mean over the fixed denominator. ``trained`` spies on the client step."""
 
@@ -289,7 +290,7 @@ class _MeanPhase:
         return 0.0
 
 
-class _MeanAlgo:
+class _MeanAlgo(AlgorithmBase):
     name, personalized = "mean", False
 
     def __init__(self, zero: bool = False) -> None:

@@ -288,13 +288,13 @@ def test_node_evaluation_off_reports_nan_and_a_personalized_algorithm_needs_the_
 
 
 def test_a_local_only_phase_is_refused_before_its_nodes_are_contacted():
-    from secagg.messages import UploadSpec
+    from algorithms.base import LocalPhase
 
-    class LocalOnly:
+    class LocalOnly(LocalPhase):
         name = "local"
 
-        def spec(self):
-            return UploadSpec(())
+        def client_step(self, client, broadcast):
+            return {}
 
     class WithLocalPhase(FedLog):
         def phases(self, round, rounds):

@@ -20,6 +20,7 @@ from secagg.data import iid_split
 from secagg.errors import PrivacyError
 from secagg.layers.base import RoundContext
 from secagg.messages import Bound, Field, Upload, UploadSpec
+from secagg.phase import AlgorithmBase
 from secagg.privacy.accountant import PrivacyLedger
 from secagg.privacy.dpsgd import DPSGD
 from secagg.privacy.events import GaussianEvent
@@ -204,7 +205,7 @@ def test_record_format_per_field_and_total() -> None:
     assert total["epsilon"] == pytest.approx(led.epsilon()) and total["n_events"] == 2
 
 
-class _CensusThenTrain:
+class _CensusThenTrain(AlgorithmBase):
     """Round 0 releases each client's record count (a phase of its own); later rounds
     upload a model trained with DP-SGD (its real planned event, covering ``w``)."""
 

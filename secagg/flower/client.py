@@ -82,11 +82,12 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from secagg import safestore
+from secagg.client_step import reply_fields, run_step
 from secagg.data import ClientData, Dataset, Partition
 from secagg.engine import AlgorithmLike, ClientState
 from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
 from secagg.flower.records import RECORD, content, field, read
-from secagg.messages import Upload, UploadSpec
+from secagg.messages import UploadSpec
 from secagg.node import UPLOADS as _UPLOADS
 from secagg.node import leave, protocol_step, runs_client_step
 from secagg.privacy.node_ledger import LedgerError, NodeLedger, check_head, release_id
@@ -485,22 +486,24 @@ class _Node:
             check(declared)
         if admit is not None:  # charged (or refused) before the step touches the data
             admit(declared)
-        t0 = time.process_time()
-        values = phase.client_step(st, bcast)
-        cpu = time.process_time() - t0
-        # the spec after the step: a phase whose bounds come with the broadcast (DP-FedAvg's
-        # clip) declares the bound it was told to apply
-        spec: UploadSpec = phase.spec()
-        if spec.max_records is None:
-            spec = replace(spec, max_records=field(rec, "max_records", int))
-        if admit is not None and spec != declared:  # the charge must describe the release
-            raise ProtocolError("the phase's spec changed during its step, so the release "
-                                "charged on this node's ledger does not describe it: "
-                                "nothing is sent (the charge stands)")
-        up = Upload.validate(spec, values, st.id, st.n_records, field(rec, "on_violation", str))
+        on_violation = field(rec, "on_violation", str)  # (read before the data is touched)
+
+        def spec_after() -> UploadSpec:
+            """The spec after the step: a phase whose bounds come with the broadcast
+            (DP-FedAvg's clip) declares the bound it was told to apply."""
+            after = phase.spec()
+            if after.max_records is None:
+                after = replace(after, max_records=field(rec, "max_records", int))
+            if admit is not None and after != declared:  # the charge must describe it
+                raise ProtocolError("the phase's spec changed during its step, so the "
+                                    "release charged on this node's ledger does not describe "
+                                    "it: nothing is sent (the charge stands)")
+            return after
+
+        up = run_step(phase, st, bcast, spec_after, on_violation=on_violation)
+        spec, cpu = up.spec, up.cpu_s
         store["client_state"] = safestore.dumps(st.state)
-        out: dict[str, Any] = {Key.CPU_S: cpu, Key.FLOPS: float(phase.client_flops(st)),
-                               Key.CLIPPED: json.dumps(up.clipped), **scored}
+        out: dict[str, Any] = {**reply_fields(up), **scored}
         # the wrapping layer's node part, on the node, from the node's own noise stream
         # (e.g. LocalDP noises the upload before it leaves, the inner layer then carrying
         # the widened spec; DistributedDP adds this node's noise share when it encodes)
