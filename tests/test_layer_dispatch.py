@@ -19,9 +19,6 @@ PACKAGES = ("secagg", "algorithms", "threat_models")
 
 #: sites left, each with why: (file, enclosing function)
 KNOWN = {
-    # the one registry of the server sides a remote runtime carries, keyed by exact type
-    # (a subclass may change what the nodes rebuild); it moves with the layer registry
-    ("secagg/engine.py", "_servers"),
     # the DP audit's own dispatch on the DP layer it audits (threat_models, not secagg)
     ("threat_models/dp_audit_sum.py", "__init__"),
     ("threat_models/dp_audit_fields.py", "__init__"),
