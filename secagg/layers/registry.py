@@ -69,6 +69,11 @@ class LayerOptions:
 Builder = Callable[[LayerOptions, "Layer | None"], Layer]
 
 
+NodeUpload = Callable[..., dict[str, Any]]
+"""A node step that sends a client step's upload the layer's way (see
+:attr:`LayerEntry.node_uploads`)."""
+
+
 class ServerFactory(Protocol):
     """Builds a carried layer's server driver over a Link (:class:`~secagg.link.LayerServer`)
     for one run: ``decryptor`` is Homomorphic's decryptor client id (None: the smallest
@@ -104,6 +109,12 @@ class LayerEntry:
             not run on Flower, with the reason (None: every configuration does).
         audit: which release ``secagg dp-audit`` plays for it (``"central"``, ``"local"``,
             ``"distributed"``; None: it is not audited).
+        node_uploads: a carried layer's node steps that run the client step, each with how
+            the upload then leaves the node (:func:`secagg.node.leave`; imported when
+            called): ``(rec, spec, upload, client, part, out, cpu, store) -> reply``.
+        node_params: a DP layer whose clients add noise: the parameters a node rebuilds it
+            from (the keys of its ``node_params()`` besides ``layer``); empty: no node
+            rebuilds it (:func:`secagg.privacy.layers.node_layer`).
     """
 
     name: str
@@ -118,6 +129,8 @@ class LayerEntry:
     not_on_flower: str = ""
     flower_check: Callable[[Layer], None] | None = None
     audit: str | None = None
+    node_uploads: Mapping[str, NodeUpload] = field(default_factory=dict)
+    node_params: tuple[str, ...] = ()
 
     @property
     def class_name(self) -> str:
@@ -139,7 +152,8 @@ def register_layer(name: str, *, dp: bool = False, inner: str | None = None,
                    sweepable: bool = True, summary: str = "", cls: str = "",
                    server: ServerFactory | None = None, sums_encoded: bool = False,
                    not_on_flower: str = "", flower_check: Callable[[Layer], None] | None = None,
-                   audit: str | None = None) -> Callable[[Builder], Builder]:
+                   audit: str | None = None, node_uploads: Mapping[str, NodeUpload] | None = None,
+                   node_params: tuple[str, ...] = ()) -> Callable[[Builder], Builder]:
     """Decorator: register ``builder`` under ``name`` (the keywords are
     :class:`LayerEntry`'s attributes).
 
@@ -158,11 +172,31 @@ def register_layer(name: str, *, dp: bool = False, inner: str | None = None,
             raise ConfigurationError(f"layer {name!r}: cls must be 'module:Class', got {cls!r}")
         if cls and any(e.cls == cls for e in _REGISTRY.values()):
             raise ConfigurationError(f"layer class {cls!r} is already registered")
+        steps = dict(node_uploads or {})
+        taken = set(steps) & set(upload_steps())
+        if taken:
+            raise ConfigurationError(f"layer {name!r}: node steps {sorted(taken)} are taken")
+        if node_params and not dp:
+            raise ConfigurationError(f"layer {name!r}: node_params are for DP layers only")
         _REGISTRY[name] = LayerEntry(name, builder, dp, inner, sweepable, summary, cls,
-                                     server, sums_encoded, not_on_flower, flower_check, audit)
+                                     server, sums_encoded, not_on_flower, flower_check, audit,
+                                     steps, tuple(node_params))
         return builder
 
     return add
+
+
+def upload_steps() -> dict[str, NodeUpload]:
+    """Every registered node step that runs the client step -> how the upload then leaves
+    the node (the union of the entries' ``node_uploads``; step names are unique)."""
+    return {step: fn for e in _REGISTRY.values() for step, fn in e.node_uploads.items()}
+
+
+def node_rebuilt(name: object) -> LayerEntry | None:
+    """The DP layer registered as ``name`` if a node rebuilds it to add its clients' noise
+    (its ``node_params`` are declared), else None."""
+    entry = _REGISTRY.get(name) if isinstance(name, str) else None
+    return entry if entry is not None and entry.node_params else None
 
 
 def _class_path(cls: type) -> str:
@@ -260,6 +294,31 @@ def _homomorphic_server(layer: Layer, *, decryptor: int | None = None,
     return HomomorphicServer(layer=layer, decryptor=decryptor)  # type: ignore[arg-type]
 
 
+def _plaintext_upload(rec: Any, spec: Any, up: Any, client: int, part: Any,
+                      out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
+    """Plaintext: the upload packed in the clear
+    (:func:`secagg.layers.plaintext.upload_on_node`)."""
+    from secagg.layers.plaintext import upload_on_node
+
+    return upload_on_node(rec, spec, up, client, part, out, cpu, store)
+
+
+def _he_upload(rec: Any, spec: Any, up: Any, client: int, part: Any,
+               out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
+    """Homomorphic: the upload encrypted (:func:`secagg.homomorphic.node.encrypt`)."""
+    from secagg.homomorphic.node import encrypt
+
+    return {**out, **encrypt(rec, spec, up, store)}
+
+
+def _secure_sum_upload(rec: Any, spec: Any, up: Any, client: int, part: Any,
+                       out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
+    """SecureSum: encoded, then advertised or shared (:func:`secagg.secure_sum.node.upload`)."""
+    from secagg.secure_sum.node import upload
+
+    return upload(rec, spec, up, client, part, out, cpu, store)
+
+
 def _secure_sum_on_flower(layer: Layer) -> None:
     if layer.identities is not None:  # type: ignore[attr-defined]
         raise ConfigurationError(
@@ -281,7 +340,8 @@ def _homomorphic_on_flower(layer: Layer) -> None:
 
 
 @register_layer("plaintext", summary="the server sees every upload",
-                cls="secagg.layers.plaintext:Plaintext", server=_plaintext_server)
+                cls="secagg.layers.plaintext:Plaintext", server=_plaintext_server,
+                node_uploads={"upload": _plaintext_upload})
 def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.layers.plaintext import Plaintext
 
@@ -291,7 +351,8 @@ def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
 @register_layer("secure-sum", summary="dropout-tolerant secure aggregation: the server "
                 "learns only the sum", cls="secagg.secure_sum.layer:SecureSum",
                 server=_secure_sum_server, sums_encoded=True,
-                flower_check=_secure_sum_on_flower)
+                flower_check=_secure_sum_on_flower,
+                node_uploads={"advertise": _secure_sum_upload, "share": _secure_sum_upload})
 def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.secure_sum import SecureSum
 
@@ -304,7 +365,7 @@ def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
 @register_layer("homomorphic", sweepable=False,
                 summary="additively homomorphic encryption (TenSEAL BFV or CKKS)",
                 cls="secagg.homomorphic.layer:Homomorphic", server=_homomorphic_server,
-                flower_check=_homomorphic_on_flower)
+                flower_check=_homomorphic_on_flower, node_uploads={"he-upload": _he_upload})
 def _homomorphic(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.homomorphic import Homomorphic
 
@@ -319,6 +380,10 @@ def _dp_kwargs(options: LayerOptions) -> dict[str, Any]:
     return kwargs
 
 
+#: what a node rebuilds a DP layer whose clients add noise from (``_DPLayer.node_params``)
+_NODE_PARAMS = ("noise_multiplier", "delta", "adjacency", "public", "seed")
+
+
 @register_layer("central-dp", dp=True, inner="plaintext",
                 summary="the aggregator noises the sum",
                 cls="secagg.privacy.central:CentralDP", audit="central")
@@ -331,7 +396,7 @@ def _central_dp(options: LayerOptions, inner: Layer | None) -> Layer:
 
 @register_layer("local-dp", dp=True, inner="plaintext",
                 summary="each client noises its own upload",
-                cls="secagg.privacy.local:LocalDP", audit="local")
+                cls="secagg.privacy.local:LocalDP", audit="local", node_params=_NODE_PARAMS)
 def _local_dp(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.privacy import LocalDP
 
@@ -341,7 +406,8 @@ def _local_dp(options: LayerOptions, inner: Layer | None) -> Layer:
 
 @register_layer("distributed-dp", dp=True, inner="secure-sum",
                 summary="each client adds a share of the noise before secure summation",
-                cls="secagg.privacy.distributed:DistributedDP", audit="distributed")
+                cls="secagg.privacy.distributed:DistributedDP", audit="distributed",
+                node_params=(*_NODE_PARAMS, "mechanism", "precision"))
 def _distributed_dp(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.privacy import DistributedDP
 
