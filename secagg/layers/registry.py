@@ -1,5 +1,6 @@
-"""One registry of the layers that are built by name: ``secagg run --layer``, the sweep's
-``grid.layers``, and any third-party layer that registers itself.
+"""The one registry of layer kinds: the layers built by name (``secagg run --layer``, the
+sweep's ``grid.layers``, any third-party layer that registers itself), and what the engine,
+Flower, the node and ``secagg dp-audit`` need to know of each.
 
 Each entry knows how to build its layer from :class:`LayerOptions` (the options a command
 line or a sweep config can set), whether it adds DP noise (then it needs an epsilon and
@@ -21,7 +22,9 @@ The same entry is what every other reader of layer kinds asks, so none keeps a t
 own: the engine and Flower (:func:`entry_for`: the entry of a layer instance, by its exact
 class; ``server``: its server driver over a Link, a lazy factory so that this module imports
 no driver; ``not_on_flower`` / ``flower_check``: why it, or one configuration of it, does
-not run there), and ``secagg dp-audit`` (``audit``: which of its releases the audit plays,
+not run there), the node (``node_uploads``: its node steps that run the client step,
+:func:`upload_steps`; ``node_params``: what a node rebuilds a noising DP layer from,
+:func:`node_rebuilt`), and ``secagg dp-audit`` (``audit``: which release the audit plays,
 :func:`audited_kind`).
 """
 
