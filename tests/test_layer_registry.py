@@ -202,3 +202,24 @@ def test_dp_audit_builds_its_layers_from_the_registry_as_before():
         FieldsRelease(by_hand["distributed-dp"])
     with pytest.raises(AuditError, match=r"TreeRelease audits CentralDP\(tree=True\)"):
         TreeRelease(epsilon=1.0, layer=by_hand["central-dp"])
+
+
+def test_secagg_run_takes_a_layers_options_from_its_entry(registry):
+    """``secagg run`` refuses an option the chosen layer's entry does not list, naming the
+    layers that list it; a registered layer that lists one takes it."""
+    import argparse
+
+    from secagg.cli.run_checks import _check_applies, _defaults
+
+    assert {n: get_layer(n).options for n in layer_names() if get_layer(n).options} == {
+        "secure-sum": ("threshold", "graph"), "homomorphic": ("he_scheme",),
+        "distributed-dp": ("threshold", "graph", "colluders")}
+    registry.register_layer("relabelled", options=("he_scheme",))(
+        lambda options, inner: _Relabelled())
+    args = argparse.Namespace(**{**_defaults(), "layer": "relabelled", "group_layer": [],
+                                 "he_scheme": "ckks"})
+    _check_applies(args)
+    args.threshold = 5
+    with pytest.raises(ConfigurationError, match=r"--threshold does not apply to --layer "
+                       r"relabelled: .*\(secure-sum or distributed-dp\)"):
+        _check_applies(args)

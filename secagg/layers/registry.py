@@ -118,6 +118,9 @@ class LayerEntry:
         node_params: a DP layer whose clients add noise: the parameters a node rebuilds it
             from (the keys of its ``node_params()`` besides ``layer``); empty: no node
             rebuilds it (:func:`secagg.privacy.layers.node_layer`).
+        options: the layer-specific run options that configure it (``threshold``,
+            ``graph``, ``he_scheme``, ``colluders``); ``secagg run`` refuses one given to a
+            layer that does not list it.
     """
 
     name: str
@@ -134,6 +137,7 @@ class LayerEntry:
     audit: str | None = None
     node_uploads: Mapping[str, NodeUpload] = field(default_factory=dict)
     node_params: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
 
     @property
     def class_name(self) -> str:
@@ -156,7 +160,8 @@ def register_layer(name: str, *, dp: bool = False, inner: str | None = None,
                    server: ServerFactory | None = None, sums_encoded: bool = False,
                    not_on_flower: str = "", flower_check: Callable[[Layer], None] | None = None,
                    audit: str | None = None, node_uploads: Mapping[str, NodeUpload] | None = None,
-                   node_params: tuple[str, ...] = ()) -> Callable[[Builder], Builder]:
+                   node_params: tuple[str, ...] = (),
+                   options: tuple[str, ...] = ()) -> Callable[[Builder], Builder]:
     """Decorator: register ``builder`` under ``name`` (the keywords are
     :class:`LayerEntry`'s attributes).
 
@@ -183,7 +188,7 @@ def register_layer(name: str, *, dp: bool = False, inner: str | None = None,
             raise ConfigurationError(f"layer {name!r}: node_params are for DP layers only")
         _REGISTRY[name] = LayerEntry(name, builder, dp, inner, sweepable, summary, cls,
                                      server, sums_encoded, not_on_flower, flower_check, audit,
-                                     steps, tuple(node_params))
+                                     steps, tuple(node_params), tuple(options))
         return builder
 
     return add
@@ -354,7 +359,7 @@ def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
 @register_layer("secure-sum", summary="dropout-tolerant secure aggregation: the server "
                 "learns only the sum", cls="secagg.secure_sum.layer:SecureSum",
                 server=_secure_sum_server, sums_encoded=True,
-                flower_check=_secure_sum_on_flower,
+                flower_check=_secure_sum_on_flower, options=("threshold", "graph"),
                 node_uploads={"advertise": _secure_sum_upload, "share": _secure_sum_upload})
 def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.secure_sum import SecureSum
@@ -368,7 +373,8 @@ def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
 @register_layer("homomorphic", sweepable=False,
                 summary="additively homomorphic encryption (TenSEAL BFV or CKKS)",
                 cls="secagg.homomorphic.layer:Homomorphic", server=_homomorphic_server,
-                flower_check=_homomorphic_on_flower, node_uploads={"he-upload": _he_upload})
+                flower_check=_homomorphic_on_flower, node_uploads={"he-upload": _he_upload},
+                options=("he_scheme",))
 def _homomorphic(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.homomorphic import Homomorphic
 
@@ -410,7 +416,8 @@ def _local_dp(options: LayerOptions, inner: Layer | None) -> Layer:
 @register_layer("distributed-dp", dp=True, inner="secure-sum",
                 summary="each client adds a share of the noise before secure summation",
                 cls="secagg.privacy.distributed:DistributedDP", audit="distributed",
-                node_params=(*_NODE_PARAMS, "mechanism", "precision"))
+                node_params=(*_NODE_PARAMS, "mechanism", "precision"),
+                options=("threshold", "graph", "colluders"))
 def _distributed_dp(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.privacy import DistributedDP
 
