@@ -120,8 +120,9 @@ def test_the_reader_finds_each_way_of_dispatching(tmp_path):
 
 def test_what_the_dispatch_read_is_now_declared_by_the_layers():
     """The declared attributes give the answers the type checks gave: the sweep's observers
-    without a guarantee, the engine's DP test, and the remote check (exact classes only: a
-    subclass may change what the nodes rebuild, so it must declare ``remote`` itself)."""
+    without a guarantee, the engine's DP test, and the remote check (the layer registry's
+    entries are exact classes: a subclass may change what the nodes rebuild, so it must be
+    registered itself)."""
     import pytest
 
     from secagg import CentralDP, DistributedDP, LocalDP, Plaintext, SecureSum
