@@ -63,6 +63,7 @@ from secagg.errors import (
     SecureSumAborted,
 )
 from secagg.layers.base import Aggregate, Layer, RoundContext
+from secagg.layers.registry import carried_entries, entry_for
 from secagg.link import LayerServer, Link, PhaseCall, Reply
 from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
 from secagg.phase import AlgorithmBase, ClientState, PhaseBase, check_contract
@@ -501,63 +502,39 @@ def check_phase(phase: _Phase) -> None:
             "runtime does not run local-only phases yet: use the embedded Federation")
 
 
-def _servers() -> dict[type, Callable[..., LayerServer]]:
-    """The registry: each layer type a remote runtime carries -> its server side (exact
-    types: a subclass may change what the nodes would have to rebuild)."""
-    from secagg.homomorphic.layer import Homomorphic
-    from secagg.homomorphic.remote import HomomorphicServer
-    from secagg.layers.plaintext import Plaintext, PlaintextServer
-    from secagg.secure_sum.layer import SecureSum
-    from secagg.secure_sum.remote import SecureSumServer
-
-    return {Plaintext: lambda layer, decryptor=None, pinned=None: PlaintextServer(layer=layer),
-            SecureSum: lambda layer, decryptor=None, pinned=None: SecureSumServer(
-                layer=layer, pinned=pinned),
-            Homomorphic: lambda layer, decryptor=None, pinned=None: HomomorphicServer(
-                layer=layer, decryptor=decryptor)}
-
-
 def check_remote(layer: Layer) -> None:
-    """Refuse a layer a remote runtime cannot carry yet (with what can be used): carried
-    are Plaintext, SecureSum (without pinned identities), Homomorphic with a decryptor
-    node, and CentralDP / LocalDP around any of them or DistributedDP around SecureSum.
+    """Refuse a layer a remote runtime cannot carry yet (with what can be used), as the layer
+    registry declares it (:mod:`secagg.layers.registry`): carried are the layers with a
+    server driver (Plaintext, SecureSum without pinned identities, Homomorphic with a
+    decryptor node), and the DP layers around one of them (DistributedDP around a layer
+    that sums encoded vectors: SecureSum). A layer is matched by its exact class.
 
     Raises:
         ConfigurationError: the layer (or its inner layer) does not run remotely.
     """
-    servers = _servers()
+    entry = entry_for(layer)
     inner = layer.wrapped
-    if layer.declares_remote() and inner is not None:  # its parts run where they belong
-        inners = [t for t in servers if t.sums_encoded or not layer.needs_encoded_sum]
-        if type(inner) not in inners:
+    if entry is not None and entry.dp and entry.on_flower and inner is not None:
+        carriers = [e for e in carried_entries()
+                    if e.sums_encoded or not layer.needs_encoded_sum]
+        if entry_for(inner) not in carriers:
             raise ConfigurationError(
                 f"{type(layer).__name__} around {type(inner).__name__} does not run on "
                 f"Flower yet: its inner layer must be one of "
-                f"{[t.__name__ for t in inners]} there")
+                f"{[e.class_name for e in carriers]} there")
         check_remote(inner)
         return
-    if type(layer) not in servers:
+    if entry is None or entry.server is None or not entry.on_flower:
+        why = f" ({entry.not_on_flower})" if entry is not None and entry.not_on_flower else ""
         raise ConfigurationError(
             f"layer {getattr(layer, 'name', type(layer).__name__)!r} "
-            f"({type(layer).__name__}) does not run on Flower yet: its client side would "
+            f"({type(layer).__name__}) does not run on Flower yet{why}: its client side would "
             "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there (alone "
             "or inside CentralDP, LocalDP, or DistributedDP around SecureSum), or the "
             "embedded Federation"
         )
-    if getattr(layer, "identities", None) is not None:
-        raise ConfigurationError(
-            "SecureSum(identities=...) holds the simulated clients' private keys and does not "
-            "run on Flower: there each node pins identities itself (node config identity-key "
-            "and pinned-keys) and the ServerApp takes the operator's copy of the public keys "
-            "(FlowerFederation(pinned_keys=...)); without pins the server model is "
-            "honest-but-curious"
-        )
-    if getattr(layer, "key_holder", "decryptor") != "decryptor":
-        raise ConfigurationError(
-            "Homomorphic(key_holder='clients') does not run on Flower: the shared secret "
-            "context would have to reach the clients without passing through the server, "
-            "and Flower routes every message through it; use key_holder='decryptor'"
-        )
+    if entry.flower_check is not None:
+        entry.flower_check(layer)
 
 
 #: what a Flower node's error reply says when it refuses a release by its own privacy
@@ -599,8 +576,9 @@ def layer_server(layer: Layer, *, decryptor: int | None = None,
     check_remote(layer)
     dp = layer if layer.is_dp else None
     carrier = layer.wrapped if dp is not None and layer.wrapped is not None else layer
-    return dp, _servers()[type(carrier)](  # type: ignore[return-value]
-        carrier, decryptor=decryptor, pinned=pinned)
+    entry = entry_for(carrier)
+    assert entry is not None and entry.server is not None  # check_remote: it is carried
+    return dp, entry.server(carrier, decryptor=decryptor, pinned=pinned)
 
 
 # ---------------------------------------------------------------- the engine

@@ -22,11 +22,11 @@ signed statements (Flower), or the clients' in-memory state and their steps (emb
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from secagg.errors import ProtocolError
-from secagg.layers.plaintext import upload_on_node
+from secagg.layers.registry import NodeUpload, upload_steps
 from secagg.link import Reply, reply_field
 from secagg.messages import Upload, UploadSpec
 from secagg.stages import Key, Stage
@@ -36,28 +36,24 @@ NodeStore = MutableMapping[str, Any]
 embedded: a dict per client)."""
 
 
-def _he_upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: Any,
-               out: dict[str, Any], cpu: float, store: NodeStore) -> dict[str, Any]:
-    """Homomorphic: the upload encrypted (:func:`secagg.homomorphic.node.encrypt`)."""
-    from secagg.homomorphic.node import encrypt
+class _Uploads(Mapping[str, NodeUpload]):
+    """The registered node steps that run the client step -> how the upload then leaves
+    (the layer registry's ``node_uploads``: read when asked, so a layer registered later
+    is found too)."""
 
-    return {**out, **encrypt(rec, spec, up, store)}
+    def __getitem__(self, step: str) -> NodeUpload:
+        return upload_steps()[step]
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(upload_steps())
 
-def _secure_sum_upload(rec: Reply, spec: UploadSpec, up: Upload, client: int,
-                       part: Any, out: dict[str, Any], cpu: float,
-                       store: NodeStore) -> dict[str, Any]:
-    """SecureSum: encoded, then advertised or shared (:func:`secagg.secure_sum.node.upload`)."""
-    from secagg.secure_sum.node import upload
-
-    return upload(rec, spec, up, client, part, out, cpu, store)
+    def __len__(self) -> int:
+        return len(upload_steps())
 
 
 #: the instructions that run the client step (``share`` only ``with_step``: else it is the
 #: secure-sum stage), each with how the upload then leaves the node
-UPLOADS: dict[str, Callable[..., dict[str, Any]]] = {
-    Stage.UPLOAD: upload_on_node, Stage.HE_UPLOAD: _he_upload,
-    Stage.ADVERTISE: _secure_sum_upload, Stage.SHARE: _secure_sum_upload}
+UPLOADS: Mapping[str, NodeUpload] = _Uploads()
 
 
 def runs_client_step(step: str, rec: Reply) -> bool:

@@ -17,18 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("secagg", "algorithms", "threat_models")
 
-#: sites left, each with why: (file, enclosing function)
-KNOWN = {
-    # the one registry of the server sides a remote runtime carries, keyed by exact type
-    # (a subclass may change what the nodes rebuild); it moves with the layer registry
-    ("secagg/engine.py", "_servers"),
-    # the DP audit's own dispatch on the DP layer it audits (threat_models, not secagg)
-    ("threat_models/dp_audit_sum.py", "__init__"),
-    ("threat_models/dp_audit_fields.py", "__init__"),
-    ("threat_models/dp_audit_fedavg.py", "_client_layer"),
-    ("threat_models/dp_audit_fedavg.py", "_kind"),
-    ("threat_models/dp_audit_tree.py", "__init__"),
-}
+#: sites left, each with why: (file, enclosing function); none since the layer registry
+#: (secagg.layers.registry) serves the engine, Flower and dp-audit
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _files() -> list[Path]:
@@ -129,8 +120,9 @@ def test_the_reader_finds_each_way_of_dispatching(tmp_path):
 
 def test_what_the_dispatch_read_is_now_declared_by_the_layers():
     """The declared attributes give the answers the type checks gave: the sweep's observers
-    without a guarantee, the engine's DP test, and the remote check (exact classes only: a
-    subclass may change what the nodes rebuild, so it must declare ``remote`` itself)."""
+    without a guarantee, the engine's DP test, and the remote check (the layer registry's
+    entries are exact classes: a subclass may change what the nodes rebuild, so it must be
+    registered itself)."""
     import pytest
 
     from secagg import CentralDP, DistributedDP, LocalDP, Plaintext, SecureSum

@@ -75,6 +75,7 @@ from threat_models.dp_audit import (
     shift_statistic,
     skellam_sum_holds,
 )
+from threat_models.dp_audit_sum import layer_kind
 
 __all__ = ["FedAvgRelease", "audit_fedavg", "audit_fedavg_one_run", "canary_upload"]
 
@@ -124,11 +125,7 @@ def _client_layer(layer: Any, epsilon: float | None, delta: float,
         layer = make_layer(layer, epsilon=epsilon, delta=delta, adjacency="client",
                            mechanism=mechanism, threshold=threshold,  # type: ignore[arg-type]
                            seed=seed)
-    from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
-
-    if not isinstance(layer, (CentralDP, LocalDP, DistributedDP)):
-        raise AuditError(f"DP-FedAvg is audited under CentralDP, LocalDP or DistributedDP, "
-                         f"got {type(layer).__name__}")
+    layer_kind(layer, "DP-FedAvg is audited under CentralDP, LocalDP or DistributedDP")
     if layer.adjacency != "client":
         raise AuditError("DP-FedAvg's guarantee is client-level: build the layer with "
                          "adjacency='client'")
@@ -136,10 +133,8 @@ def _client_layer(layer: Any, epsilon: float | None, delta: float,
 
 
 def _kind(layer: Any) -> str:
-    from secagg.privacy.layers import CentralDP, LocalDP
-
-    return ("central" if isinstance(layer, CentralDP) else
-            "local" if isinstance(layer, LocalDP) else "distributed")
+    """The release the audit plays for ``layer`` (the layer registry's ``audit``)."""
+    return layer_kind(layer, "DP-FedAvg is audited under CentralDP, LocalDP or DistributedDP")
 
 
 def _mechanism_name(layer: Any) -> str:

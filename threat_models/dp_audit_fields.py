@@ -32,6 +32,7 @@ from threat_models.dp_audit import (
     make_layer,
     shift_statistic,
 )
+from threat_models.dp_audit_sum import layer_kind
 
 __all__ = ["FieldsRelease", "audit_fields"]
 
@@ -51,21 +52,21 @@ class FieldsRelease(LayerClaim):
     def __init__(self, layer: Any, *, fields: int = 3, bound: float = 1.0,
                  **layer_kwargs: Any) -> None:
         from secagg.messages import Bound, Field, Upload, UploadSpec
-        from secagg.privacy.layers import CentralDP, LocalDP
 
         if isinstance(layer, str):
             layer = make_layer(layer, **layer_kwargs)
         elif layer_kwargs:
             raise AuditError("layer options are for a layer given by name only")
-        if not isinstance(layer, (CentralDP, LocalDP)):
-            raise AuditError(f"FieldsRelease audits CentralDP or LocalDP, got "
-                             f"{type(layer).__name__}")
+        what = "FieldsRelease audits CentralDP or LocalDP"
+        kind = layer_kind(layer, what)
+        if kind not in ("central", "local"):
+            raise AuditError(f"{what}, got {type(layer).__name__}")
         if not (isinstance(fields, int) and fields >= 1):
             raise AuditError(f"fields must be a positive integer, got {fields!r}")
         if not (math.isfinite(bound) and bound > 0):
             raise AuditError(f"bound must be a positive number, got {bound!r}")
         self.layer = layer
-        self.kind = "central" if isinstance(layer, CentralDP) else "local"
+        self.kind = kind
         self.names = tuple(f"f{i}" for i in range(fields))
         self.bound = float(bound)
         self._bound = Bound(l2=self.bound, adjacency=layer.adjacency)

@@ -31,6 +31,7 @@ from threat_models.dp_audit import (
     plot_tradeoff,
 )
 from threat_models.dp_audit_fedavg import audit_fedavg, audit_fedavg_one_run
+from threat_models.dp_audit_sum import audit_kind
 from threat_models.dp_audit_tree import audit_tree
 
 __all__ = ["EXIT_VIOLATED", "main_cli", "run_audits"]
@@ -79,7 +80,7 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
     for name in layers:
         for eps in epsilons:
             if release != "sum":
-                for who in (survivors if name == "distributed-dp" else ("fewest",)):
+                for who in (survivors if _per_survivors(name) else ("fewest",)):
                     out += _fedavg_audits(name, eps, delta=delta, mechanism=mechanism,
                                           trials=trials, seed=seed, clients=clients,
                                           confidence=confidence, one_run=one_run,
@@ -103,16 +104,16 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
                                                    delta=delta, canaries=canaries, seed=seed,
                                                    confidence=confidence))
                 continue
-            patterns = survivors if name == "distributed-dp" else ("all",)
+            patterns = survivors if _per_survivors(name) else ("all",)
             for who in patterns:
                 # by default all-survivor sums (10 noise shares per release, the slowest
                 # draws) get a quarter of the trials: they check the survivor-dependent
                 # accounting; the fewest survivors are the tight worst case. Measured with
                 # the exact accounting (secagg.privacy.pld), at the run's familywise
-                # confidence: 0.94-0.98 of the claim at 250000 (10^6 at 0.95 each: 0.99-1.00, 3-4x
-                # the seconds, +40-50 s to a default run at load 12)
-                n = trials or (SURVIVORS_ALL_TRIALS if who == "all" and name ==
-                               "distributed-dp" else 1_000_000)
+                # confidence: 0.94-0.98 of the claim at 250000 (10^6 at 0.95 each: 0.99-1.00,
+                # 3-4x the seconds, +40-50 s to a default run at load 12)
+                n = trials or (SURVIVORS_ALL_TRIALS if who == "all" and _per_survivors(
+                    name) else 1_000_000)
                 out.append(audit_sum(name, epsilon=eps, delta=delta, adjacency=adjacency,
                                      mechanism=mechanism, trials=n,
                                      seed=seed, clients=clients, confidence=confidence,
@@ -120,9 +121,15 @@ def run_audits(*, layers: Sequence[str], epsilons: Sequence[float], delta: float
     return out
 
 
+def _per_survivors(name: str) -> bool:
+    """Whether the audit of layer ``name`` runs once per survivor pattern: a layer whose
+    noise is shared among the survivors (the registry's ``audit`` is ``distributed``)."""
+    return name in LAYER_NAMES and audit_kind(name) == "distributed"
+
+
 def _planned(name: str, release: str, survivors: Sequence[int | str], one_run: bool) -> int:
     """How many audits :func:`run_audits` makes of layer ``name`` at one epsilon."""
-    if name == "distributed-dp":
+    if _per_survivors(name):
         return len(survivors) * (1 + (one_run and release == "dp-fedavg"))
     return 1 + (one_run and (release == "dp-fedavg" or name == "dp-sgd"))
 

@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from secagg.layers.registry import LayerOptions, audited_kind, get_layer, layer_names
+from secagg.layers.registry import make_layer as build_layer
 from threat_models.dp_audit_gdp import AuditError
 from threat_models.dp_audit_release import DEFAULT_DELTA, AuditResult, audit
 from threat_models.dp_audit_statistics import (
@@ -21,9 +23,35 @@ from threat_models.dp_audit_statistics import (
     shift_statistic,
 )
 
-LAYER_NAMES = ("central-dp", "local-dp", "distributed-dp")
+#: The DP layers the audit plays, as the layer registry declares them (its ``audit``).
+LAYER_NAMES = layer_names(audited=True)
 FIELD = "x"
 PHASE = "dp-audit"
+
+
+def audit_kind(name: str) -> str:
+    """Which release the audit plays for the registered DP layer ``name`` (``central``,
+    ``local`` or ``distributed``: the registry entry's ``audit``).
+
+    Raises:
+        AuditError: ``name`` is not an audited layer.
+    """
+    if name not in LAYER_NAMES:
+        raise AuditError(f"unknown DP layer {name!r}; one of {', '.join(LAYER_NAMES)}")
+    return str(get_layer(name).audit)
+
+
+def layer_kind(layer: Any, audits: str) -> str:
+    """Which release the audit plays for the layer instance ``layer`` (see
+    :func:`audit_kind`; a subclass of an audited layer is audited as it).
+
+    Raises:
+        AuditError: the layer is not one the auditor ``audits`` (named in the message).
+    """
+    kind = audited_kind(layer)
+    if kind is None:
+        raise AuditError(f"{audits}, got {type(layer).__name__}")
+    return kind
 
 
 def make_layer(name: str, *, epsilon: float, delta: float = DEFAULT_DELTA,
@@ -31,23 +59,15 @@ def make_layer(name: str, *, epsilon: float, delta: float = DEFAULT_DELTA,
                mechanism: Literal["discrete_gaussian", "skellam"] = "discrete_gaussian",
                threshold: float = 0.7, seed: int | None = 0) -> Any:
     """The DP layer ``name`` (``central-dp``, ``local-dp``, ``distributed-dp``) for one
-    release at (epsilon, delta), as a user would build it: CentralDP(Plaintext()),
-    LocalDP(Plaintext()), DistributedDP(SecureSum(threshold)). ``seed`` fixes its noise
-    streams (reproducible, and marked not private); None draws them from OS entropy."""
-    from secagg.layers.plaintext import Plaintext
-    from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
-
-    common: dict[str, Any] = {"epsilon": epsilon, "delta": delta, "rounds": 1,
-                              "adjacency": adjacency, "seed": seed}
-    if name == "central-dp":
-        return CentralDP(Plaintext(), **common)
-    if name == "local-dp":
-        return LocalDP(Plaintext(), **common)
-    if name == "distributed-dp":
-        from secagg.secure_sum import SecureSum
-
-        return DistributedDP(SecureSum(threshold=threshold), mechanism=mechanism, **common)
-    raise AuditError(f"unknown DP layer {name!r}; one of {', '.join(LAYER_NAMES)}")
+    release at (epsilon, delta), as a user would build it from the layer registry:
+    CentralDP(Plaintext()), LocalDP(Plaintext()), DistributedDP(SecureSum(threshold)).
+    ``seed`` fixes its noise streams (reproducible, and marked not private); None draws
+    them from OS entropy."""
+    dp: dict[str, Any] = {"adjacency": adjacency, "seed": seed}
+    if audit_kind(name) == "distributed":
+        dp["mechanism"] = mechanism
+    return build_layer(name, LayerOptions(threshold=threshold, epsilon=epsilon, delta=delta,
+                                          rounds=1, dp=dp))
 
 
 #: Cohort of the audited sums by default: large enough that DistributedDP's secure sum
@@ -258,15 +278,12 @@ class SumRelease(LayerClaim):
                  canary_scale: float = 1.0, survivors: int | str = "fewest",
                  **layer_kwargs: Any) -> None:
         from secagg.messages import Bound, Field, Upload, UploadSpec
-        from secagg.privacy.layers import CentralDP, DistributedDP, LocalDP
 
         if isinstance(layer, str):
             layer = make_layer(layer, **layer_kwargs)
         elif layer_kwargs:
             raise AuditError("layer options are for a layer given by name only")
-        if not isinstance(layer, (CentralDP, LocalDP, DistributedDP)):
-            raise AuditError(f"SumRelease audits CentralDP, LocalDP or DistributedDP, got "
-                             f"{type(layer).__name__}")
+        kind = layer_kind(layer, "SumRelease audits CentralDP, LocalDP or DistributedDP")
         if not (math.isfinite(bound) and bound > 0):
             raise AuditError(f"bound must be a positive number, got {bound!r}")
         if clients is None:
@@ -278,8 +295,7 @@ class SumRelease(LayerClaim):
         self.layer = layer
         self.bound = float(bound)
         self.clients = clients
-        self.kind = ("central" if isinstance(layer, CentralDP) else
-                     "local" if isinstance(layer, LocalDP) else "distributed")
+        self.kind = kind
         self._bound = Bound(l2=self.bound, adjacency=layer.adjacency)
         self.spec = UploadSpec((Field(FIELD, (1,), bound=self._bound, additive=True),),
                                max_records=1)

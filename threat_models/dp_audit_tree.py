@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from secagg.layers.registry import audited_kind
 from threat_models.dp_audit import (
     DEFAULT_DELTA,
     AuditError,
@@ -85,7 +86,7 @@ class TreeRelease(LayerClaim):
         if layer is None:
             layer = CentralDP(Plaintext(), tree=True, epsilon=epsilon, delta=delta,
                               rounds=rounds, adjacency="client", seed=seed)
-        if not (isinstance(layer, CentralDP) and layer.tree):
+        if audited_kind(layer) != "central" or not layer.tree:
             raise AuditError("TreeRelease audits CentralDP(tree=True)")
         self.layer = layer
         self.rounds = rounds

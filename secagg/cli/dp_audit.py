@@ -10,8 +10,11 @@ from typing import Any
 
 from secagg.cli.argparsing import _bounded
 from secagg.errors import SecaggError
+from secagg.layers.registry import layer_names
 
-DP_AUDIT_LAYERS = ("central-dp", "local-dp", "distributed-dp", "dp-ftrl", "dp-sgd", "all")
+#: ``--layer``'s choices: the layers the registry marks as audited (its ``audit``), then the
+#: audit's own mechanisms outside any layer, and ``all``
+DP_AUDIT_LAYERS = (*layer_names(audited=True), "dp-ftrl", "dp-sgd", "all")
 EXIT_DP_VIOLATED = 6
 DP_AUDIT_EXIT_CODES = """exit status:
   0    every lower bound is at most the epsilon its mechanism claims

@@ -11,17 +11,16 @@ from secagg.cli.argparsing import _subparser
 from secagg.cli.layers import DP_LAYERS
 from secagg.cli.parser import _make_parser
 from secagg.errors import ConfigurationError
+from secagg.layers.registry import get_layer, layer_names
 
-#: The layers an option applies to (its reason when refused).
-_LAYER_OPTIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "threshold": ("--threshold", ("secure-sum", "distributed-dp"),
-                  "it is the secure sum's threshold"),
-    "graph": ("--graph", ("secure-sum", "distributed-dp"),
-              "it is the secure sum's neighbour graph"),
-    "he_scheme": ("--he-scheme", ("homomorphic",), "it picks the homomorphic scheme"),
-    "colluders": ("--colluders", ("distributed-dp",),
-                  "it counts clients revealing their noise shares, which only distributed-dp "
-                  "splits among the clients"),
+#: The layer-specific options (its flag, and the reason when refused); the layers each
+#: applies to are the registry's (its entries' ``options``).
+_LAYER_OPTIONS: dict[str, tuple[str, str]] = {
+    "threshold": ("--threshold", "it is the secure sum's threshold"),
+    "graph": ("--graph", "it is the secure sum's neighbour graph"),
+    "he_scheme": ("--he-scheme", "it picks the homomorphic scheme"),
+    "colluders": ("--colluders", "it counts clients revealing their noise shares, which only "
+                  "distributed-dp splits among the clients"),
 }
 
 
@@ -40,7 +39,8 @@ def _check_applies(args: argparse.Namespace) -> None:
     """Refuse an option that does not apply to the chosen layers, with the reason."""
     names = {args.layer, *(g.partition("=")[2] for g in args.group_layer)}
     for key in sorted(_changed(args, *_LAYER_OPTIONS)):
-        flag, layers, why = _LAYER_OPTIONS[key]
+        flag, why = _LAYER_OPTIONS[key]
+        layers = [n for n in layer_names() if key in get_layer(n).options]
         if not names & set(layers):
             raise ConfigurationError(
                 f"{flag} does not apply to --layer {', '.join(sorted(names))}: {why} "

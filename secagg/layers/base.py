@@ -283,24 +283,12 @@ class Layer(ABC):
     #: clients' un-noised accuracies to themselves under it)
     is_dp: ClassVar[bool] = False
     #: its clients encode the vectors the inner layer sums (:class:`RingEncoding`), so the
-    #: inner must be a layer that :attr:`sums_encoded`
+    #: inner must be a layer that sums them (``sum_encoded`` in one process; over a link,
+    #: a driver the layer registry marks ``sums_encoded``)
     needs_encoded_sum: ClassVar[bool] = False
-    #: it sums vectors a wrapper's clients encoded (``sum_encoded`` in one process; its
-    #: server side over a link follows the wrapper's :class:`RingEncoding`)
-    sums_encoded: ClassVar[bool] = False
     #: the aggregator adds the noise after seeing the un-noised result, so the layer's
     #: guarantee does not hold against the server
     aggregator_noises: ClassVar[bool] = False
-
-    #: this very class runs on a remote runtime as a wrapper of a carried layer (read with
-    #: :meth:`declares_remote`: a subclass must declare it again, since it may change what
-    #: the nodes would have to rebuild)
-    remote: ClassVar[bool] = False
-
-    @classmethod
-    def declares_remote(cls) -> bool:
-        """Whether this exact class (not a base) declares :attr:`remote`."""
-        return bool(cls.__dict__.get("remote", False))
 
     @property
     def wrapped(self) -> Layer | None:

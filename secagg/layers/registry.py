@@ -1,5 +1,6 @@
-"""One registry of the layers that are built by name: ``secagg run --layer``, the sweep's
-``grid.layers``, and any third-party layer that registers itself.
+"""The one registry of layer kinds: the layers built by name (``secagg run --layer``, the
+sweep's ``grid.layers``, any third-party layer that registers itself), and what the engine,
+Flower, the node and ``secagg dp-audit`` need to know of each.
 
 Each entry knows how to build its layer from :class:`LayerOptions` (the options a command
 line or a sweep config can set), whether it adds DP noise (then it needs an epsilon and
@@ -16,19 +17,31 @@ A new layer registers a builder under a name (names are unique)::
     @register_layer("my-layer", summary="what it does")
     def _build(options: LayerOptions, inner: Layer | None) -> Layer:
         return MyLayer(...)
+
+The same entry is what every other reader of layer kinds asks, so none keeps a table of its
+own: the engine and Flower (:func:`entry_for`: the entry of a layer instance, by its exact
+class; ``server``: its server driver over a Link, a lazy factory so that this module imports
+no driver; ``not_on_flower`` / ``flower_check``: why it, or one configuration of it, does
+not run there), the node (``node_uploads``: its node steps that run the client step,
+:func:`upload_steps`; ``node_params``: what a node rebuilds a noising DP layer from,
+:func:`node_rebuilt`), and ``secagg dp-audit`` (``audit``: which release the audit plays,
+:func:`audited_kind`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from secagg.errors import ConfigurationError
 from secagg.layers.base import Layer
 
-__all__ = ["LayerEntry", "LayerOptions", "get_layer", "layer_names", "make_layer",
-           "register_layer"]
+if TYPE_CHECKING:
+    from secagg.link import LayerServer
+
+__all__ = ["LayerEntry", "LayerOptions", "ServerFactory", "audited_kind", "entry_for",
+           "carried_entries", "get_layer", "layer_names", "make_layer", "register_layer"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,21 @@ class LayerOptions:
 Builder = Callable[[LayerOptions, "Layer | None"], Layer]
 
 
+NodeUpload = Callable[..., dict[str, Any]]
+"""A node step that sends a client step's upload the layer's way (see
+:attr:`LayerEntry.node_uploads`)."""
+
+
+class ServerFactory(Protocol):
+    """Builds a carried layer's server driver over a Link (:class:`~secagg.link.LayerServer`)
+    for one run: ``decryptor`` is Homomorphic's decryptor client id (None: the smallest
+    connected), ``pinned`` the nodes' pinned Ed25519 public keys (client id -> 32 bytes)
+    that SecureSum checks every ADVERTISE against; a driver ignores what it does not use."""
+
+    def __call__(self, layer: Layer, *, decryptor: int | None = None,
+                 pinned: Mapping[int, bytes] | None = None) -> LayerServer: ...
+
+
 @dataclass(frozen=True)
 class LayerEntry:
     """A registered layer.
@@ -70,6 +98,29 @@ class LayerEntry:
         inner: DP layers: the registered name of the inner layer it wraps by default.
         sweepable: whether a privacy-utility sweep may put it in ``grid.layers``.
         summary: one line for listings.
+        cls: ``"module:Class"`` of the layer class the entry stands for (read without
+            importing it); :func:`entry_for` matches an instance's exact class against it
+            (a subclass may change what the nodes would rebuild, so it is not the entry's).
+            Empty: no instance is matched (the layer runs embedded only).
+        server: a carried layer's server driver factory over a Link (imported when
+            called); None for a DP layer (its server part wraps its inner layer's driver)
+            and for a layer with no driver.
+        sums_encoded: its driver sums vectors a wrapper's clients encoded (the inner layer
+            a DP layer with ``needs_encoded_sum`` may wrap on Flower).
+        not_on_flower: why the layer does not run on Flower ("" when it does).
+        flower_check: refuses (ConfigurationError) a configuration of the layer that does
+            not run on Flower, with the reason (None: every configuration does).
+        audit: which release ``secagg dp-audit`` plays for it (``"central"``, ``"local"``,
+            ``"distributed"``; None: it is not audited).
+        node_uploads: a carried layer's node steps that run the client step, each with how
+            the upload then leaves the node (:func:`secagg.node.leave`; imported when
+            called): ``(rec, spec, upload, client, part, out, cpu, store) -> reply``.
+        node_params: a DP layer whose clients add noise: the parameters a node rebuilds it
+            from (the keys of its ``node_params()`` besides ``layer``); empty: no node
+            rebuilds it (:func:`secagg.privacy.layers.node_layer`).
+        options: the layer-specific run options that configure it (``threshold``,
+            ``graph``, ``he_scheme``, ``colluders``); ``secagg run`` refuses one given to a
+            layer that does not list it.
     """
 
     name: str
@@ -78,17 +129,45 @@ class LayerEntry:
     inner: str | None = None
     sweepable: bool = True
     summary: str = ""
+    cls: str = ""
+    server: ServerFactory | None = None
+    sums_encoded: bool = False
+    not_on_flower: str = ""
+    flower_check: Callable[[Layer], None] | None = None
+    audit: str | None = None
+    node_uploads: Mapping[str, NodeUpload] = field(default_factory=dict)
+    node_params: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+    @property
+    def class_name(self) -> str:
+        """The layer class's name (``"SecureSum"``), from :attr:`cls`."""
+        return self.cls.rpartition(":")[2]
+
+    @property
+    def on_flower(self) -> bool:
+        """Whether the layer runs on Flower: it declares no reason not to, and it either has
+        a server driver or is a DP layer (whose parts wrap a carried layer's driver)."""
+        return not self.not_on_flower and bool(self.cls) and (
+            self.server is not None or self.dp)
 
 
 _REGISTRY: dict[str, LayerEntry] = {}
 
 
 def register_layer(name: str, *, dp: bool = False, inner: str | None = None,
-                   sweepable: bool = True, summary: str = "") -> Callable[[Builder], Builder]:
-    """Decorator: register ``builder`` under ``name``.
+                   sweepable: bool = True, summary: str = "", cls: str = "",
+                   server: ServerFactory | None = None, sums_encoded: bool = False,
+                   not_on_flower: str = "", flower_check: Callable[[Layer], None] | None = None,
+                   audit: str | None = None, node_uploads: Mapping[str, NodeUpload] | None = None,
+                   node_params: tuple[str, ...] = (),
+                   options: tuple[str, ...] = ()) -> Callable[[Builder], Builder]:
+    """Decorator: register ``builder`` under ``name`` (the keywords are
+    :class:`LayerEntry`'s attributes).
 
     Raises:
-        ConfigurationError: ``name`` is taken, or a DP layer names no registered inner layer.
+        ConfigurationError: ``name`` is taken, a DP layer names no registered inner layer,
+            ``cls`` is not ``"module:Class"`` or is registered already.
     """
 
     def add(builder: Builder) -> Builder:
@@ -97,16 +176,73 @@ def register_layer(name: str, *, dp: bool = False, inner: str | None = None,
         if dp and (inner is None or inner not in _REGISTRY):
             raise ConfigurationError(
                 f"DP layer {name!r} must name a registered inner layer, got {inner!r}")
-        _REGISTRY[name] = LayerEntry(name, builder, dp, inner, sweepable, summary)
+        if cls and (cls.count(":") != 1 or not all(cls.split(":"))):
+            raise ConfigurationError(f"layer {name!r}: cls must be 'module:Class', got {cls!r}")
+        if cls and any(e.cls == cls for e in _REGISTRY.values()):
+            raise ConfigurationError(f"layer class {cls!r} is already registered")
+        steps = dict(node_uploads or {})
+        taken = set(steps) & set(upload_steps())
+        if taken:
+            raise ConfigurationError(f"layer {name!r}: node steps {sorted(taken)} are taken")
+        if node_params and not dp:
+            raise ConfigurationError(f"layer {name!r}: node_params are for DP layers only")
+        _REGISTRY[name] = LayerEntry(name, builder, dp, inner, sweepable, summary, cls,
+                                     server, sums_encoded, not_on_flower, flower_check, audit,
+                                     steps, tuple(node_params), tuple(options))
         return builder
 
     return add
 
 
-def layer_names(*, dp: bool | None = None, sweepable: bool | None = None) -> tuple[str, ...]:
-    """Registered names, in registration order; ``dp`` / ``sweepable`` filter them."""
+def upload_steps() -> dict[str, NodeUpload]:
+    """Every registered node step that runs the client step -> how the upload then leaves
+    the node (the union of the entries' ``node_uploads``; step names are unique)."""
+    return {step: fn for e in _REGISTRY.values() for step, fn in e.node_uploads.items()}
+
+
+def node_rebuilt(name: object) -> LayerEntry | None:
+    """The DP layer registered as ``name`` if a node rebuilds it to add its clients' noise
+    (its ``node_params`` are declared), else None."""
+    entry = _REGISTRY.get(name) if isinstance(name, str) else None
+    return entry if entry is not None and entry.node_params else None
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def entry_for(layer: Layer) -> LayerEntry | None:
+    """The entry registered for ``layer``'s exact class (None: none is; a subclass of a
+    registered layer is not its entry's, since it may change what the nodes rebuild)."""
+    path = _class_path(type(layer))
+    return next((e for e in _REGISTRY.values() if e.cls == path), None)
+
+
+def audited_kind(layer: Layer) -> str | None:
+    """Which release ``secagg dp-audit`` plays for ``layer`` (the entry's ``audit``), read
+    from the nearest registered class in its MRO, so that a subclass of an audited DP
+    layer is audited as that layer; None: it is not audited."""
+    for base in type(layer).__mro__:
+        path = _class_path(base)
+        entry = next((e for e in _REGISTRY.values() if e.cls == path), None)
+        if entry is not None:
+            return entry.audit
+    return None
+
+
+def layer_names(*, dp: bool | None = None, sweepable: bool | None = None,
+                audited: bool | None = None) -> tuple[str, ...]:
+    """Registered names, in registration order; ``dp`` / ``sweepable`` / ``audited`` (has
+    an ``audit``) filter them."""
     return tuple(e.name for e in _REGISTRY.values()
-                 if (dp is None or e.dp == dp) and (sweepable is None or e.sweepable == sweepable))
+                 if (dp is None or e.dp == dp) and (sweepable is None or e.sweepable == sweepable)
+                 and (audited is None or (e.audit is not None) == audited))
+
+
+def carried_entries() -> tuple[LayerEntry, ...]:
+    """The entries whose layer carries the uploads on Flower (a server driver), in
+    registration order."""
+    return tuple(e for e in _REGISTRY.values() if e.server is not None and e.on_flower)
 
 
 def get_layer(name: str) -> LayerEntry:
@@ -145,7 +281,75 @@ def make_layer(name: str, options: LayerOptions | None = None,
 # -- the built-in layers (in the order the command line lists them) ---------------------
 
 
-@register_layer("plaintext", summary="the server sees every upload")
+def _plaintext_server(layer: Layer, *, decryptor: int | None = None,
+                      pinned: Mapping[int, bytes] | None = None) -> LayerServer:
+    from secagg.layers.plaintext import PlaintextServer
+
+    return PlaintextServer(layer=layer)
+
+
+def _secure_sum_server(layer: Layer, *, decryptor: int | None = None,
+                       pinned: Mapping[int, bytes] | None = None) -> LayerServer:
+    from secagg.secure_sum.remote import SecureSumServer
+
+    return SecureSumServer(layer=layer, pinned=pinned)  # type: ignore[arg-type]
+
+
+def _homomorphic_server(layer: Layer, *, decryptor: int | None = None,
+                        pinned: Mapping[int, bytes] | None = None) -> LayerServer:
+    from secagg.homomorphic.remote import HomomorphicServer
+
+    return HomomorphicServer(layer=layer, decryptor=decryptor)  # type: ignore[arg-type]
+
+
+def _plaintext_upload(rec: Any, spec: Any, up: Any, client: int, part: Any,
+                      out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
+    """Plaintext: the upload packed in the clear
+    (:func:`secagg.layers.plaintext.upload_on_node`)."""
+    from secagg.layers.plaintext import upload_on_node
+
+    return upload_on_node(rec, spec, up, client, part, out, cpu, store)
+
+
+def _he_upload(rec: Any, spec: Any, up: Any, client: int, part: Any,
+               out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
+    """Homomorphic: the upload encrypted (:func:`secagg.homomorphic.node.encrypt`)."""
+    from secagg.homomorphic.node import encrypt
+
+    return {**out, **encrypt(rec, spec, up, store)}
+
+
+def _secure_sum_upload(rec: Any, spec: Any, up: Any, client: int, part: Any,
+                       out: dict[str, Any], cpu: float, store: Any) -> dict[str, Any]:
+    """SecureSum: encoded, then advertised or shared (:func:`secagg.secure_sum.node.upload`)."""
+    from secagg.secure_sum.node import upload
+
+    return upload(rec, spec, up, client, part, out, cpu, store)
+
+
+def _secure_sum_on_flower(layer: Layer) -> None:
+    if layer.identities is not None:  # type: ignore[attr-defined]
+        raise ConfigurationError(
+            "SecureSum(identities=...) holds the simulated clients' private keys and does not "
+            "run on Flower: there each node pins identities itself (node config identity-key "
+            "and pinned-keys) and the ServerApp takes the operator's copy of the public keys "
+            "(FlowerFederation(pinned_keys=...)); without pins the server model is "
+            "honest-but-curious"
+        )
+
+
+def _homomorphic_on_flower(layer: Layer) -> None:
+    if layer.key_holder != "decryptor":  # type: ignore[attr-defined]
+        raise ConfigurationError(
+            "Homomorphic(key_holder='clients') does not run on Flower: the shared secret "
+            "context would have to reach the clients without passing through the server, "
+            "and Flower routes every message through it; use key_holder='decryptor'"
+        )
+
+
+@register_layer("plaintext", summary="the server sees every upload",
+                cls="secagg.layers.plaintext:Plaintext", server=_plaintext_server,
+                node_uploads={"upload": _plaintext_upload})
 def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.layers.plaintext import Plaintext
 
@@ -153,7 +357,10 @@ def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
 
 
 @register_layer("secure-sum", summary="dropout-tolerant secure aggregation: the server "
-                "learns only the sum")
+                "learns only the sum", cls="secagg.secure_sum.layer:SecureSum",
+                server=_secure_sum_server, sums_encoded=True,
+                flower_check=_secure_sum_on_flower, options=("threshold", "graph"),
+                node_uploads={"advertise": _secure_sum_upload, "share": _secure_sum_upload})
 def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.secure_sum import SecureSum
 
@@ -164,7 +371,10 @@ def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
 
 
 @register_layer("homomorphic", sweepable=False,
-                summary="additively homomorphic encryption (TenSEAL BFV or CKKS)")
+                summary="additively homomorphic encryption (TenSEAL BFV or CKKS)",
+                cls="secagg.homomorphic.layer:Homomorphic", server=_homomorphic_server,
+                flower_check=_homomorphic_on_flower, node_uploads={"he-upload": _he_upload},
+                options=("he_scheme",))
 def _homomorphic(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.homomorphic import Homomorphic
 
@@ -179,8 +389,13 @@ def _dp_kwargs(options: LayerOptions) -> dict[str, Any]:
     return kwargs
 
 
+#: what a node rebuilds a DP layer whose clients add noise from (``_DPLayer.node_params``)
+_NODE_PARAMS = ("noise_multiplier", "delta", "adjacency", "public", "seed")
+
+
 @register_layer("central-dp", dp=True, inner="plaintext",
-                summary="the aggregator noises the sum")
+                summary="the aggregator noises the sum",
+                cls="secagg.privacy.central:CentralDP", audit="central")
 def _central_dp(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.privacy import CentralDP
 
@@ -189,7 +404,8 @@ def _central_dp(options: LayerOptions, inner: Layer | None) -> Layer:
 
 
 @register_layer("local-dp", dp=True, inner="plaintext",
-                summary="each client noises its own upload")
+                summary="each client noises its own upload",
+                cls="secagg.privacy.local:LocalDP", audit="local", node_params=_NODE_PARAMS)
 def _local_dp(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.privacy import LocalDP
 
@@ -198,7 +414,10 @@ def _local_dp(options: LayerOptions, inner: Layer | None) -> Layer:
 
 
 @register_layer("distributed-dp", dp=True, inner="secure-sum",
-                summary="each client adds a share of the noise before secure summation")
+                summary="each client adds a share of the noise before secure summation",
+                cls="secagg.privacy.distributed:DistributedDP", audit="distributed",
+                node_params=(*_NODE_PARAMS, "mechanism", "precision"),
+                options=("threshold", "graph", "colluders"))
 def _distributed_dp(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.privacy import DistributedDP
 

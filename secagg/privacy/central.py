@@ -46,7 +46,6 @@ class CentralDP(_DPLayer):
     """
 
     name: ClassVar[str] = "central-dp"
-    remote: ClassVar[bool] = True
     aggregator_noises: ClassVar[bool] = True
     holds_against: ClassVar[tuple[str, ...]] = (
         "observers of the released (noised) sums and the models built from them; NOT "

@@ -103,7 +103,6 @@ class DistributedDP(_DPLayer):
     """
 
     name: ClassVar[str] = "distributed-dp"
-    remote: ClassVar[bool] = True
     needs_encoded_sum: ClassVar[bool] = True
     holds_against: ClassVar[tuple[str, ...]] = (
         "observers of the releases", "a server that follows the protocol, which sees "

@@ -54,6 +54,7 @@ from typing import Any
 
 from secagg.errors import PrivacyError
 from secagg.layers.base import Layer
+from secagg.layers.registry import LayerOptions, get_layer, layer_names, make_layer, node_rebuilt
 from secagg.privacy.central import CentralDP
 from secagg.privacy.distributed import DistributedDP, DistributedRelease
 from secagg.privacy.dp_base import DEFAULT_DELTA, _DPLayer, relabel
@@ -66,23 +67,19 @@ __all__ = ["DEFAULT_DELTA", "TAIL_PROBABILITY", "CentralDP", "DistributedDP",
            "noise_source", "noise_tail", "relabel", "wraps_secure_sum"]
 
 
-#: the DP layers whose clients add noise, by name: what a node can rebuild
-_NODE_KINDS: dict[str, type[LocalDP] | type[DistributedDP]] = {
-    LocalDP.name: LocalDP, DistributedDP.name: DistributedDP}
-
-
 def wraps_secure_sum(params: Mapping[str, Any]) -> bool:
     """Whether the layer ``params`` rebuild on a node (:func:`node_layer`) wraps the
-    session's secure sum (its threshold sizes the noise shares) rather than any layer."""
-    kind = _NODE_KINDS.get(params.get("layer"))  # type: ignore[arg-type]
-    return kind is not None and kind.needs_encoded_sum
+    session's secure sum (its threshold sizes the noise shares) rather than any layer: the
+    inner layer it wraps by default (the layer registry's) sums encoded vectors."""
+    entry = node_rebuilt(params.get("layer"))
+    return entry is not None and get_layer(entry.inner or "").sums_encoded
 
 
-def node_layer(params: Mapping[str, Any], inner: Layer) -> LocalDP | DistributedDP:
+def node_layer(params: Mapping[str, Any], inner: Layer) -> Layer:
     """The noise side of a DP layer, rebuilt on a client from :meth:`_DPLayer.node_params`
     (a runtime whose clients run elsewhere sends those; ``inner`` is the client's copy of
-    the inner layer). Only the layers whose clients add noise can be rebuilt: ``local-dp``
-    and ``distributed-dp``.
+    the inner layer). Only the layers whose clients add noise can be rebuilt: those the
+    layer registry gives ``node_params`` (``local-dp`` and ``distributed-dp``).
 
     Raises:
         PrivacyError: an unknown layer, or a parameter of the wrong type or out of range
@@ -90,13 +87,12 @@ def node_layer(params: Mapping[str, Any], inner: Layer) -> LocalDP | Distributed
     """
     if not isinstance(params, Mapping):
         raise PrivacyError(f"DP parameters must be a mapping, got {type(params).__name__}")
-    kind = _NODE_KINDS.get(params.get("layer"))  # type: ignore[arg-type]
-    if kind is None:
-        raise PrivacyError(f"a client adds noise for {sorted(_NODE_KINDS)} only, got "
+    entry = node_rebuilt(params.get("layer"))
+    if entry is None:
+        rebuilt = sorted(n for n in layer_names(dp=True) if node_rebuilt(n) is not None)
+        raise PrivacyError(f"a client adds noise for {rebuilt} only, got "
                            f"{params.get('layer')!r}")
-    known = {"layer", "noise_multiplier", "delta", "adjacency", "public", "seed"}
-    if kind is DistributedDP:
-        known |= {"mechanism", "precision"}
+    known = {"layer", *entry.node_params}
     if set(params) - known:
         raise PrivacyError(f"unknown DP parameters {sorted(set(params) - known)}")
     public = params.get("public", [])
@@ -104,9 +100,6 @@ def node_layer(params: Mapping[str, Any], inner: Layer) -> LocalDP | Distributed
     if not isinstance(public, list) or (seed is not None and (
             isinstance(seed, bool) or not isinstance(seed, int))):
         raise PrivacyError("DP parameters: public must be a list of names, seed an int or None")
-    extra: dict[str, Any] = {}
-    if kind is DistributedDP:
-        extra = {"mechanism": params.get("mechanism"), "precision": params.get("precision")}
-    return kind(inner, noise_multiplier=params.get("noise_multiplier"),
-                delta=params.get("delta"), adjacency=params.get("adjacency"),
-                public=tuple(public), seed=seed, **extra)
+    dp = {k: params.get(k) for k in entry.node_params if k != "delta"}
+    dp["public"] = tuple(public)
+    return make_layer(entry.name, LayerOptions(delta=params.get("delta"), dp=dp), inner)

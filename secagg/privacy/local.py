@@ -35,7 +35,6 @@ class LocalDP(_DPLayer):
     """
 
     name: ClassVar[str] = "local-dp"
-    remote: ClassVar[bool] = True
     holds_against: ClassVar[tuple[str, ...]] = (
         "observers of the releases", "a server that follows the protocol, which sees "
         "only noised uploads (it knows the cohort; no amplification is claimed); against "

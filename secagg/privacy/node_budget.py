@@ -60,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from secagg.errors import PrivacyError
+from secagg.layers.registry import node_rebuilt
 from secagg.messages import UploadSpec
 from secagg.privacy.client_ledger import (
     OBSERVERS,
@@ -174,7 +175,7 @@ def _unnoised(params: Mapping[str, Any], layer: str | None,
     the terms declare public (a conservative reading)."""
     if spec is None:
         return sorted(str(p) for p in params.get("public", []) or [])
-    if params.get("layer") not in ("local-dp", "distributed-dp"):
+    if node_rebuilt(params.get("layer")) is None:  # no node rebuilds (and noises) it
         return []
     from secagg.privacy.release import node_noiser
 

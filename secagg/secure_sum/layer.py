@@ -74,7 +74,6 @@ class SecureSum(Layer):
     """
 
     name: ClassVar[str] = "secure-sum"
-    sums_encoded: ClassVar[bool] = True
 
     def __init__(
         self,
