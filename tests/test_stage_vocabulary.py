@@ -52,6 +52,7 @@ PENDING_FILES = frozenset({
 #: Justified exceptions: the same word with another meaning (path, value, why).
 SAME_WORD = {
     ("privacy/local.py", "local"): "LocalDP's noise_scaling kind (noise added locally)",
+    ("layers/registry.py", "local"): "the dp-audit kind of LocalDP (audit='local')",
 }
 
 #: the modules that build or read instructions and replies

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from secagg.errors import ConfigurationError
 from secagg.layers.base import Layer
+from secagg.stages import Stage
 
 if TYPE_CHECKING:
     from secagg.link import LayerServer
@@ -349,7 +350,7 @@ def _homomorphic_on_flower(layer: Layer) -> None:
 
 @register_layer("plaintext", summary="the server sees every upload",
                 cls="secagg.layers.plaintext:Plaintext", server=_plaintext_server,
-                node_uploads={"upload": _plaintext_upload})
+                node_uploads={Stage.UPLOAD: _plaintext_upload})
 def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.layers.plaintext import Plaintext
 
@@ -360,7 +361,8 @@ def _plaintext(options: LayerOptions, inner: Layer | None) -> Layer:
                 "learns only the sum", cls="secagg.secure_sum.layer:SecureSum",
                 server=_secure_sum_server, sums_encoded=True,
                 flower_check=_secure_sum_on_flower, options=("threshold", "graph"),
-                node_uploads={"advertise": _secure_sum_upload, "share": _secure_sum_upload})
+                node_uploads={Stage.ADVERTISE: _secure_sum_upload,
+                              Stage.SHARE: _secure_sum_upload})
 def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.secure_sum import SecureSum
 
@@ -373,7 +375,7 @@ def _secure_sum(options: LayerOptions, inner: Layer | None) -> Layer:
 @register_layer("homomorphic", sweepable=False,
                 summary="additively homomorphic encryption (TenSEAL BFV or CKKS)",
                 cls="secagg.homomorphic.layer:Homomorphic", server=_homomorphic_server,
-                flower_check=_homomorphic_on_flower, node_uploads={"he-upload": _he_upload},
+                flower_check=_homomorphic_on_flower, node_uploads={Stage.HE_UPLOAD: _he_upload},
                 options=("he_scheme",))
 def _homomorphic(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.homomorphic import Homomorphic
