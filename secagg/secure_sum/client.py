@@ -130,7 +130,7 @@ from secagg.secure_sum.keys import (
     survivors_statement,
     verify_signature,
 )
-from secagg.secure_sum.prg import MaskAccumulator, word_dtype
+from secagg.secure_sum.prg import add_masks, word_dtype
 from secagg.secure_sum.wire import SERVER_ID, MsgType
 
 _K = shamir.CHUNKS_PER_KEY
@@ -462,27 +462,43 @@ class Client:
             raise ConfigurationError(
                 f"client {self.cid}: vector must hold ring elements (integers), got {x.dtype}"
             )
-        if x.size and (
-            (x.dtype.kind == "i" and int(x.min()) < 0)
-            or (r.ring_bits < 64 and int(x.max()) >> r.ring_bits)
-        ):
-            raise EncodingOverflow(f"client {self.cid}: vector entries outside Z_2^{r.ring_bits}")
-        acc = x.astype(word_dtype(r.ring_bits))  # a fresh copy
-        masks = MaskAccumulator(acc)
-        masks.add(derive(self._b, PURPOSE_SELF_MASK, self.session, self.round, self.cid, self.cid))
+        wd = word_dtype(r.ring_bits)
+        acc = np.empty(x.size, dtype=wd)
+        masks = [(derive(self._b, PURPOSE_SELF_MASK, self.session, self.round, self.cid,
+                         self.cid), 1)]
         for v in sorted(self.accepted):
             s = agree(self._keys.mask, r.keys[v][1])
-            masks.add(
-                derive(s, PURPOSE_PAIR_MASK, self.session, self.round, *pair(self.cid, v)),
-                1 if self.cid < v else -1,
-            )
-        if r.ring_bits < acc.dtype.itemsize * 8:
-            np.bitwise_and(acc, acc.dtype.type((1 << r.ring_bits) - 1), out=acc)
-        self.stage = "masked"
+            masks.append((derive(s, PURPOSE_PAIR_MASK, self.session, self.round,
+                                 *pair(self.cid, v)), 1 if self.cid < v else -1))
+        # one pass over the vector, a cache-sized block at a time: check the input block,
+        # copy it in, add every mask, reduce mod 2^k and hash the packed words
+        packed_in_place = wire.packed_width(r.ring_bits) == wd.itemsize
+        h = hashlib.sha256()
+        top = r.ring_bits if r.ring_bits < 64 else None
+        low = wd.type((1 << r.ring_bits) - 1) if r.ring_bits < wd.itemsize * 8 else None
+        signed = x.dtype.kind == "i"
+
+        def fill(lo: int, hi: int, block: np.ndarray) -> None:
+            xs = x[lo:hi]
+            if (signed and int(xs.min()) < 0) or (top is not None and int(xs.max()) >> top):
+                raise EncodingOverflow(
+                    f"client {self.cid}: vector entries outside Z_2^{r.ring_bits}")
+            np.copyto(block, xs, casting="unsafe")  # exact: every entry is < 2^ring_bits
+
+        def seal(lo: int, hi: int, block: np.ndarray) -> None:
+            if low is not None:
+                np.bitwise_and(block, low, out=block)
+            if packed_in_place:
+                h.update(memoryview(block).cast("B"))
+
+        add_masks(acc, masks, before=fill, after=seal)
         data = wire.pack_ring(acc, r.ring_bits)
+        if not packed_in_place:
+            h.update(data)
+        self.stage = "masked"
         assert self._sign is not None
         tag = self._sign.sign(masked_statement(self.session, self.round, self.cid,
-                                               hashlib.sha256(data).digest()))
+                                               h.digest()))
         parts = wire.masked_parts(r.ring_bits, r.length, tag, data)
         return wire.encode(MsgType.MASKED, self.session, self.cid, SERVER_ID, parts)
 
