@@ -88,6 +88,8 @@ class MaskAccumulator:
             np.subtract(self.acc, self._scratch, out=self.acc)
 
 
+_OPEN = 1024
+
 CHUNK_WORDS = 1 << 15
 """Words per block of :func:`add_masks`: 128 KiB of uint32 (256 KiB of uint64), so a block,
 its keystream scratch and the cipher state stay in a core's L2 cache while every mask is
@@ -100,7 +102,7 @@ def add_masks(
     *,
     before: Callable[[int, int, np.ndarray], None] | None = None,
     after: Callable[[int, int, np.ndarray], None] | None = None,
-    chunk: int = CHUNK_WORDS,
+    chunk: int | None = None,
 ) -> np.ndarray:
     """acc <- acc + sum_i sign_i PRG(key_i) (wrapping), one cache-sized block at a time.
 
@@ -116,7 +118,7 @@ def add_masks(
             masks are added (e.g. to fill it from the input); it may raise to abort.
         after: called as ``after(lo, hi, block)`` once the block is fully masked (e.g. to
             reduce it mod 2^k and feed it to a hash).
-        chunk: words per block.
+        chunk: words per block (None: :data:`CHUNK_WORDS`).
 
     Returns:
         ``acc``.
@@ -125,30 +127,38 @@ def add_masks(
         raise ValueError("acc must be a 1-D C-contiguous unsigned integer array")
     if any(len(key) != 32 for key, _ in masks):
         raise ValueError("mask keys are 256-bit (32 bytes)")
+    if chunk is None:
+        chunk = CHUNK_WORDS
     if chunk < 1:
         raise ValueError("chunk must be positive")
     n = acc.size
-    encs = [(Cipher(algorithms.AES(key), modes.CTR(_ZERO_IV)).encryptor(), sign >= 0)
-            for key, sign in masks]
+    if n == 0:
+        return acc
     words = min(chunk, n)
     # update_into wants 15 bytes of slack past the data: one spare 16-byte block
     scratch = np.empty(words + 16 // acc.itemsize, dtype=acc.dtype)
     out = memoryview(scratch.view(np.uint8))
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
-        block = acc[lo:hi]
-        if before is not None:
-            before(lo, hi, block)
-        ks = scratch[: hi - lo]
-        zeros = _zero_bytes(block.nbytes)
-        for enc, plus in encs:
-            enc.update_into(zeros, out)
-            if plus:
-                np.add(block, ks, out=block)
-            else:
-                np.subtract(block, ks, out=block)
-        if after is not None:
-            after(lo, hi, block)
+    # at most _OPEN cipher contexts at once (a server may unmask 10^5 pair masks): the
+    # masks go in groups, each group in one blocked pass (before/after run on the first/last)
+    groups = [masks[i : i + _OPEN] for i in range(0, len(masks), _OPEN)] or [[]]
+    for g, group in enumerate(groups):
+        encs = [(Cipher(algorithms.AES(key), modes.CTR(_ZERO_IV)).encryptor(), sign >= 0)
+                for key, sign in group]
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            block = acc[lo:hi]
+            if before is not None and g == 0:
+                before(lo, hi, block)
+            ks = scratch[: hi - lo]
+            zeros = _zero_bytes(block.nbytes)
+            for enc, plus in encs:
+                enc.update_into(zeros, out)
+                if plus:
+                    np.add(block, ks, out=block)
+                else:
+                    np.subtract(block, ks, out=block)
+            if after is not None and g == len(groups) - 1:
+                after(lo, hi, block)
     return acc
 
 

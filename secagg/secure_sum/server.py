@@ -129,7 +129,7 @@ from secagg.secure_sum.keys import (
     survivors_statement,
     verify_signature,
 )
-from secagg.secure_sum.prg import MaskAccumulator, word_dtype
+from secagg.secure_sum.prg import add_masks, word_dtype
 from secagg.secure_sum.wire import SERVER_ID, MsgType
 
 _K = shamir.CHUNKS_PER_KEY
@@ -660,17 +660,18 @@ class Server:
         wanted = [("b", u) for u in sorted(live)] + [("sk", v) for v in sorted(self.dropped)]
         secrets_ = self._rebuild(wanted)
         assert self.total is not None
-        masks = MaskAccumulator(self.total)
+        masks: list[tuple[bytes, int]] = []
         for u in sorted(live):
             b = secrets_[("b", u)]
-            masks.add(derive(b, PURPOSE_SELF_MASK, self.session, self.round, u, u), -1)
+            masks.append((derive(b, PURPOSE_SELF_MASK, self.session, self.round, u, u), -1))
         for v in sorted(self.dropped):
             sk = secrets_[("sk", v)]
             for w in sorted(live):
                 if v in self.accepted_by(w):
                     s = agree(sk, self.keys[w][1])
                     key = derive(s, PURPOSE_PAIR_MASK, self.session, self.round, *pair(w, v))
-                    masks.add(key, -1 if w < v else 1)
+                    masks.append((key, -1 if w < v else 1))
+        add_masks(self.total, masks)  # every mask in one cache-blocked pass over the sum
         self.stage = "done"
         out = self.total.astype(np.uint64)
         if self.ring_bits < 64:
