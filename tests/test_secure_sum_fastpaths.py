@@ -115,3 +115,79 @@ def test_masked_input_refuses_an_entry_outside_the_ring_in_a_later_block(monkeyp
     want = sum(v.astype(object) for v in vecs.values())
     assert contributors == tuple(range(n))
     assert [int(t) for t in total] == [int(w) % (1 << ring_bits) for w in want]
+
+
+def _naive_lagrange(xs):
+    from secagg.secure_sum.shamir import P
+
+    out = []
+    for i, xi in enumerate(xs):
+        num = den = 1
+        for j, xj in enumerate(xs):
+            if j != i:
+                num, den = num * xj % P, den * (xj - xi) % P
+        out.append(num * pow(den, P - 2, P) % P)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_fast_lagrange_weights_equal_the_textbook_ones(big):
+    """Small points (client ids) take the int64 route, others the modular loop."""
+    import random
+
+    from secagg.secure_sum import shamir
+
+    rnd = random.Random(7)
+    for h in (1, 2, 3, 4, 5, 30, 127):
+        top = shamir.P - 1 if big else 10_001
+        xs = tuple(sorted({rnd.randrange(1, top) for _ in range(h)}))
+        assert shamir.lagrange_at_zero.__wrapped__(xs) == _naive_lagrange(xs)
+
+
+def test_decode_at_secagg_plus_size_rebuilds_and_names_the_wrong_rows():
+    """h = 113 holders (ids up to 10,000), t = 89: the shared weights give every secret, and a
+    corrupted share is corrected and located, as before."""
+    import random
+
+    from secagg.secure_sum import shamir
+
+    rnd = random.Random(3)
+    xs = sorted(rnd.sample(range(1, 10_001), 113))
+    secrets_ = [rnd.randrange(shamir.P) for _ in range(6)]
+    shares = shamir.share(secrets_, 89, xs, SeededEntropy(3, "c"))
+    values, errors = shamir.decode(xs, shares, 89, SeededEntropy(3, "d"))
+    assert values == secrets_ and all(not e for e in errors)
+    bad = shares.copy()
+    bad[5, 2] = (bad[5, 2] + 1) % shamir.P
+    bad[40, 2] = (bad[40, 2] + 9) % shamir.P
+    values, errors = shamir.decode(xs, bad, 89, SeededEntropy(3, "e"))
+    assert values == secrets_ and errors[2] == {5, 40} and not errors[0]
+
+
+def test_secagg_plus_sizing_meets_its_bounds_and_is_minimal():
+    from scipy.stats import hypergeom
+
+    from secagg.errors import ConfigurationError
+    from secagg.secure_sum.graph import secagg_plus_sizing
+
+    n, drop = 1000, 0.1
+    prev = 0
+    for corrupt in (0.0, 0.05, 0.1):
+        z = secagg_plus_sizing(n, drop, corrupt)
+        k, t = z.k, z.share_threshold
+        assert 2 * t > k + 1 and k % 2 == 0
+        gone, bad = round(n * (drop + corrupt)), round(n * corrupt)
+        assert n * hypergeom(n - 1, gone, k).sf(k + 1 - t) <= 2.0 ** -20
+        if bad:
+            assert n * hypergeom(n - 1, bad, k).sf(2 * t - k - 2) <= 2.0 ** -40
+        # minimal: no t works at the next smaller even degree
+        k2 = k - 2
+        assert all(n * hypergeom(n - 1, gone, k2).sf(k2 + 1 - t2) > 2.0 ** -20
+                   or (bad and n * hypergeom(n - 1, bad, k2).sf(2 * t2 - k2 - 2) > 2.0 ** -40)
+                   for t2 in range(k2 // 2 + 1, k2 + 2))
+        assert k >= prev  # more corrupt clients never need a smaller degree
+        prev = k
+    with pytest.raises(ConfigurationError):
+        secagg_plus_sizing(30, 0.3, 0.3)
+    with pytest.raises(ConfigurationError):
+        secagg_plus_sizing(100, 0.6, 0.5)

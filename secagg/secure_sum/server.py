@@ -665,9 +665,10 @@ class Server:
             b = secrets_[("b", u)]
             masks.append((derive(b, PURPOSE_SELF_MASK, self.session, self.round, u, u), -1))
         for v in sorted(self.dropped):
-            sk = secrets_[("sk", v)]
-            for w in sorted(live):
-                if v in self.accepted_by(w):
+            sk = X25519PrivateKey.from_private_bytes(secrets_[("sk", v)])  # once per v
+            # the live clients that masked with v are among v's neighbours: O(k), not O(n)
+            for w in sorted(set(self.graph.neighbours[v]) & live):
+                if v in self.forwarded.get(w, ()) and v not in self.rejected.get(w, ()):
                     s = agree(sk, self.keys[w][1])
                     key = derive(s, PURPOSE_PAIR_MASK, self.session, self.round, *pair(w, v))
                     masks.append((key, -1 if w < v else 1))
