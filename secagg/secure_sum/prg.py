@@ -5,6 +5,10 @@ A mask is the keystream of AES-256 in counter mode (zero initial counter block) 
 see :mod:`secagg.secure_sum.keys`), reinterpreted as little-endian unsigned words. Words are
 uniform over Z_{2^32} or Z_{2^64}, hence uniform over any Z_{2^k} after masking the low k bits.
 No numpy generator and no short seed is involved.
+
+:func:`add_masks` adds many masks to one vector a cache-sized block at a time (each key's
+keystream continuing from block to block), so the vector is read and written once for all of
+them: the client masks its input that way, the server removes the masks from the sum.
 """
 
 from __future__ import annotations
