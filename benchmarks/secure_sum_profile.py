@@ -3,8 +3,8 @@
 Runs :func:`benchmarks.secure_sum.run_ours` (one process, the layer as the benchmark runs it)
 with a profiler switched on only around the clients' work -- each call of a client's method
 (:func:`secagg.secure_sum.parties.call`) and the fixed-point encoding of its vector
-(:class:`secagg.stream.Booked`) -- so the server's work is left out. Prints the top lines by
-own time and by cumulative time.
+(:class:`secagg.stream.Booked`) -- so the server's work is left out; the profiler's clock is
+the process's CPU time. Prints the top lines by own time and by cumulative time.
 
 Usage::
 
@@ -19,6 +19,7 @@ import io
 import os
 import pstats
 import sys
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,7 +32,7 @@ def profile_clients(n: int, m: int, dropout: float, top: int = 25) -> str:
     from secagg import stream
     from secagg.secure_sum import parties
 
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)  # CPU time: steadier than wall on a busy box
     orig_call, orig_booked = parties.call, stream.Booked._booked
 
     def call(client: Any, method: str, arg: Any) -> Any:
@@ -56,7 +57,7 @@ def profile_clients(n: int, m: int, dropout: float, top: int = 25) -> str:
     buf = io.StringIO()
     buf.write(f"client-side cProfile, n={n} m={m:,} dropout={dropout:.0%} (k={out['k']}, "
               f"t_k={out['share_threshold']}); client CPU mean {out['client_cpu_s']:.4f} s "
-              "(not profiled), all clients together under the profiler below\n")
+              "(not profiled), all clients together under the profiler below, CPU seconds\n")
     for key in ("tottime", "cumulative"):
         st = pstats.Stats(prof, stream=buf)
         st.sort_stats(key).print_stats(top)
