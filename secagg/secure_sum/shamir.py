@@ -4,7 +4,9 @@ Many secrets are shared at once: with a Vandermonde matrix V (holders x threshol
 holders' evaluation points and a coefficient matrix C (threshold x secrets) whose first row is
 the secrets, the shares are V @ C mod p (one numpy object-array product; every entry is an
 exact Python int). Reconstruction multiplies the shares by Lagrange coefficients at zero,
-computed once per holder set and cached. Shares of 32-byte secrets are carried as three field
+computed once per holder set and cached; the weights of a holder set of client-id points
+(:func:`_denominators`) cost O(h^2) int64 work and one batch inversion, and the error check
+and f(0) share them. Shares of 32-byte secrets are carried as three field
 elements (11 + 11 + 10 bytes, each < p).
 
 Decoding with error correction (:func:`decode`). The h shares of one secret, shared with
