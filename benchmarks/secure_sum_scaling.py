@@ -74,6 +74,31 @@ def abort_risk(n: int, dropout: float, sized: bool, threshold: float = 0.7
     return k, tk, abort_probability(n, k, tk, dropout)
 
 
+def sizing_table(ns: list[int], dropout: float, corrupt: list[float], sized: bool) -> None:
+    """Print k and t_k by the rule the layer uses beside the SecAgg+ sizing of Bell et al.
+    (:func:`secagg.secure_sum.graph.secagg_plus_sizing`) for each corrupt fraction."""
+    from secagg.errors import ConfigurationError
+    from secagg.secure_sum.graph import secagg_plus_sizing
+
+    print(f"\nk / t_k at {dropout:.0%} dropout: the layer's rule (threshold 0.7"
+          + (", degree sized for the dropout" if sized else ", automatic degree")
+          + ") beside Bell et al.'s sizing (2^-40 security against a malicious server with "
+          "the corrupt clients, 2^-20 correctness, union bounds over the n clients; "
+          "corrupt clients counted as dropping):")
+    print(f"  {'n':>6s}  {'layer rule':>12s}  "
+          + "  ".join(f"{f'corrupt {c:.0%}':>14s}" for c in corrupt))
+    for n in ns:
+        k, tk, _ = abort_risk(n, dropout, sized)
+        cells = []
+        for c in corrupt:
+            try:
+                z = secagg_plus_sizing(n, dropout, c)
+                cells.append(f"{f'{z.k} / {z.share_threshold}':>14s}")
+            except ConfigurationError:
+                cells.append(f"{'complete':>14s}")
+        print(f"  {n:6,d}  {f'{k} / {tk}':>12s}  " + "  ".join(cells))
+
+
 def slope(ns: list[int], ys: list[float]) -> float:
     """Least-squares slope of log(y) against log(n)."""
     return float(np.polyfit(np.log(ns), np.log(ys), 1)[0])
@@ -91,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="processes the clients' work is spread over (%(default)s)")
     p.add_argument("--sized", action="store_true",
                    help="SecureSum(dropout=--dropout): the degree sized for the dropout rate")
+    p.add_argument("--corrupt", type=float, nargs="*", default=[0.0, 0.05, 0.1],
+                   help="corrupt fractions for the Bell et al. sizing shown beside the rule "
+                   "the layer uses (%(default)s)")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args(argv)
     print(f"SecureSum scaling: m={a.m:,} float32 per client, {a.dropout:.0%} dropout before the "
@@ -125,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     for n in a.n:
         k, tk, prob = abort_risk(n, a.dropout, a.sized)
         print(f"  n={n:6,d}: k={k}, t_k={tk}: P(abort) ~ {prob:.2e}")
+    if a.corrupt:
+        sizing_table(a.n, a.dropout, a.corrupt, a.sized)
     if len(done) >= 2:
         ns = [r["n"] for r in done]
         print(f"\ngrowth over n = {', '.join(f'{x:,}' for x in ns)} "

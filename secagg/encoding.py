@@ -76,6 +76,9 @@ class FixedPoint:
             if q.size and max(-int(q.min()), int(q.max())) > limit:
                 self._out_of_bound(arr)
             return q
+        a32 = self._scaled32(arr, limit)
+        if a32 is not None:
+            return a32.astype(np.int64)
         a = np.array(arr, dtype=np.float64)  # one copy; the rest is in place
         np.ldexp(a, self.scale_bits, out=a)
         np.rint(a, out=a)
@@ -87,6 +90,25 @@ class FixedPoint:
                 self._out_of_bound(arr)
         return a.astype(np.int64)
 
+    def _scaled32(self, arr: np.ndarray, limit: int) -> np.ndarray | None:
+        """round(x * 2^f) in float32 when that is exact and in bound, else None.
+
+        For float32 input with |round(x * 2^f)| <= limit < 2^24, scaling by 2^f and rounding
+        are exact in float32, so this gives the float64 path's integers at half the memory
+        traffic. Anything out of bound or non-finite gives None: the float64 path then
+        raises its error."""
+        if self.integer or arr.dtype != np.float32 or not 0 <= self.scale_bits < 128 \
+                or limit >= 1 << 24:
+            return None
+        with np.errstate(over="ignore"):  # an overflow is an inf, refused below
+            a32 = np.ldexp(arr, self.scale_bits, dtype=np.float32)
+        np.rint(a32, out=a32)
+        if a32.size:
+            lo, hi = float(a32.min()), float(a32.max())
+            if not (np.isfinite(lo) and np.isfinite(hi) and max(-lo, hi) <= limit):
+                return None
+        return a32
+
     def _out_of_bound(self, arr: np.ndarray) -> None:
         raise EncodingOverflow(
             f"field {self.field!r}: value {float(np.max(np.abs(arr))):.6g} exceeds the bound "
@@ -95,6 +117,13 @@ class FixedPoint:
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         """Encode values into the ring: uint64 in [0, 2^k), two's complement for negatives."""
+        if self.ring_bits <= 32:
+            a32 = self._scaled32(np.asarray(x), bound_to_int(self.client_bound, self.scale_bits))
+            if a32 is not None:  # wrap through int32: two's complement mod 2^32 is the ring's
+                w = a32.ravel().astype(np.int32).view(np.uint32)
+                if self.ring_bits < 32:
+                    w &= np.uint32((1 << self.ring_bits) - 1)
+                return w.astype(np.uint64)
         u = self.to_int(x).ravel().view(np.uint64)
         if self.ring_bits < 64:
             u &= self._mask()

@@ -17,7 +17,9 @@ A :class:`Client` consumes and produces wire messages (bytes) only. Its steps, i
    sender, sent back in the ACK with its evidence (below).
 4. :meth:`masked_input` -- y_u = x_u + PRG(b_u) + sum_{v accepted, u<v} PRG(s_uv)
    - sum_{v accepted, u>v} PRG(s_uv) mod 2^k, with an integrity tag: its Ed25519 signature
-   over the vector's digest, session and round (checked by the server on arrival).
+   over the vector's digest, session and round (checked by the server on arrival). The input
+   is checked, masked, reduced and hashed in one pass, block by block
+   (:func:`~secagg.secure_sum.prg.add_masks`).
 5. :meth:`sign_survivors` -- the consistency round of Bonawitz et al.'s active variant: signs
    the survivor set U3 the server showed it (which must contain it and have >= t members).
 6. :meth:`unmask` -- answers one unmasking request; refuses one that asks for both the
@@ -94,7 +96,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import struct
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -130,92 +131,25 @@ from secagg.secure_sum.keys import (
     survivors_statement,
     verify_signature,
 )
-from secagg.secure_sum.prg import MaskAccumulator, word_dtype
+from secagg.secure_sum.prg import add_masks, word_dtype
+from secagg.secure_sum.statements import (
+    commit_seed,
+    decode_share,
+    encode_share,
+    masked_statement,
+    share_aad,
+    share_digest,
+    share_digests,
+    share_nonce,
+)
 from secagg.secure_sum.wire import SERVER_ID, MsgType
 
 _K = shamir.CHUNKS_PER_KEY
 
-
-def share_nonce(sender: int, receiver: int) -> bytes:
-    """AES-GCM nonce of a share ciphertext: unique per direction under a per-pair key."""
-    return struct.pack(">II4s", sender, receiver, b"shr1")
-
-
-def share_aad(
-    session: bytes,
-    round: int,
-    sender: int,
-    receiver: int,
-    sender_keys: tuple[bytes, bytes],
-    receiver_keys: tuple[bytes, bytes],
-) -> bytes:
-    """Associated data of a share ciphertext: session, round, sender, receiver and stage, and
-    both parties' public keys as the encrypting party saw them -- so a key swapped on its way
-    through the server makes the share fail authentication (the sender then counts as
-    dropped) instead of silently breaking the masks."""
-    head = struct.pack(">QIIB", round & (2**64 - 1), sender, receiver, MsgType.SHARES)
-    return session + head + b"".join(sender_keys) + b"".join(receiver_keys)
-
-
-def encode_share(b_elems: list[int], sk_elems: list[int]) -> bytes:
-    """The plaintext of one holder's shares: 3 elements of b_u, then 3 of the mask key."""
-    return b"".join(shamir.element_bytes(e) for e in [*b_elems, *sk_elems])
-
-
-def decode_share(raw: bytes) -> tuple[list[int], list[int]]:
-    """Inverse of :func:`encode_share` (raises ValueError on out-of-field elements)."""
-    if len(raw) != wire.SHARE_PLAINTEXT_BYTES:
-        raise ValueError("bad share length")
-    els = [shamir.element_from_bytes(raw[i : i + 16]) for i in range(0, len(raw), 16)]
-    return els[:_K], els[_K:]
-
-
-def commit_seed(session: bytes, round: int, cid: int, b: bytes) -> bytes:
-    """SHA-256 commitment to the self-mask seed b_u (hiding: b_u has 256 random bits). The
-    server checks the seed it rebuilds against it, so corrupted shares cannot go unnoticed."""
-    h = hashlib.sha256(b"secagg/secure-sum/v1|seed-commitment|" + session)
-    h.update(struct.pack(">QI", round & (2**64 - 1), cid) + b)
-    return h.digest()
-
-
-_SHARE_KINDS = {"b": 0, "sk": 1}
-
-
-def share_digest(
-    session: bytes, round: int, owner: int, holder: int, kind: str, elements: list[int]
-) -> bytes:
-    """SHA-256 digest of one share the owner dealt the holder: ``kind`` "b" (of the self-mask
-    seed b_u) or "sk" (of the mask private key), its 3 field elements bound to the session,
-    round, owner and holder. The owner signs one per holder and kind inside its SHARES entry;
-    the holder checks the share it decrypts against it, the server each share a holder
-    returns at unmask (see :mod:`secagg.secure_sum.server`). Hiding: a share of a secret is
-    uniform given fewer than t_k others (>= 127 bits per element), so the digest leaks
-    nothing a guess could confirm."""
-    if kind not in _SHARE_KINDS or len(elements) != _K:
-        raise ValueError("a share digest is of one secret's 3 elements, kind 'b' or 'sk'")
-    h = hashlib.sha256(b"secagg/secure-sum/v1|share-digest|" + session)
-    h.update(struct.pack(">QIIB", round & (2**64 - 1), owner, holder, _SHARE_KINDS[kind]))
-    h.update(b"".join(shamir.element_bytes(int(e)) for e in elements))
-    return h.digest()
-
-
-def share_digests(
-    session: bytes, round: int, owner: int, holder: int, b: list[int], sk: list[int]
-) -> bytes:
-    """The two share digests of one SHARES entry (of the b_u share, then the mask-key share),
-    64 bytes: what the entry's signature covers after the ciphertext."""
-    return (share_digest(session, round, owner, holder, "b", b)
-            + share_digest(session, round, owner, holder, "sk", sk))
-
-
-def masked_statement(session: bytes, round: int, cid: int, digest: bytes) -> bytes:
-    """What a client's integrity tag on its masked vector signs (Ed25519, under the key it
-    advertised with): session, round, the client and the SHA-256 of the packed vector. The
-    server checks it on arrival, so a vector altered on its way, or tagged for another round,
-    is refused before the survivor set is fixed and its sender counts as dropped."""
-    h = hashlib.sha256(b"secagg/secure-sum/v1|masked-tag|" + session)
-    h.update(struct.pack(">QI", round & (2**64 - 1), cid) + digest)
-    return h.digest()
+__all__ = [  # the statements are re-exported: tests and tools import them from here
+    "Client", "commit_seed", "decode_share", "encode_share", "masked_statement", "share_aad",
+    "share_digest", "share_digests", "share_nonce",
+]
 
 
 class Client:
@@ -462,27 +396,43 @@ class Client:
             raise ConfigurationError(
                 f"client {self.cid}: vector must hold ring elements (integers), got {x.dtype}"
             )
-        if x.size and (
-            (x.dtype.kind == "i" and int(x.min()) < 0)
-            or (r.ring_bits < 64 and int(x.max()) >> r.ring_bits)
-        ):
-            raise EncodingOverflow(f"client {self.cid}: vector entries outside Z_2^{r.ring_bits}")
-        acc = x.astype(word_dtype(r.ring_bits))  # a fresh copy
-        masks = MaskAccumulator(acc)
-        masks.add(derive(self._b, PURPOSE_SELF_MASK, self.session, self.round, self.cid, self.cid))
+        wd = word_dtype(r.ring_bits)
+        acc = np.empty(x.size, dtype=wd)
+        masks = [(derive(self._b, PURPOSE_SELF_MASK, self.session, self.round, self.cid,
+                         self.cid), 1)]
         for v in sorted(self.accepted):
             s = agree(self._keys.mask, r.keys[v][1])
-            masks.add(
-                derive(s, PURPOSE_PAIR_MASK, self.session, self.round, *pair(self.cid, v)),
-                1 if self.cid < v else -1,
-            )
-        if r.ring_bits < acc.dtype.itemsize * 8:
-            np.bitwise_and(acc, acc.dtype.type((1 << r.ring_bits) - 1), out=acc)
-        self.stage = "masked"
+            masks.append((derive(s, PURPOSE_PAIR_MASK, self.session, self.round,
+                                 *pair(self.cid, v)), 1 if self.cid < v else -1))
+        # one pass over the vector, a cache-sized block at a time: check the input block,
+        # copy it in, add every mask, reduce mod 2^k and hash the packed words
+        packed_in_place = wire.packed_width(r.ring_bits) == wd.itemsize
+        h = hashlib.sha256()
+        top = r.ring_bits if r.ring_bits < 64 else None
+        low = wd.type((1 << r.ring_bits) - 1) if r.ring_bits < wd.itemsize * 8 else None
+        signed = x.dtype.kind == "i"
+
+        def fill(lo: int, hi: int, block: np.ndarray) -> None:
+            xs = x[lo:hi]
+            if (signed and int(xs.min()) < 0) or (top is not None and int(xs.max()) >> top):
+                raise EncodingOverflow(
+                    f"client {self.cid}: vector entries outside Z_2^{r.ring_bits}")
+            np.copyto(block, xs, casting="unsafe")  # exact: every entry is < 2^ring_bits
+
+        def seal(lo: int, hi: int, block: np.ndarray) -> None:
+            if low is not None:
+                np.bitwise_and(block, low, out=block)
+            if packed_in_place:
+                h.update(memoryview(block).cast("B"))
+
+        add_masks(acc, masks, before=fill, after=seal)
         data = wire.pack_ring(acc, r.ring_bits)
+        if not packed_in_place:
+            h.update(data)
+        self.stage = "masked"
         assert self._sign is not None
         tag = self._sign.sign(masked_statement(self.session, self.round, self.cid,
-                                               hashlib.sha256(data).digest()))
+                                               h.digest()))
         parts = wire.masked_parts(r.ring_bits, r.length, tag, data)
         return wire.encode(MsgType.MASKED, self.session, self.cid, SERVER_ID, parts)
 

@@ -73,6 +73,81 @@ def degree_for(n: int, threshold: float | int, dropout: float,
     return min(k, max(n - 1, 0))
 
 
+@dataclass(frozen=True)
+class SecAggPlusSizing:
+    """A degree k and share threshold t_k sized by :func:`secagg_plus_sizing`.
+
+    Attributes:
+        k, share_threshold: the degree and t_k (shares that rebuild a secret, of k + 1).
+        n, dropout, corrupt: the cohort, its dropout fraction and its corrupt fraction.
+        failure_correct, failure_secure: union bounds on the chance that some client keeps
+            too few live holders (the session aborts), and that some honest client has so
+            many corrupt holders that a malicious server with them unmasks its input.
+    """
+
+    k: int
+    share_threshold: int
+    n: int
+    dropout: float
+    corrupt: float
+    failure_correct: float
+    failure_secure: float
+
+
+def secagg_plus_sizing(n: int, dropout: float, corrupt: float, *, sigma: int = 40,
+                       eta: int = 20) -> SecAggPlusSizing:
+    """Size k and t_k for n clients, a dropout fraction and a corrupt fraction, in the manner
+    of Bell et al. (CCS 2020, SecAgg+): the smallest even k with a t_k meeting, for every
+    client, both conditions below with a union bound over the n clients. A client's k
+    neighbours are a uniform k-subset of the other n - 1 clients (the Harary graph on a
+    uniformly random relabelling), so each count is hypergeometric.
+
+    * Correctness (failure <= 2^-eta): a client keeps at least t_k live holders (itself and
+      its neighbours) when round(n (dropout + corrupt)) clients drop -- corrupt clients are
+      counted as dropping, since they may walk away at the worst moment.
+    * Security against a malicious server with the corrupt clients (failure <= 2^-sigma):
+      with C corrupt holders among an honest client's k + 1, the server could rebuild both
+      its self-mask seed and its mask key from two disjoint groups of honest holders unless
+      2 t_k > k + 1 + C; this bound also gives t_k > C (the corrupt alone hold too few).
+
+    Assumptions named: the conditions are per neighbourhood (Bell et al.'s further condition,
+    that the honest survivors' graph stays connected so that only the whole sum is revealed,
+    is not checked here); the corrupt set does not depend on the graph (the relabelling is
+    drawn after the cohort is fixed).
+
+    Raises:
+        ConfigurationError: the fractions are out of range, or no k <= n - 1 meets both
+            bounds (then use the complete graph, or a larger cohort).
+    """
+    from scipy.stats import hypergeom
+
+    if not (0.0 <= dropout < 1.0 and 0.0 <= corrupt < 1.0 and dropout + corrupt < 1.0):
+        raise ConfigurationError(
+            f"dropout ({dropout!r}) and corrupt ({corrupt!r}) fractions must be in [0, 1) "
+            "and sum to below 1")
+    if n < 3:
+        raise ConfigurationError(f"SecAgg+ sizing needs at least 3 clients, got {n}")
+    gone = round(n * (dropout + corrupt))
+    bad = round(n * corrupt)
+    for k in range(2, n, 2):
+        lost = hypergeom(n - 1, gone, k)
+        seen = hypergeom(n - 1, bad, k)
+        for t in range(k // 2 + 1, k + 2):  # 2 t > k + 1 at least
+            # correctness: more than k + 1 - t of the k neighbours gone, for some client
+            p_abort = min(1.0, n * float(lost.sf(k + 1 - t))) if gone else 0.0
+            if p_abort > 2.0 ** -eta:
+                break  # a larger t only makes it worse
+            # security: C >= 2 t - k - 1 corrupt neighbours, for some honest client
+            p_leak = min(1.0, n * float(seen.sf(2 * t - k - 2))) if bad else 0.0
+            if p_leak <= 2.0 ** -sigma:
+                return SecAggPlusSizing(k, t, n, dropout, corrupt, p_abort, p_leak)
+    raise ConfigurationError(
+        f"no SecAgg+ degree below n - 1 = {n - 1} meets 2^-{sigma} security and 2^-{eta} "
+        f"correctness at {dropout:.0%} dropout and {corrupt:.0%} corrupt; use the complete "
+        "graph"
+    )
+
+
 def check_threshold(threshold: float | int) -> None:
     """Validate a threshold's type and range without a cohort: a fraction in (1/2, 1] or an
     integer count >= 2.

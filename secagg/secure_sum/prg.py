@@ -5,9 +5,15 @@ A mask is the keystream of AES-256 in counter mode (zero initial counter block) 
 see :mod:`secagg.secure_sum.keys`), reinterpreted as little-endian unsigned words. Words are
 uniform over Z_{2^32} or Z_{2^64}, hence uniform over any Z_{2^k} after masking the low k bits.
 No numpy generator and no short seed is involved.
+
+:func:`add_masks` adds many masks to one vector a cache-sized block at a time (each key's
+keystream continuing from block to block), so the vector is read and written once for all of
+them: the client masks its input that way, the server removes the masks from the sum.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -84,6 +90,80 @@ class MaskAccumulator:
             np.add(self.acc, self._scratch, out=self.acc)
         else:
             np.subtract(self.acc, self._scratch, out=self.acc)
+
+
+_OPEN = 1024
+
+CHUNK_WORDS = 1 << 15
+"""Words per block of :func:`add_masks`: 128 KiB of uint32 (256 KiB of uint64), so a block,
+its keystream scratch and the cipher state stay in a core's L2 cache while every mask is
+added to it."""
+
+
+def add_masks(
+    acc: np.ndarray,
+    masks: Sequence[tuple[bytes, int]],
+    *,
+    before: Callable[[int, int, np.ndarray], None] | None = None,
+    after: Callable[[int, int, np.ndarray], None] | None = None,
+    chunk: int | None = None,
+) -> np.ndarray:
+    """acc <- acc + sum_i sign_i PRG(key_i) (wrapping), one cache-sized block at a time.
+
+    The result is the same as one :meth:`MaskAccumulator.add` per mask over the whole vector
+    (each key's AES-256-CTR keystream continues from block to block), but every block is read
+    and written once for all the masks instead of once per mask: the memory traffic of the
+    masks becomes that of the keystream alone.
+
+    Args:
+        acc: C-contiguous uint32/uint64 accumulator, modified in place.
+        masks: (32-byte key, +1 or -1) per mask; each key is used for this one mask only.
+        before: called as ``before(lo, hi, block)`` on each block (``acc[lo:hi]``) before its
+            masks are added (e.g. to fill it from the input); it may raise to abort.
+        after: called as ``after(lo, hi, block)`` once the block is fully masked (e.g. to
+            reduce it mod 2^k and feed it to a hash).
+        chunk: words per block (None: :data:`CHUNK_WORDS`).
+
+    Returns:
+        ``acc``.
+    """
+    if not acc.flags.c_contiguous or acc.dtype.kind != "u" or acc.ndim != 1:
+        raise ValueError("acc must be a 1-D C-contiguous unsigned integer array")
+    if any(len(key) != 32 for key, _ in masks):
+        raise ValueError("mask keys are 256-bit (32 bytes)")
+    if chunk is None:
+        chunk = CHUNK_WORDS
+    if chunk < 1:
+        raise ValueError("chunk must be positive")
+    n = acc.size
+    if n == 0:
+        return acc
+    words = min(chunk, n)
+    # update_into wants 15 bytes of slack past the data: one spare 16-byte block
+    scratch = np.empty(words + 16 // acc.itemsize, dtype=acc.dtype)
+    out = memoryview(scratch.view(np.uint8))
+    # at most _OPEN cipher contexts at once (a server may unmask 10^5 pair masks): the
+    # masks go in groups, each group in one blocked pass (before/after run on the first/last)
+    groups = [masks[i : i + _OPEN] for i in range(0, len(masks), _OPEN)] or [[]]
+    for g, group in enumerate(groups):
+        encs = [(Cipher(algorithms.AES(key), modes.CTR(_ZERO_IV)).encryptor(), sign >= 0)
+                for key, sign in group]
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            block = acc[lo:hi]
+            if before is not None and g == 0:
+                before(lo, hi, block)
+            ks = scratch[: hi - lo]
+            zeros = _zero_bytes(block.nbytes)
+            for enc, plus in encs:
+                enc.update_into(zeros, out)
+                if plus:
+                    np.add(block, ks, out=block)
+                else:
+                    np.subtract(block, ks, out=block)
+            if after is not None and g == len(groups) - 1:
+                after(lo, hi, block)
+    return acc
 
 
 class SeededEntropy:

@@ -4,7 +4,9 @@ Many secrets are shared at once: with a Vandermonde matrix V (holders x threshol
 holders' evaluation points and a coefficient matrix C (threshold x secrets) whose first row is
 the secrets, the shares are V @ C mod p (one numpy object-array product; every entry is an
 exact Python int). Reconstruction multiplies the shares by Lagrange coefficients at zero,
-computed once per holder set and cached. Shares of 32-byte secrets are carried as three field
+computed once per holder set and cached; the weights of a holder set of client-id points
+(:func:`_denominators`) cost O(h^2) int64 work and one batch inversion, and the error check
+and f(0) share them. Shares of 32-byte secrets are carried as three field
 elements (11 + 11 + 10 bytes, each < p).
 
 Decoding with error correction (:func:`decode`). The h shares of one secret, shared with
@@ -18,6 +20,7 @@ probability 1/p), and runs Berlekamp-Welch only on the columns that fail it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -87,30 +90,67 @@ def share(
     return _vandermonde(tuple(int(x) for x in xs), threshold).dot(coeffs) % P
 
 
+_SMALL_POINT = 1 << 20  # differences of such points: three multiply below 2^63
+
+
+def _check_points(xs: Sequence[int]) -> None:
+    if len(set(xs)) != len(xs) or any(not 0 < x < P for x in xs):
+        raise ValueError("evaluation points must be distinct and in [1, p)")
+
+
+def _denominators(xs: Sequence[int]) -> list[int]:
+    """D_i = prod_{k != i} (x_i - x_k) mod p, for every i.
+
+    Client ids make small points (< 2^20): their differences are multiplied three at a time
+    in int64 (exact, |product| < 2^60), each row's partial products once more as exact Python
+    integers, and each row is reduced mod p once -- instead of h^2 modular multiplications in
+    the interpreter. Other points take the plain loop."""
+    h = len(xs)
+    if 1 < h and max(xs) < _SMALL_POINT:
+        pts = np.array(xs, dtype=np.int64)
+        diff = pts[:, None] - pts[None, :]
+        np.fill_diagonal(diff, 1)
+        pad = (-h) % 3
+        if pad:
+            diff = np.concatenate([diff, np.ones((h, pad), np.int64)], axis=1)
+        part = diff[:, 0::3] * diff[:, 1::3] * diff[:, 2::3]
+        return [math.prod(row) % P for row in part.tolist()]
+    out = []
+    for i, xi in enumerate(xs):
+        den = 1
+        for k, xk in enumerate(xs):
+            if k != i:
+                den = den * (xi - xk) % P
+        out.append(den)
+    return out
+
+
+def _invert_all(values: Sequence[int]) -> list[int]:
+    """Inverses mod p of nonzero field elements: one modular exponentiation for all (batch
+    inversion: prefix products, one inverse, then back)."""
+    prefix = [1]
+    for d in values:
+        prefix.append(prefix[-1] * d % P)
+    inv = pow(prefix[-1], P - 2, P)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = inv * prefix[i] % P
+        inv = inv * values[i] % P
+    return out
+
+
+def _lagrange_from(xs: Sequence[int], inv_dens: Sequence[int]) -> list[int]:
+    """l_i = prod_{j != i} x_j / (x_j - x_i), given 1 / D_i = 1 / prod_{j != i} (x_i - x_j)."""
+    whole = math.prod(xs)  # exact: prod_{j != i} x_j = whole / x_i, one reduction each
+    sign = -1 if (len(xs) - 1) % 2 else 1  # prod_{j != i}(x_j - x_i) = (-1)^(h-1) D_i
+    return [(whole // x) % P * inv * sign % P for x, inv in zip(xs, inv_dens, strict=True)]
+
+
 @lru_cache(maxsize=256)  # one holder set per client on a SecAgg+ graph: keep it small
 def lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     """Lagrange coefficients l_i with f(0) = sum_i l_i f(x_i) for any f of degree < len(xs)."""
-    if len(set(xs)) != len(xs) or any(not 0 < x < P for x in xs):
-        raise ValueError("evaluation points must be distinct and in [1, p)")
-    nums, dens = [], []
-    for i, xi in enumerate(xs):
-        num, den = 1, 1
-        for j, xj in enumerate(xs):
-            if j != i:
-                num = num * xj % P
-                den = den * (xj - xi) % P
-        nums.append(num)
-        dens.append(den)
-    # batch inversion: one modular exponentiation for all denominators
-    prefix = [1]
-    for d in dens:
-        prefix.append(prefix[-1] * d % P)
-    inv = pow(prefix[-1], P - 2, P)
-    invs = [0] * len(dens)
-    for i in range(len(dens) - 1, -1, -1):
-        invs[i] = inv * prefix[i] % P
-        inv = inv * dens[i] % P
-    return tuple(n * d % P for n, d in zip(nums, invs, strict=True))
+    _check_points(xs)
+    return tuple(_lagrange_from(xs, _invert_all(_denominators(xs))))
 
 
 def reconstruct(xs: Sequence[int], shares: np.ndarray) -> list[int]:
@@ -158,24 +198,25 @@ class DecodingError(ValueError):
         )
 
 
-def _parity_weights(xs: tuple[int, ...], threshold: int, rand: Callable[[int], bytes]
-                    ) -> np.ndarray:
+def _parity_weights(xs: tuple[int, ...], threshold: int, rand: Callable[[int], bytes],
+                    inv_dens: Sequence[int] | None = None) -> np.ndarray:
     """c_i = w_i g(x_i), w_i = 1 / prod_{k != i}(x_i - x_k), g a random polynomial of degree
     below h - t: sum_i c_i y_i = 0 for every codeword y (the dual code of a Reed-Solomon
-    code is a generalised Reed-Solomon code with the column multipliers w_i)."""
+    code is a generalised Reed-Solomon code with the column multipliers w_i). ``inv_dens``:
+    the w_i when the caller has them."""
     h = len(xs)
     g = random_elements(h - threshold, rand)
-    out = []
-    for i, xi in enumerate(xs):
-        den = 1
-        for k, xk in enumerate(xs):
-            if k != i:
-                den = den * (xi - xk) % P
-        gx = 0
-        for c in reversed(g):
-            gx = (gx * xi + c) % P
-        out.append(gx * pow(den, P - 2, P) % P)
-    return np.array(out, dtype=object)
+    w = inv_dens if inv_dens is not None else _invert_all(_denominators(xs))
+    # g at every point at once (Horner over an object array, reduced once at the end: the
+    # small points keep the intermediate integers short)
+    pts = np.array(xs, dtype=object)
+    acc = np.full(h, g[-1] if g else 0, dtype=object)
+    every = 8 if max(xs) < _SMALL_POINT else 1  # reduce often enough to stay short
+    for step, c in enumerate(reversed(g[:-1])):
+        acc = acc * pts + c
+        if step % every == every - 1:
+            acc %= P
+    return np.array([int(a) % P * wi % P for a, wi in zip(acc, w, strict=True)], dtype=object)
 
 
 def _solve(rows: list[list[int]], rhs: list[int], unknowns: int) -> list[int] | None:
@@ -287,11 +328,14 @@ def decode(
     cols = arr.shape[1]
     if h == threshold:  # no redundancy: nothing to check or correct
         return reconstruct(pts, arr), [set() for _ in range(cols)]
-    weights = _parity_weights(pts, threshold, rand)
+    _check_points(pts)
+    inv_dens = _invert_all(_denominators(pts))  # shared by the parity check and f(0)
+    weights = _parity_weights(pts, threshold, rand, inv_dens)
     ok = [int(v) % P == 0 for v in weights.dot(arr)]
-    head = list(range(threshold))
-    values = [int(v) % P for v in np.array(lagrange_at_zero(pts[:threshold]),
-                                           dtype=object).dot(arr[head])] if cols else []
+    # f(0) of a column that passes the check: the interpolation through all h points has
+    # degree < t there, so the weights of all h points give it (no second set of weights)
+    whole = np.array(_lagrange_from(pts, inv_dens), dtype=object)
+    values = [int(v) % P for v in whole.dot(arr)] if cols else []
     errors: list[set[int]] = [set() for _ in range(cols)]
     known: set[int] = set()
     sub_weights: dict[tuple[int, ...], np.ndarray] = {}
