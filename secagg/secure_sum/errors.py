@@ -7,6 +7,7 @@ family; the subclasses say what went wrong with a message (and carry the facts a
 from __future__ import annotations
 
 from secagg.errors import ProtocolError, SecureSumAborted
+from secagg.stages import Stage
 
 
 class MalformedMessage(ProtocolError):
@@ -124,7 +125,7 @@ class TooFewShares(SecureSumAborted):
     """
 
     def __init__(self, owner: int, secret: str, shares: int, threshold: int) -> None:
-        super().__init__("unmask", shares, threshold)
+        super().__init__(Stage.UNMASK, shares, threshold)
         self.owner = owner
         self.secret = secret
         self.args = (
@@ -190,7 +191,7 @@ class UnrecoverableSecret(SecureSumAborted, ProtocolError):
 
     def __init__(self, owner: int, secret: str, holders: int, threshold: int,
                  reason: str) -> None:
-        super().__init__("unmask", holders, threshold)
+        super().__init__(Stage.UNMASK, holders, threshold)
         self.owner = owner
         self.secret = secret
         self.holders = holders

@@ -120,10 +120,11 @@ from secagg.secure_sum.statements import (
 )
 from secagg.secure_sum.unmasking import Unmasking
 from secagg.secure_sum.wire import SERVER_ID, MsgType
+from secagg.stages import SECURE_SUM_STAGES, Stage
 
 _K = shamir.CHUNKS_PER_KEY
 
-STAGES = ("advertise", "share", "masked-input", "consistency", "unmask")
+STAGES = SECURE_SUM_STAGES
 
 
 class Server(Unmasking):
@@ -157,7 +158,7 @@ class Server(Unmasking):
         self.ring_bits = ring_bits
         self.length = length
         self.cohort = frozenset(graph.neighbours)
-        self.stage = "advertise"
+        self.stage = Stage.ADVERTISE
         self.keys: dict[int, tuple[bytes, bytes]] = {}
         self.signing: dict[int, tuple[bytes, bytes]] = {}
         self.refused: dict[int, str] = {}
@@ -224,7 +225,7 @@ class Server(Unmasking):
                 advertised by another client or twice by this one, bad signature); the client
                 is left out of the session (recorded in :attr:`refused`), the others go on.
         """
-        self._expect("advertise")
+        self._expect(Stage.ADVERTISE)
         u, body = self._open(data, MsgType.ADVERTISE)
         if u in self.keys or u in self.refused:
             raise ReplayedMessage(f"second ADVERTISE from client {u}")
@@ -254,10 +255,10 @@ class Server(Unmasking):
 
     def close_advertise(self) -> dict[int, bytes]:
         """Close stage 1; returns the ROSTER message for each client that advertised."""
-        self._expect("advertise")
+        self._expect(Stage.ADVERTISE)
         live = set(self.keys)
-        self._check("advertise", live)
-        self.stage = "share"
+        self._check(Stage.ADVERTISE, live)
+        self.stage = Stage.SHARE
         out = {}
         for u in sorted(live):
             nb = {v: self.keys[v] for v in self.graph.neighbours[u] if v in live}
@@ -273,7 +274,7 @@ class Server(Unmasking):
     def receive_shares(self, data: bytes) -> int:
         """Take one SHARES message; returns its sender. (The entries' signatures are checked
         by their receivers; the server checks one only when a receiver complains about it.)"""
-        self._expect("share")
+        self._expect(Stage.SHARE)
         u, body = self._open(data, MsgType.SHARES)
         if u in self._shares:
             raise ReplayedMessage(f"second SHARES from client {u}")
@@ -317,11 +318,11 @@ class Server(Unmasking):
 
     def close_shares(self) -> dict[int, bytes]:
         """Close stage 2; returns the FORWARD message for each client that shared."""
-        self._expect("share")
+        self._expect(Stage.SHARE)
         self._cut_edges()
         self.u2 = set(self._shares)
-        self._check("share", self.u2)
-        self.stage = "masked-input"
+        self._check(Stage.SHARE, self.u2)
+        self.stage = Stage.MASKED_INPUT
         out = {}
         for v in sorted(self.u2):
             # the senders of v's shares are among its neighbours: O(k) per client, not O(n)
@@ -339,7 +340,7 @@ class Server(Unmasking):
         """Take one ACK: its sender's complaints, each judged from its evidence (see the
         module docstring); every verdict excludes exactly one party and is recorded in
         :attr:`verdicts` as (complainer, accused, verdict)."""
-        self._expect("masked-input")
+        self._expect(Stage.MASKED_INPUT)
         if self.masked_from:
             raise StageOrderError("server: ACKs must all arrive before masked vectors")
         u, body = self._open(data, MsgType.ACK)
@@ -393,7 +394,7 @@ class Server(Unmasking):
         """Take one MASKED message; returns (sender, the masked vector as received).
 
         The vector is added to the running sum unless its sender was excluded."""
-        self._expect("masked-input")
+        self._expect(Stage.MASKED_INPUT)
         u, body = self._open(data, MsgType.MASKED)
         if u in self.masked_from:
             raise ReplayedMessage(f"second MASKED from client {u}")
@@ -426,10 +427,10 @@ class Server(Unmasking):
     def close_masked(self) -> dict[int, bytes]:
         """Close stage 3; returns the SURVIVORS message (U3, the contributors) for each
         contributor."""
-        self._expect("masked-input")
+        self._expect(Stage.MASKED_INPUT)
         live = self.contributors
-        self._check("masked-input", live)
-        self.stage = "consistency"
+        self._check(Stage.MASKED_INPUT, live)
+        self.stage = Stage.CONSISTENCY
         self.survivors = tuple(sorted(live))
         self._survivor_set = frozenset(self.survivors)
         self._survivors_stmt = survivors_statement(self.session, self.round, self.survivors)
@@ -446,7 +447,7 @@ class Server(Unmasking):
             MalformedMessage: the signature does not verify under the sender's advertised key
                 (the sender is then left out of the unmasking, as if it had dropped).
         """
-        self._expect("consistency")
+        self._expect(Stage.CONSISTENCY)
         u, body = self._open(data, MsgType.SIGNATURE)
         if u in self.signatures:
             raise ReplayedMessage(f"second SIGNATURE from client {u}")
@@ -462,10 +463,10 @@ class Server(Unmasking):
         """Close the consistency round; returns the UNMASK_REQUEST for each survivor that
         signed, with the consistency signatures it can check (every collected one under
         ``forward_all_signatures``, else its closed neighbourhood's)."""
-        self._expect("consistency")
+        self._expect(Stage.CONSISTENCY)
         signers = set(self.signatures)
-        self._check("consistency", signers)
-        self.stage = "unmask"
+        self._check(Stage.CONSISTENCY, signers)
+        self.stage = Stage.UNMASK
         live = set(self.survivors)
         # a dropped client whose shares some survivor holds (only its neighbours can)
         self.dropped = {

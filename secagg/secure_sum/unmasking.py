@@ -38,6 +38,7 @@ from secagg.secure_sum.keys import (
 from secagg.secure_sum.prg import add_masks
 from secagg.secure_sum.statements import commit_seed, share_digest
 from secagg.secure_sum.wire import MsgType
+from secagg.stages import Stage
 
 _K = shamir.CHUNKS_PER_KEY
 
@@ -80,7 +81,7 @@ class Unmasking:
             WrongShare: a returned share contradicts its dealer's signed digest: the holder's
                 lie (recorded in :attr:`faults`); none of its shares is used.
         """
-        self._expect("unmask")
+        self._expect(Stage.UNMASK)
         w, body = self._open(data, MsgType.UNMASK_RESPONSE)
         if w in self.responders or w in self._lied:
             raise ReplayedMessage(f"second UNMASK_RESPONSE from client {w}")
@@ -224,9 +225,9 @@ class Unmasking:
         Returns:
             (the ring sum of the contributors' vectors as uint64, the contributors).
         """
-        self._expect("unmask")
+        self._expect(Stage.UNMASK)
         live = self.contributors
-        self._check("unmask", set(self.responders))
+        self._check(Stage.UNMASK, set(self.responders))
         wanted = [("b", u) for u in sorted(live)] + [("sk", v) for v in sorted(self.dropped)]
         secrets_ = self._rebuild(wanted)
         assert self.total is not None
