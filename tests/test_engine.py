@@ -64,11 +64,12 @@ def test_the_flower_server_never_dispatches_on_a_layer_type():
 def test_the_flower_client_holds_no_layer_either():
     """The node side: Flower plumbing and the client step; each layer's node steps are
     looked up, never written out or dispatched on here."""
-    tree = _tree("flower/client.py")
-    bad = [(m, n) for m, n in _imports(tree) if n in LAYER_CLASSES]
-    assert bad == []
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert not names & LAYER_CLASSES
+    for part in ("client", "node_identity", "node_privacy"):  # the node's modules
+        tree = _tree(f"flower/{part}.py")
+        bad = [(m, n) for m, n in _imports(tree) if n in LAYER_CLASSES]
+        assert bad == []
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert not names & LAYER_CLASSES
 
 
 def test_the_engine_names_no_concrete_layer():
