@@ -1,4 +1,4 @@
-"""secagg.engine split by concept (issue 34, point 6): every name other modules import from
+"""secagg.engine, secagg.flower.client and secagg.flower.server split by concept (issue 34, point 6): every name other modules import from
 ``secagg.engine`` is still there (the same object as in its new home), each part is under 600
 lines and says what it holds, and the engine still reads ``solve`` from its own namespace (so
 that a test patching ``secagg.engine.solve`` sees every phase)."""
@@ -24,7 +24,16 @@ MOVED = {
     "secagg.remote_layers": ["NODE_BUDGET_REFUSAL", "check_phase", "check_remote", "is_dp",
                              "layer_server", "node_release_event"],
 }
-PARTS = ("engine", "engine_accounts", *(m.split(".")[1] for m in MOVED))
+PARTS = ("engine", "engine_accounts", *(m.split(".")[1] for m in MOVED),
+         "flower/client", "flower/node_identity", "flower/node_privacy", "flower/server",
+         "flower/node_messages", "flower/node_evaluation")
+#: names other modules import from the split Flower modules
+FLOWER = {
+    "secagg.flower.client": ["_Node", "node_partition_loader", "client_app",
+                             "load_identity_key", "load_pinned_keys", "PartitionLoader"],
+    "secagg.flower.server": ["FlowerFederation", "check_layer", "check_phase", "save_result",
+                             "send_and_receive", "server_app"],
+}
 
 
 @pytest.mark.parametrize("home", sorted(MOVED))
@@ -47,3 +56,10 @@ def test_the_engine_calls_solve_by_its_own_name() -> None:
     calls = {n.func.id for n in ast.walk(tree)
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "solve" in calls
+
+
+@pytest.mark.parametrize("module", sorted(FLOWER))
+def test_the_flower_names_are_importable_from_their_old_paths(module: str) -> None:
+    pytest.importorskip("flwr")
+    mod = importlib.import_module(module)
+    assert [n for n in FLOWER[module] if not hasattr(mod, n)] == []
