@@ -40,518 +40,66 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from secagg.client_step import run_step
 from secagg.client_step import zeros as _zeros
-from secagg.costs import SERVER, CostRow, Ledger
-from secagg.data import Dataset, Partition
+from secagg.costs import CostRow, Ledger
 from secagg.dropouts import DropoutModel
-from secagg.errors import (
-    BudgetExceeded,
-    ConfigurationError,
-    InadmissibleField,
-    PrivacyError,
-    ProtocolError,
-    SecaggError,
-    SecureSumAborted,
-)
+from secagg.engine_accounts import ClientAccountsMixin
+from secagg.errors import ConfigurationError, SecaggError
 from secagg.layers.base import Aggregate, Layer, RoundContext
-from secagg.layers.registry import carried_entries, entry_for
-from secagg.link import LayerServer, Link, PhaseCall, Reply
-from secagg.messages import DEFAULT_MAX_RECORDS, ClipReport, Upload, UploadSpec
-from secagg.phase import AlgorithmBase, ClientState, PhaseBase, check_contract
+from secagg.link import LayerServer, PhaseCall
+from secagg.messages import DEFAULT_MAX_RECORDS, Upload, UploadSpec
+from secagg.phase import ClientState, PhaseBase, check_contract
+from secagg.remote_layers import (
+    NODE_BUDGET_REFUSAL,
+    check_phase,
+    check_remote,
+    is_dp,
+    layer_server,
+    node_release_event,
+)
 from secagg.result import Result
+from secagg.round_steps import (
+    EVALUATION_FIELD,
+    EVALUATION_PHASE,
+    ROUND_FAILURES,
+    AlgorithmLike,
+    RunState,
+    account_local_training,
+    book_broadcast,
+    clients_evaluated,
+    cohort_size,
+    guard_phase,
+    run_spec,
+    sample_cohort,
+    solve,
+)
+from secagg.run_plan import check_threat, plan_privacy, round_invariant, warn_swamped
 from secagg.seeds import derive_seed
 from secagg.stages import Stage
 from secagg.stream import UploadStream
-from secagg.transcript import Transcript, digest
-from secagg.wire import is_message, pack_arrays, unpack_arrays
+from secagg.transcript import Transcript
+from secagg.transport import InProcess, Transport, TransportHooks
 
 if TYPE_CHECKING:
     from secagg.local_link import LocalLink
 
+#: the names moved out of this module (pure moves), still importable from it
+__all__ = [
+    "EVALUATION_FIELD", "EVALUATION_PHASE", "NODE_BUDGET_REFUSAL", "ROUND_FAILURES",
+    "AlgorithmLike", "ClientState", "Engine", "InProcess", "RunState", "Transport",
+    "TransportHooks", "account_local_training", "book_broadcast", "check_phase",
+    "check_remote", "check_threat", "clients_evaluated", "cohort_size", "guard_phase",
+    "is_dp", "layer_server", "node_release_event", "plan_privacy", "round_invariant",
+    "run_spec", "sample_cohort", "solve", "warn_swamped"]
 
-# ---------------------------------------------------------------- what the engine runs
-
-
-#: what the engine runs: the contracts, with their defaults, are declared in secagg.phase
 _Phase = PhaseBase
-AlgorithmLike = AlgorithmBase
-
-
-# ---------------------------------------------------------------- the shared steps
-
-
-def cohort_size(n: int, fraction: float) -> int:
-    """How many of ``n`` clients one round samples: max(1, round(fraction * n))."""
-    return max(1, int(round(fraction * n)))
-
-
-def sample_cohort(rng: np.random.Generator, n: int, fraction: float) -> list[int]:
-    """The indices (sorted) of one round's cohort: :func:`cohort_size` of n clients drawn
-    without replacement from ``rng`` (all of them when that is n). Shared by both
-    runtimes, so both sample the same cohorts."""
-    k = cohort_size(n, fraction)
-    if k == n:
-        return list(range(n))
-    return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
-
-
-def run_spec(phase: _Phase, layer: Layer, max_records: int, checked: set[str]) -> UploadSpec:
-    """The spec a phase runs under: its own, with the run's public ``max_records`` where it
-    declares none; the layer checks it the first time the phase runs (``checked`` holds the
-    phase names already checked)."""
-    spec = phase.spec()
-    if spec.max_records is None:
-        spec = replace(spec, max_records=max_records)
-    if phase.name not in checked:
-        layer.check(spec)
-        checked.add(phase.name)
-    return spec
-
-
-ROUND_FAILURES = (SecureSumAborted, ProtocolError)
-"""The typed failures that end one round's phase (not the run): a secure sum that lost too
-many clients, or any protocol error it raised. ``on_abort="skip"`` records each and goes on."""
-
-
-def guard_phase(
-    step: Callable[[], int], round: int, phase: str, cohort: int, on_abort: str,
-    aborted: list[tuple[int, str, str]], participation: list[tuple[int, str, int, int]],
-) -> bool:
-    """Run one phase's ``step`` (which returns how many uploads its aggregate holds) and
-    book the outcome, as every runtime does: its participation; or, for a round that failed
-    with a typed round failure (:data:`ROUND_FAILURES`: an aborted secure sum, or a
-    protocol error no party could be blamed for), the failure (re-raised when
-    ``on_abort="raise"``, else recorded with its type and 0 uploads, and the run goes on); or,
-    when the privacy guard refused a release before it happened, the refusal. Returns False
-    when the run must stop there (the refusal), True otherwise."""
-    try:
-        got = step()
-    except ROUND_FAILURES as exc:
-        if on_abort == "raise":
-            raise
-        why = str(exc) if isinstance(exc, SecureSumAborted) else f"{type(exc).__name__}: {exc}"
-        aborted.append((round, phase, why))
-        participation.append((round, phase, 0, cohort))
-        return True
-    except BudgetExceeded as exc:
-        # the guard refused a release before it happened: stop here, keep results
-        aborted.append((round, phase, str(exc)))
-        return False
-    participation.append((round, phase, got, cohort))
-    return True
-
-
-def solve(phase: _Phase, agg: Aggregate, ctx: RoundContext,
-          measurements: list[dict[str, Any]], cohort: int) -> None:
-    """The server's end of a phase, as every runtime does it: the aggregate learns the size
-    of the sampled ``cohort`` (:attr:`Aggregate.cohort`, a fixed denominator for means),
-    the phase's server step runs on it (booked as a ``solve`` row with its CPU time), then
-    what the phase measured (:meth:`algorithms.base.Phase.measurements`, when it has that
-    hook and reports anything) is appended to ``measurements`` as
-    ``{"round", "phase", **values}``."""
-    agg.cohort = int(cohort)
-    t0 = time.process_time()
-    phase.server_step(agg)
-    ctx.message(SERVER, SERVER, "solve", 0, server_cpu_s=time.process_time() - t0)
-    values = phase.measurements()
-    if values:
-        measurements.append({"round": ctx.round, "phase": ctx.phase, **values})
-
-
-def plan_privacy(algorithm: AlgorithmLike, layer: Layer, rounds: int,
-                 max_records_given: bool) -> Any | None:
-    """What every runtime does before round 0 of a run: a DP layer calibrates its noise for
-    the run's real release count (every phase with upload fields, in every round:
-    ``plan_releases``), every phase's DP sensitivity is checked against what its clients
-    trained (:func:`~secagg.privacy.sensitivity.check_training_adjacency`; a per-record
-    bound on trained uploads is refused here, before anything is released), and the run
-    gets a fresh privacy ledger from the layer (None for a layer that adds no DP noise).
-
-    Args:
-        max_records_given: whether a public max_records bound was given (client-level DP
-            on a record-level bound needs one).
-    """
-    released = [ph.name for r in range(rounds) for ph in algorithm.phases(r, rounds)
-                if ph.spec().fields]
-    plan = getattr(layer, "plan_releases", None)
-    if callable(plan):  # DP layers calibrate their noise for the run's release count
-        plan(len(released))
-    phases = getattr(layer, "plan_phases", None)
-    if callable(phases):  # e.g. DP-FTRL's one tree refuses releases of several phases
-        phases(released)
-    from secagg.privacy.clipping import AdaptiveClip
-
-    if getattr(layer, "tree", False) and isinstance(
-            algorithm.clip_policy, AdaptiveClip):
-        raise PrivacyError(  # refused here, not after round 0's training
-            f"{layer.name}: DP-FTRL's tree needs the same bound in every round, but the "
-            "algorithm's clip is adaptive (its bound moves each round); use a fixed clip "
-            "(e.g. --clip 1.0) with the tree, or adaptive clipping without --dp-ftrl")
-    from secagg.privacy.sensitivity import check_training_adjacency, dp_adjacency
-
-    seen: set[tuple[Any, ...]] = set()
-    for r in range(rounds):
-        for phase in algorithm.phases(r, rounds):
-            trained = tuple(phase.trained_fields())
-            dpsgd = bool(phase.trained_with_dpsgd())
-            if (phase.name, trained, dpsgd) in seen:
-                continue
-            seen.add((phase.name, trained, dpsgd))
-            spec = phase.spec()
-            check_training_adjacency(
-                phase.name, spec, trained, dp_adjacency(layer, spec), dpsgd,
-                phase.training_note,
-                max_records_given or spec.max_records is not None)
-    maker = getattr(layer, "make_privacy_ledger", None)
-    return maker() if callable(maker) else None
-
-
-def check_threat(algorithm: AlgorithmLike, layer: Layer, threat: Any, rounds: int,
-                 n_clients: int, fraction: float, max_records: int,
-                 allow_leaks: bool, may_drop: bool = False) -> list[str]:
-    """Judge every phase's fields against ``threat`` (``check(algorithm, layer, specs,
-    n_clients, rounds=, fraction=, dropouts=)`` returning per-field verdicts; the last
-    three let it judge differencing across cohorts); raise InadmissibleField for the first
-    unprotected one unless ``allow_leaks`` (then return them all, as text)."""
-    specs: dict[str, UploadSpec] = {}
-    for r in range(rounds):
-        for ph in algorithm.phases(r, rounds):
-            if ph.name not in specs:
-                spec = ph.spec()
-                specs[ph.name] = spec if spec.max_records is not None else replace(
-                    spec, max_records=max_records)
-    cohort = cohort_size(n_clients, fraction)
-    verdicts = threat.check(algorithm, layer, specs, n_clients=cohort, rounds=rounds,
-                            fraction=fraction, dropouts=may_drop)
-    leaks = [v for v in verdicts if not v.ok]
-    if leaks and not allow_leaks:
-        v = leaks[0]
-        name = getattr(threat, "name", str(threat))
-        raise InadmissibleField(
-            layer.name, v.field,
-            f"phase {v.phase!r}: not protected against threat {name!r}: {v.reason} "
-            "(choose a layer that protects it, or pass allow_leaks=True to run anyway; "
-            "the transcript then records the leak)")
-    return [str(v) for v in leaks]
-
-
-def warn_swamped(algorithm: AlgorithmLike, layer: Layer, rounds: int, cohort: int,
-                 max_records: int) -> list[str]:
-    """Before round 0: warn, one line each with the fix, for every DP release whose
-    planned noise is larger than any sum the cohort could upload
-    (:mod:`secagg.privacy.plan`); returns the lines (none for a layer without DP)."""
-    if not callable(getattr(layer, "planned_sum_sigmas", None)):
-        return []
-    from secagg.privacy.plan import NoiseSwampsSignal, plan_run, swamped
-
-    lines = swamped(plan_run(algorithm, layer, rounds, cohort, max_records,
-                             with_epsilon=False))
-    for line in lines:
-        warnings.warn(line, NoiseSwampsSignal, stacklevel=3)
-    return lines
-
-
-def round_invariant(algorithm: AlgorithmLike, rounds: int) -> dict[str, list[str]]:
-    """Phase -> the fields its algorithm declares round-invariant
-    (:meth:`algorithms.base.Phase.round_invariant_fields`), for the transcript header and
-    the threat audit's differencing rule; a duck-typed phase declares nothing."""
-    out: dict[str, list[str]] = {}
-    for r in range(rounds):
-        for ph in algorithm.phases(r, rounds):
-            names = list(ph.round_invariant_fields())
-            if names:
-                have = out.setdefault(ph.name, [])
-                have += [n for n in names if n not in have]
-    return out
-
-
-@dataclass(kw_only=True)
-class RunState:
-    """What one run accumulates: the cost ledger, the transcript, the privacy ledger (None
-    until a DP layer or DP-SGD needs one), the accuracy after each round, and per phase
-    run the clips, aborts, participation and measurements (see
-    :class:`~secagg.result.Result`)."""
-
-    ledger: Ledger
-    transcript: Transcript
-    privacy: Any | None = None
-    history: list[float] = field(default_factory=list)
-    clips: ClipReport = field(default_factory=ClipReport)
-    aborted: list[tuple[int, str, str]] = field(default_factory=list)
-    participation: list[tuple[int, str, int, int]] = field(default_factory=list)
-    measurements: list[dict[str, Any]] = field(default_factory=list)
-    #: (phase, field) -> why it was released without DP noise (kept before a ledger exists)
-    unnoised: dict[tuple[str, str], str] = field(default_factory=dict)
-    #: the clients' statements: a Signer (in one process) or Collector (remote), or None
-    attest: Any | None = None
-
-
-def account_local_training(phase: _Phase, spec: UploadSpec, layer: Layer, ctx: RoundContext,
-                           run: RunState) -> None:
-    """Spend the phase's DP-SGD events before anything leaves a client (one dominating
-    event per round: the clients' records are disjoint; a user-seeded training's events
-    mark the run not private), and, when a privacy ledger is in use, mark every field
-    that neither the layer noises nor DP-SGD covers as released without DP noise."""
-    covered = set(phase.dp_covered_fields())
-    # Un-noised releases are remembered even before a ledger exists (DP-SGD may start
-    # in a later round): a ledger made then still reports every one of them.
-    for name, why in layer.unnoised_fields(spec).items():
-        if name not in covered:
-            run.unnoised.setdefault((phase.name, name), why)
-    events = list(phase.privacy_events())
-    if events:
-        from secagg.privacy.accountant import PrivacyLedger
-        from secagg.privacy.dpsgd import round_event
-
-        if run.privacy is None:  # DP-SGD under a non-DP layer: a ledger at delta 1e-5
-            run.privacy = PrivacyLedger(delta=1e-5)
-            ctx.privacy = run.privacy
-        # every field of the upload is computed after the training, so each field's
-        # guarantee composes with it (conservative for fields that do not use the model)
-        run.privacy.spend(
-            round_event(events, round=ctx.round, phase=ctx.phase, fields=tuple(spec.names))
-        )
-    if run.privacy is not None:
-        for (ph, name), why in run.unnoised.items():
-            run.privacy.mark_unnoised(name, ph, why)
-
-
-def book_broadcast(ctx: RoundContext, cohort: Sequence[int], wire: bytes,
-                   payload: Mapping[str, np.ndarray], client_cpu_s: float = 0.0,
-                   server_cpu_s: float = 0.0) -> None:
-    """Book a phase's broadcast: one downlink message of ``wire`` per client."""
-    plain = int(sum(np.asarray(v).nbytes for v in payload.values()))
-    fields = {k: int(np.asarray(v).nbytes) for k, v in payload.items()}
-    # the same bytes for every client: hashed once
-    sha = digest(wire) if ctx.attest is not None and is_message(wire) else None
-    for c in cohort:
-        ctx.message(SERVER, c, Stage.BROADCAST, wire, plaintext_bytes=plain, fields=dict(fields),
-                    client_cpu_s=client_cpu_s, server_cpu_s=server_cpu_s, sha=sha)
-
-
-#: where the transcript records the clients' own evaluation (phase, field)
-EVALUATION_PHASE, EVALUATION_FIELD = Stage.EVALUATE, "local test accuracy"
-
-
-def clients_evaluated(run: RunState, round: int, acc: Mapping[int, tuple[float, bool]]
-                      ) -> None:
-    """The accuracy after ``round`` of a personalized model evaluated where it lives (on
-    each client, on its own local test set): ``acc`` holds, per client that answered,
-    (accuracy, has a local test set). The round's accuracy is their mean over the clients
-    that have a local test set (in client-id order, as the algorithm's own evaluate; NaN
-    when none). What the server saw is on the record: each client's pair as a clear
-    observation in the transcript and, under a privacy ledger, the field marked released
-    without DP noise."""
-    if acc:
-        for c in sorted(acc):
-            run.transcript.observe(
-                round=round, phase=EVALUATION_PHASE, stage=Stage.EVALUATE, party=SERVER,
-                sender=c, field=EVALUATION_FIELD, form="clear",
-                value=np.array(acc[c], dtype=np.float64))
-        if run.privacy is not None:
-            run.privacy.mark_unnoised(
-                EVALUATION_FIELD, EVALUATION_PHASE,
-                "node evaluation: each node sent the server its local test accuracy, of a "
-                "model trained on its records, in the clear (FlowerFederation("
-                "node_evaluation=False) keeps it on the nodes)")
-    accs = [acc[c][0] for c in sorted(acc) if acc[c][1]]
-    run.history[round] = float(np.mean(accs)) if accs else float("nan")
-
-
-# ---------------------------------------------------------------- transports
-
-
-class Transport(Protocol):
-    """What a runtime supplies to the :class:`Engine`: its clients, how the broadcast
-    reaches them and, for a remote runtime, a :class:`~secagg.link.Link` that carries every
-    other message. :class:`TransportHooks` gives every hook a default."""
-
-    #: the data set description (its global test set evaluates non-personalized models)
-    dataset: Dataset
-    #: the clients in this process (empty for a remote runtime)
-    states: Sequence[ClientState]
-    #: the link to the clients' nodes, or None when they run in this process
-    link: Link | None
-
-    def open(self, run: RunState, hello: Callable[[int], dict[str, Any]],
-             greeted: Callable[[int, Reply], None]) -> list[int]:
-        """Reach the clients; return their ids, sorted. A remote runtime sends each node a
-        hello carrying ``hello(number of nodes)`` and hands each reply to ``greeted``."""
-        ...
-
-    def meta(self) -> dict[str, Any]:
-        """Extra fields for the transcript's run header."""
-        ...
-
-    def broadcast(self, payload: Mapping[str, np.ndarray], cohort: Sequence[int],
-                  ctx: RoundContext) -> Any:
-        """Book the phase's broadcast and return what the clients' steps get: the decoded
-        payload (in one process) or its wire bytes (remote: they ride on the step)."""
-        ...
-
-    def round_begins(self, round: int) -> None:
-        """A round starts."""
-        ...
-
-    def phase_begins(self, index: int, run: RunState) -> None:
-        """Phase ``index`` of the round starts."""
-        ...
-
-    def evaluate(self, round: int, run: RunState) -> float:
-        """The accuracy after ``round`` (may be NaN until :meth:`close` fills it in)."""
-        ...
-
-    def round_ends(self, round: int) -> None:
-        """A round ended."""
-        ...
-
-    def aborted(self, exc: SecaggError) -> None:
-        """A phase over the link failed (an abort or a protocol error; the runtime may
-        annotate ``exc``)."""
-        ...
-
-    def close(self, run: RunState) -> None:
-        """The last round ended."""
-        ...
-
-
-class TransportHooks:
-    """No-op defaults for :class:`Transport`'s hooks."""
-
-    link: Link | None = None
-
-    def open(self, run: RunState, hello: Callable[[int], dict[str, Any]],
-             greeted: Callable[[int, Reply], None]) -> list[int]:
-        """The clients in this process: ids 0..n-1."""
-        return list(range(len(self.states)))  # type: ignore[attr-defined]
-
-    def meta(self) -> dict[str, Any]:
-        """No extra header fields."""
-        return {}
-
-    def round_begins(self, round: int) -> None:
-        """Nothing to do."""
-
-    def phase_begins(self, index: int, run: RunState) -> None:
-        """Nothing to do."""
-
-    def round_ends(self, round: int) -> None:
-        """Nothing to do."""
-
-    def aborted(self, exc: SecaggError) -> None:
-        """Nothing to add."""
-
-    def close(self, run: RunState) -> None:
-        """Nothing to do."""
-
-
-class InProcess(TransportHooks):
-    """The embedded transport: the clients are :class:`ClientState` objects in this
-    process; the broadcast is packed and unpacked as it would travel (its bytes booked);
-    the accuracy is computed here."""
-
-    def __init__(self, *, algorithm: AlgorithmLike, partition: Partition) -> None:
-        self.algorithm = algorithm
-        self.dataset = partition.dataset
-        self.states = [ClientState(cd) for cd in partition]
-
-    def broadcast(self, payload: Mapping[str, np.ndarray], cohort: Sequence[int],
-                  ctx: RoundContext) -> dict[str, np.ndarray]:
-        """Pack the payload (the server's CPU), unpack it (the clients'), book it."""
-        if not payload:
-            return {}
-        t0 = time.process_time()
-        wire = pack_arrays(payload)
-        server_s = time.process_time() - t0
-        t0 = time.process_time()
-        decoded = unpack_arrays(wire)
-        client_s = time.process_time() - t0
-        book_broadcast(ctx, cohort, wire, payload, client_s, server_s)
-        return decoded
-
-    def evaluate(self, round: int, run: RunState) -> float:
-        """The algorithm's own evaluation on the clients here."""
-        return float(self.algorithm.evaluate(self.dataset, self.states))
-
-
-# ---------------------------------------------------------------- layers over a link
-
-
-def check_phase(phase: _Phase) -> None:
-    """Refuse, on a remote runtime, a phase whose spec has no fields (a "local-only"
-    phase: clients compute and upload nothing, the layer is not called). A remote runtime
-    reaches the nodes only through a layer's stages, so such a phase would have to become
-    its own client-step exchange with no layer; it is refused before any node is contacted
-    for it, instead of running it through a layer that has nothing to carry.
-
-    Raises:
-        ConfigurationError: the phase uploads nothing.
-    """
-    if not phase.spec().fields:
-        raise ConfigurationError(
-            f"phase {phase.name!r} uploads no fields (a local-only phase); the Flower "
-            "runtime does not run local-only phases yet: use the embedded Federation")
-
-
-def check_remote(layer: Layer) -> None:
-    """Refuse a layer a remote runtime cannot carry yet (with what can be used), as the layer
-    registry declares it (:mod:`secagg.layers.registry`): carried are the layers with a
-    server driver (Plaintext, SecureSum without pinned identities, Homomorphic with a
-    decryptor node), and the DP layers around one of them (DistributedDP around a layer
-    that sums encoded vectors: SecureSum). A layer is matched by its exact class.
-
-    Raises:
-        ConfigurationError: the layer (or its inner layer) does not run remotely.
-    """
-    entry = entry_for(layer)
-    inner = layer.wrapped
-    if entry is not None and entry.dp and entry.on_flower and inner is not None:
-        carriers = [e for e in carried_entries()
-                    if e.sums_encoded or not layer.needs_encoded_sum]
-        if entry_for(inner) not in carriers:
-            raise ConfigurationError(
-                f"{type(layer).__name__} around {type(inner).__name__} does not run on "
-                f"Flower yet: its inner layer must be one of "
-                f"{[e.class_name for e in carriers]} there")
-        check_remote(inner)
-        return
-    if entry is None or entry.server is None or not entry.on_flower:
-        why = f" ({entry.not_on_flower})" if entry is not None and entry.not_on_flower else ""
-        raise ConfigurationError(
-            f"layer {getattr(layer, 'name', type(layer).__name__)!r} "
-            f"({type(layer).__name__}) does not run on Flower yet{why}: its client side would "
-            "have to run on the nodes; use Plaintext, SecureSum or Homomorphic there (alone "
-            "or inside CentralDP, LocalDP, or DistributedDP around SecureSum), or the "
-            "embedded Federation"
-        )
-    if entry.flower_check is not None:
-        entry.flower_check(layer)
-
-
-#: what a Flower node's error reply says when it refuses a release by its own privacy
-#: budget (secagg.flower.client); the server takes such a node out of the population
-NODE_BUDGET_REFUSAL = "refused by this node's privacy budget"
-
-
-def node_release_event(client: int, run: str, round: int, phase: str,
-                       dp: Any, **terms: Any) -> Any:
-    """The release an instruction asks a Flower node for, as the node's own ledger charges
-    it (:func:`secagg.privacy.node_budget.node_event`, from the same instruction fields):
-    the server keeps its copy beside the node's reported ledger head. Named here, where
-    the engine keeps its privacy plumbing, so that the transport imports no privacy
-    code."""
-    from secagg.privacy.node_budget import node_event
-
-    return node_event(client, run, round, phase, dp, **terms)
 
 
 def _export_model(algorithm: AlgorithmLike, states: Sequence[ClientState]) -> Any | None:
@@ -561,30 +109,11 @@ def _export_model(algorithm: AlgorithmLike, states: Sequence[ClientState]) -> An
     return algorithm.export_model(states)
 
 
-def is_dp(layer: Layer) -> bool:
-    """Whether ``layer`` is a DP layer (:attr:`~secagg.layers.base.Layer.is_dp`)."""
-    return layer.is_dp
-
-
-def layer_server(layer: Layer, *, decryptor: int | None = None,
-                 pinned: Mapping[int, bytes] | None = None,
-                 ) -> tuple[Layer | None, LayerServer]:
-    """(the DP wrapper or None, the server side of the layer that carries the uploads) for
-    a remote runtime (:func:`check_remote` first). ``decryptor``: Homomorphic's decryptor
-    client id (None: the smallest connected). ``pinned``: the nodes' pinned public keys
-    (client id -> 32 bytes), which SecureSum's server checks every ADVERTISE against."""
-    check_remote(layer)
-    dp = layer if layer.is_dp else None
-    carrier = layer.wrapped if dp is not None and layer.wrapped is not None else layer
-    entry = entry_for(carrier)
-    assert entry is not None and entry.server is not None  # check_remote: it is carried
-    return dp, entry.server(carrier, decryptor=decryptor, pinned=pinned)
-
 
 # ---------------------------------------------------------------- the engine
 
 
-class Engine:
+class Engine(ClientAccountsMixin):
     """Run ``algorithm`` with ``layer`` over the clients a :class:`Transport` reaches.
 
     Args:
@@ -1009,110 +538,6 @@ class Engine:
         return rel.end(agg, ctx)
 
     # -- the clients' own ledgers (in one process)
-
-    def _filter_state(self, st: ClientState) -> dict[str, Any]:
-        """The client's own individual-filter state (loaded from its ledger directory the
-        first time; never reported to the server)."""
-        key = "individual_filter"
-        if key not in st.state:
-            st.state[key] = (self.accounts.filter_state(st.id)
-                             if self.accounts is not None else {})
-        return st.state[key]
-
-    def _accounts(self, clients: list[int], run: RunState) -> Any | None:
-        """The clients' ledgers for this run. Over a link: the server's view of them (no
-        budget or policy here: each node admits itself, and a node's budget refusal
-        reaches the server as a failed reply, see :meth:`_record_accounts`)."""
-        from secagg.privacy.client_ledger import ClientAccounts
-
-        delta = getattr(run.privacy, "delta", None) or getattr(self.layer, "delta", None)
-        return ClientAccounts(
-            clients, layer=self.layer, delta=float(delta or 1e-5),
-            directory=self.client_ledgers, budget=self.client_budget,
-            policy=self.client_policy, sampling=self.sampling, colluders=self.colluders)
-
-    def _draw(self, rng: np.random.Generator, n: int) -> list[int]:
-        """One round's cohort from the eligible population (the same draws as
-        :func:`sample_cohort` while every client is eligible)."""
-        assert self.accounts is not None
-        pop = self.accounts.active
-        if self.sampling == "poisson":
-            return [pop[i] for i in np.flatnonzero(rng.random(len(pop)) < self.fraction)]
-        k = min(cohort_size(n, self.fraction), len(pop))
-        if k == len(pop):
-            return list(pop)
-        return sorted(pop[int(i)] for i in rng.choice(len(pop), size=k, replace=False))
-
-    def _rate_and_cohort(self, n: int) -> tuple[float, int]:
-        """(the chance each eligible client is drawn, the planned cohort size)."""
-        assert self.accounts is not None
-        pop = max(1, len(self.accounts.active))
-        if self.sampling == "poisson":
-            return self.fraction, max(1, int(round(self.fraction * pop)))
-        k = min(cohort_size(n, self.fraction), pop)
-        return k / pop, k
-
-    def _denominator(self, cohort: Sequence[int]) -> int:
-        """The mean's fixed denominator: the sampled cohort's size, or under Poisson
-        sampling the expected one (never the number of replies)."""
-        if self.accounts is None or self.sampling != "poisson":
-            return len(cohort)
-        return self._rate_and_cohort(len(self.accounts.clients))[1]
-
-    def _begin_accounts(self, r: int, phases: Sequence[_Phase], checked: set[str],
-                        n: int) -> None:
-        """Declare the round's terms to the clients and run their admission."""
-        assert self.accounts is not None
-        infos = []
-        for ph in phases:
-            if not ph.spec().fields:
-                continue
-            spec = run_spec(ph, self.layer, self._max_records, checked)
-            infos.append((ph.name, spec, tuple(ph.dp_covered_fields())))
-        rate, k = self._rate_and_cohort(n)
-        self.accounts.begin_round(r, infos, rate, k)
-
-    def _record_accounts(self, run: RunState, phase: _Phase, cohort: list[int],
-                         agg: Aggregate, payload: Mapping[str, np.ndarray],
-                         booked: int) -> None:
-        """Book the phase in every eligible client's ledger: the events the run's ledger
-        charged for it, and why an observer has no guarantee."""
-        assert self.accounts is not None
-        from secagg.privacy.events import SampledGaussianEvent
-
-        events = [] if run.privacy is None else list(run.privacy.events[booked:])
-        why: dict[str, str] = {}
-        bare = [f for (ph, f) in run.unnoised if ph == phase.name]
-        if bare:
-            reason = run.unnoised[(phase.name, bare[0])]
-            text = f"field {bare[0]!r} released without DP noise ({reason})"
-            why = {"release": text, "server": text}
-        notes = agg.notes.get("dp", {}) if isinstance(agg.notes, Mapping) else {}
-        if self.transport.link is not None:
-            # a node that refused by its own budget leaves the population (end_round)
-            dropped = agg.notes.get("dropped", {}) if isinstance(agg.notes, Mapping) else {}
-            for whys in dropped.values():
-                for c, text in (whys.items() if isinstance(whys, Mapping) else ()):
-                    if NODE_BUDGET_REFUSAL in str(text) and c in cohort:
-                        self.accounts.refused(int(c), str(text))
-        clip = payload.get("clip")
-        local = next(((e.steps, e.sampling_rate) for e in events
-                      if isinstance(e, SampledGaussianEvent)), None)
-        self.accounts.record_phase(
-            int(agg.round), phase.name, cohort, agg.contributors, events, why,
-            clip=None if clip is None else float(np.asarray(clip).ravel()[0]),
-            survivors=notes.get("survivors"), min_survivors=notes.get("min_survivors"),
-            local=local)
-
-    def _reported_accounts(self, run: RunState) -> Any | None:
-        """The clients' ledgers the result reports: for a DP run, or when ledgers, a
-        budget or a policy were asked for."""
-        acc = self.accounts
-        if acc is None:
-            return None
-        asked = (self.client_ledgers is not None or self.client_budget is not None
-                 or self.client_policy is not None)
-        return acc if (run.privacy is not None or asked) else None
 
     def _local(self, phase: _Phase, cohort: list[int], ctx: RoundContext) -> int:
         """A phase with no upload fields (in one process): broadcast, then each selected

@@ -52,7 +52,9 @@ def test_no_dp_layer_subclass_defines_aggregate():
 
 
 @pytest.mark.parametrize("module", ["privacy/release.py", "secure_sum/node.py",
-                                    "secure_sum/remote.py", "flower/client.py", "link.py"])
+                                    "secure_sum/remote.py", "flower/client.py",
+                                    "flower/node_identity.py", "flower/node_privacy.py",
+                                    "link.py"])
 def test_the_release_module_and_the_inner_sum_name_no_dp_type(module):
     """The remote release asks the layer for its parts, and the secure sum's driver and
     node step see a generic encoding / node part: no DP class, no isinstance or hasattr

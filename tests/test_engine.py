@@ -41,34 +41,42 @@ def _imports(tree: ast.Module) -> list[tuple[str, str]]:
     return out
 
 
+#: the server side on Flower: server.py and the parts split from it (issue 34)
+SERVER_PARTS = ("flower/server.py", "flower/node_messages.py", "flower/node_evaluation.py")
+
+
 def test_the_flower_server_imports_no_concrete_layer():
-    imports = _imports(_tree("flower/server.py"))
-    assert imports  # the parse saw the module's imports
-    bad = [(m, n) for m, n in imports
-           if n in LAYER_CLASSES or any(m == p or m.startswith(p + ".") for p in LAYER_MODULES)]
-    assert bad == [], f"secagg/flower/server.py must hold transport only, imports {bad}"
+    for part in SERVER_PARTS:
+        imports = _imports(_tree(part))
+        assert imports  # the parse saw the module's imports
+        bad = [(m, n) for m, n in imports
+               if n in LAYER_CLASSES
+               or any(m == p or m.startswith(p + ".") for p in LAYER_MODULES)]
+        assert bad == [], f"secagg/{part} must hold transport only, imports {bad}"
 
 
 def test_the_flower_server_never_dispatches_on_a_layer_type():
-    tree = _tree("flower/server.py")
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    assert not (names | attrs) & LAYER_CLASSES
-    checks = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-              and isinstance(n.func, ast.Name) and n.func.id in ("isinstance", "issubclass")]
-    for call in checks:  # what it does check is not a layer
-        assert not {n.id for n in ast.walk(call.args[1]) if isinstance(n, ast.Name)} \
-            & LAYER_CLASSES
+    for part in SERVER_PARTS:
+        tree = _tree(part)
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not (names | attrs) & LAYER_CLASSES
+        checks = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  and isinstance(n.func, ast.Name) and n.func.id in ("isinstance", "issubclass")]
+        for call in checks:  # what it does check is not a layer
+            assert not {n.id for n in ast.walk(call.args[1]) if isinstance(n, ast.Name)} \
+                & LAYER_CLASSES
 
 
 def test_the_flower_client_holds_no_layer_either():
     """The node side: Flower plumbing and the client step; each layer's node steps are
     looked up, never written out or dispatched on here."""
-    tree = _tree("flower/client.py")
-    bad = [(m, n) for m, n in _imports(tree) if n in LAYER_CLASSES]
-    assert bad == []
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert not names & LAYER_CLASSES
+    for part in ("client", "node_identity", "node_privacy"):  # the node's modules
+        tree = _tree(f"flower/{part}.py")
+        bad = [(m, n) for m, n in _imports(tree) if n in LAYER_CLASSES]
+        assert bad == []
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert not names & LAYER_CLASSES
 
 
 def test_the_engine_names_no_concrete_layer():

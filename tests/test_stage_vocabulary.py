@@ -53,7 +53,8 @@ SAME_WORD = {
 WIRE_MODULES = (
     "link.py", "node.py", "local_link.py", "layers/plaintext.py", "secure_sum/remote.py",
     "secure_sum/node.py", "homomorphic/remote.py", "homomorphic/node.py",
-    "flower/client.py", "flower/server.py", "flower/records.py",
+    "flower/client.py", "flower/node_identity.py", "flower/node_privacy.py",
+    "flower/server.py", "flower/records.py",
 )
 KEYS = frozenset(v for k, v in vars(Key).items() if k.isupper())
 _FIELD_READERS = {"reply_field", "field", "rfield"}

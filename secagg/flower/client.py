@@ -71,10 +71,8 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,13 +83,29 @@ from secagg import safestore
 from secagg.client_step import reply_fields, run_step
 from secagg.data import ClientData, Dataset, Partition
 from secagg.engine import AlgorithmLike, ClientState
-from secagg.errors import ConfigurationError, PrivacyError, ProtocolError
+from secagg.errors import ConfigurationError, ProtocolError
+from secagg.flower.node_identity import IDENTITY_KEY as IDENTITY_KEY
+from secagg.flower.node_identity import PINNED_KEYS as PINNED_KEYS
+from secagg.flower.node_identity import _attest, _close, _identity, _pinned
+from secagg.flower.node_identity import load_identity_key as load_identity_key
+from secagg.flower.node_identity import load_pinned_keys as load_pinned_keys
+from secagg.flower.node_privacy import (
+    _NO_EVALUATION,
+    _budgeted,
+    _charged,
+    _check_policy,
+    _check_release,
+    _ledger_head,
+    _policy,
+)
+from secagg.flower.node_privacy import BUDGET_DELTA as BUDGET_DELTA
+from secagg.flower.node_privacy import CLIENT_BUDGET as CLIENT_BUDGET
+from secagg.flower.node_privacy import LEDGER_HEAD as LEDGER_HEAD
+from secagg.flower.node_privacy import LEDGER_INIT as LEDGER_INIT
+from secagg.flower.node_privacy import LEDGER_PATH as LEDGER_PATH
 from secagg.flower.records import RECORD, content, field, read
 from secagg.messages import UploadSpec
-from secagg.node import UPLOADS as _UPLOADS
 from secagg.node import leave, protocol_step, runs_client_step
-from secagg.privacy.node_ledger import LedgerError, NodeLedger, check_head, release_id
-from secagg.privacy.policy import NodePolicy
 from secagg.stages import Key, Stage
 from secagg.wire import unpack_arrays
 
@@ -99,222 +113,6 @@ PartitionLoader = Callable[[Context], tuple[Dataset, ClientData]]
 """Given the node's Flower ``Context``, its data set description and its own partition."""
 
 _STATE = "secagg-node"  # ConfigRecord in Context.state (stays on the node)
-_IDENTITY = "secagg-identity"  # the node's Ed25519 identity (kept across runs)
-_ATTEST = "secagg-attest"  # per run tag: the node's statement numbers (kept across runs)
-#: reply fields that are messages a node sends, signed (secagg.attest)
-_SIGNED = (Key.MSG, Key.ACK, Key.FRAMES, Key.NEXT_MSG)
-#: steps whose message is booked under another stage name by the server
-_STAGE_OF_STEP = {Stage.HE_KEYGEN: Stage.KEYS, Stage.HE_DECRYPT: Stage.RESULT,
-                  Stage.HE_UPLOAD: Stage.UPLOAD}
-
-
-#: node config keys of the node's pinned identities
-IDENTITY_KEY, PINNED_KEYS = "identity-key", "pinned-keys"
-
-
-def load_identity_key(path: str | Path) -> Any:
-    """A node's Ed25519 private key from the file at ``path``: PEM (PKCS#8), 32 raw bytes,
-    or their 64 hex digits.
-
-    Raises:
-        ConfigurationError: the file is missing or holds no such key.
-    """
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    try:
-        raw = Path(path).expanduser().read_bytes()
-        if raw.lstrip().startswith(b"-----BEGIN"):
-            key = load_pem_private_key(raw, password=None)
-            if not isinstance(key, Ed25519PrivateKey):
-                raise ValueError("not an Ed25519 key")
-            return key
-        if len(raw) != 32:
-            raw = bytes.fromhex(raw.decode("ascii").strip())
-        return Ed25519PrivateKey.from_private_bytes(raw)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"node config {IDENTITY_KEY} {path}: not an Ed25519 private "
-                                 f"key ({exc})") from None
-
-
-def load_pinned_keys(path: str | Path) -> dict[int, bytes]:
-    """Client id -> raw Ed25519 public key of every client a node may talk to, from
-    outside the run (a PKI, or keys its operator exchanged): a JSON file ``{"ID": HEX}``, or
-    a directory of ``ID.pub`` files (64 hex digits, or 32 raw bytes each).
-
-    Raises:
-        ConfigurationError: the path is missing, or an entry is not a client id and key.
-    """
-    p = Path(path).expanduser()
-    try:
-        if p.is_dir():
-            items = {}
-            for f in sorted(p.glob("*.pub")):
-                raw = f.read_bytes()
-                items[f.stem] = raw.hex() if len(raw) == 32 else raw.decode("ascii").strip()
-        else:
-            items = json.loads(p.read_text())
-        if not isinstance(items, dict) or not items:
-            raise ValueError("no keys")
-        pins = {int(c): bytes.fromhex(str(h)) for c, h in items.items()}
-        if any(len(k) != 32 for k in pins.values()):
-            raise ValueError("a key is not 32 bytes")
-        return pins
-    except (OSError, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"node config {PINNED_KEYS} {path}: not a set of pinned "
-                                 f"client keys ({exc})") from None
-
-
-def _pinned(context: Context) -> dict[int, bytes] | None:
-    """The pinned keys the node config names (None: not pinned)."""
-    path = context.node_config.get(PINNED_KEYS)
-    if path in (None, ""):
-        return None
-    try:
-        return load_pinned_keys(str(path))
-    except ConfigurationError as exc:
-        raise ProtocolError(str(exc)) from None
-
-
-def _identity(context: Context) -> Any:
-    """The node's long-term Ed25519 key: the one its config names (``identity-key``: a
-    key its operator holds, pinned by its peers), else one made on first use and kept in
-    the node's own ``Context.state`` (the server learns its public half with the hello:
-    trust on first use)."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    path = context.node_config.get(IDENTITY_KEY)
-    if path not in (None, ""):
-        try:
-            return load_identity_key(str(path))
-        except ConfigurationError as exc:
-            raise ProtocolError(str(exc)) from None
-    if _IDENTITY not in context.state.config_records:
-        key = Ed25519PrivateKey.generate()
-        context.state.config_records[_IDENTITY] = ConfigRecord(
-            {"ed25519": key.private_bytes_raw()})
-    return Ed25519PrivateKey.from_private_bytes(
-        context.state.config_records[_IDENTITY]["ed25519"])
-
-
-class _AttestBook:
-    """What a node keeps about its signed statements of one run, in its own
-    ``Context.state`` (record :data:`_ATTEST`, one entry per run tag, never sent anywhere
-    and never reset for a run: a ClientApp process restarted per message, or a message of
-    another run in between, does not restart the numbers): the next sequence number of
-    each party it signs as (its client id; ``decryptor`` for the HE decryptor), the
-    releases it noised itself (:func:`secagg.attest.applied_release`), and whether it
-    closed the run."""
-
-    def __init__(self, context: Context, run: str) -> None:
-        if _ATTEST not in context.state.config_records:
-            context.state.config_records[_ATTEST] = ConfigRecord()
-        self.record, self.run = context.state.config_records[_ATTEST], run
-        raw = self.record.get(run)
-        try:
-            doc = json.loads(raw) if isinstance(raw, str) else {}
-            self.seq: dict[str, int] = {str(k): int(v) for k, v in doc.get("seq", {}).items()}
-            self.applied: list[dict[str, Any]] = [dict(a) for a in doc.get("applied", [])]
-            self.closed: bool = bool(doc.get("closed", False))
-        except (ValueError, TypeError, AttributeError):
-            raise ProtocolError("the node's stored statement numbers do not read") from None
-
-    def take(self, party: Any, count: int) -> int:
-        """The first of ``count`` sequence numbers of ``party`` (they are then used);
-        none after the party closed the run (its count is signed)."""
-        if self.closed and count:
-            raise ProtocolError(f"this node closed its signed statements of run {self.run}: "
-                                "it signs no more messages in it")
-        first = int(self.seq.get(str(party), 0))
-        self.seq[str(party)] = first + int(count)
-        return first
-
-    def save(self) -> None:
-        """Write the book back into the node's state."""
-        self.record[self.run] = json.dumps({"seq": self.seq, "applied": self.applied,
-                                            "closed": self.closed}, sort_keys=True)
-
-
-def _close(rec: ConfigRecord, key: Any, context: Context, store: ConfigRecord
-           ) -> dict[str, Any]:
-    """The ``close`` step: sign one closing statement per party this node signed as
-    (:func:`secagg.attest.closing_statement`: its statement count and the run's DP terms,
-    ``dp_terms`` in the instruction), after checking those terms against every release
-    the node noised itself (:func:`secagg.attest.check_applied`): terms that leave one
-    out, describe less noise than the node added, or call seeded noise private are
-    refused (an error reply: the node signs nothing, and the audit names it as
-    unclosed)."""
-    from secagg.attest import check_applied, closing_statement
-
-    t0 = time.process_time()
-    if "cid" not in store:
-        raise ProtocolError("a closing request for a run this node did not join")
-    book = _AttestBook(context, str(store[Key.RUN]))
-    try:
-        terms = json.loads(field(rec, Key.DP_TERMS, str)) if Key.DP_TERMS in rec else None
-    except ValueError:
-        raise ProtocolError("closing request: dp_terms is not JSON") from None
-    if terms is not None and not isinstance(terms, dict):
-        raise ProtocolError("closing request: dp_terms is not a JSON object")
-    wrong = check_applied(terms, book.applied)
-    if wrong:
-        raise ProtocolError("closing request refused: the DP terms the server asks this node "
-                            f"to sign misdescribe the noise it applied: {'; '.join(wrong)}")
-    params: dict[str, Any] = {"applied": book.applied}
-    if terms is not None:
-        params[Key.DP] = terms
-    rnd = field(rec, Key.ROUND, int) if Key.ROUND in rec else -1
-    parties: list[Any] = [int(store["cid"])]
-    if book.seq.get("decryptor", 0) > 0:
-        parties.append("decryptor")
-    atts = [closing_statement(key, run=str(store[Key.RUN]), round=rnd, sender=p,
-                              count=book.seq.get(str(p), 0), params=params) for p in parties]
-    book.closed = True
-    book.save()
-    return {Key.ATT: json.dumps(atts), Key.ATT_CPU_S: time.process_time() - t0}
-
-
-def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
-            store: ConfigRecord, context: Context) -> dict[str, Any]:
-    """Sign a statement for every message of the reply ``out`` (the one place a node's
-    messages leave it; :func:`secagg.attest.sign_reply`): labelled with the round, phase
-    and stage the instruction names (``att``), the form read from the message itself,
-    the noise parameters this node applied (``dp``) and the noised fields, and numbered
-    with the node's own sequence numbers (:class:`_AttestBook`, in its ``Context.state``:
-    scheme :data:`secagg.attest.SCHEME`)."""
-    from secagg.attest import params_digest, sign_reply
-
-    t0 = time.process_time()
-    labels = json.loads(rec[Key.ATT]) if isinstance(rec.get(Key.ATT), str) else [-1, "", step]
-    rnd, phase, stage = int(labels[0]), str(labels[1]), str(labels[2])
-    stage = _STAGE_OF_STEP.get(step, stage)
-    sender: Any = "decryptor" if step in (Stage.HE_KEYGEN, Stage.HE_DECRYPT) else int(store["cid"])
-    params: dict[str, Any] = {}
-    if Key.LAYER in rec:
-        params["told"] = params_digest(json.loads(field(rec, Key.LAYER, str)))
-    if Key.DP in rec:
-        params["noise"] = json.loads(field(rec, Key.DP, str))
-    noised = json.loads(store["att_noised"]) if "att_noised" in store else []
-    msgs = {k: (stage, out[k]) for k in _SIGNED if k in out and k != "next_msg"}
-    book = _AttestBook(context, str(store[Key.RUN]))
-    if "att_release" in store:  # a release this node noised, now sent
-        if step in _UPLOADS:
-            book.applied.append(json.loads(store["att_release"]))
-        del store["att_release"]
-    atts = json.loads(sign_reply(key, run=str(store[Key.RUN]), round=rnd, phase=phase,
-                                 sender=sender, messages=msgs, params=params,
-                                 noised=noised if step in _UPLOADS else (),
-                                 first_seq=book.take(sender, len(msgs))))
-    if Key.NEXT_MSG in out:  # ADVERTISE ahead for the next session
-        atts += json.loads(sign_reply(
-            key, run=str(store[Key.RUN]), round=int(rec.get(Key.NEXT_ROUND, -1)), phase="",
-            sender=sender, messages={Key.NEXT_MSG: (Stage.ADVERTISE, out[Key.NEXT_MSG])},
-            params={}, first_seq=book.take(sender, 1)))
-    book.save()
-    if atts:
-        out[Key.ATT] = json.dumps(atts)
-        out[Key.ATT_CPU_S] = time.process_time() - t0
-    return out
 
 
 def node_partition_loader(make_partition: Callable[[], Partition]) -> PartitionLoader:
@@ -573,214 +371,6 @@ def _thaw_state(raw: bytes, st: ClientState, algo: Any) -> dict[str, Any]:
     except safestore.StoreError as exc:
         raise ProtocolError(f"the node's stored client state: {exc}") from None
     return state if isinstance(state, dict) else {}
-
-
-def _policy(context: Context) -> NodePolicy:
-    """The node's own privacy floor from its node config (:mod:`secagg.privacy.policy`);
-    a malformed one is a ProtocolError (the node drops rather than guess)."""
-    try:
-        return NodePolicy.from_node_config(context.node_config)
-    except PrivacyError as exc:
-        raise ProtocolError(f"node config: {exc}") from None
-
-
-def _check_policy(policy: NodePolicy, rec: ConfigRecord, bcast: dict[str, np.ndarray],
-                  pins: dict[int, bytes] | None = None) -> None:
-    """Refuse an instruction whose terms are weaker than the node's floor (noise, seed,
-    public fields, adjacency, delta, clip, cohort bounds; :meth:`NodePolicy.check`): the
-    node adds the noise under LocalDP and DistributedDP and applies the clip, so a
-    ServerApp cannot lower either below what the node accepts. With pinned identities a
-    cohort larger than the clients pinned is refused too (the server would be inventing
-    clients). The refusal is an error reply: the node drops and sends nothing."""
-    try:
-        dp = json.loads(field(rec, Key.DP, str)) if Key.DP in rec else None
-        clip = float(np.asarray(bcast["clip"]).ravel()[0]) if "clip" in bcast else None
-        n = rec.get(Key.N)
-        policy.check(dp, clip, cohort=n)
-        if pins is not None and isinstance(n, int) and n > len(pins):
-            raise PrivacyError(f"a cohort of {n} clients, but only {len(pins)} are pinned "
-                               f"({PINNED_KEYS}): the server counts clients that do not exist")
-    except (PrivacyError, ValueError, TypeError) as exc:
-        raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
-            from None
-
-
-def _check_release(policy: NodePolicy, rec: ConfigRecord, spec: UploadSpec, client: int,
-                   sizing: str) -> None:
-    """Refuse the release the instruction asks for when the event this node would be
-    charged for it breaks its policy (:meth:`NodePolicy.check_release`: its epsilon, and
-    noise resting on the server's word), before the step touches the data."""
-    if Key.DP not in rec or not policy.holds_floor:  # nothing to hold the event against
-        return
-    from secagg.privacy.node_budget import node_event
-
-    try:
-        dp = json.loads(field(rec, Key.DP, str))
-        event = node_event(client, field(rec, Key.RUN, str), field(rec, Key.ROUND, int),
-                           field(rec, Key.PHASE, str), dp, spec=spec, cohort=rec.get(Key.N),
-                           layer=rec.get(Key.LAYER), sizing=sizing)
-        policy.check_release(event, dp.get("delta") if policy.max_delta is None else None)
-    except (PrivacyError, ValueError, TypeError) as exc:
-        raise ProtocolError(f"instruction refused by this node's privacy policy: {exc}") \
-            from None
-
-
-#: node config keys of the node's own ledger and budget
-LEDGER_PATH, CLIENT_BUDGET, BUDGET_DELTA = "ledger-path", "client-budget", "client-budget-delta"
-#: node config keys of the ledger's head file (:mod:`secagg.privacy.node_ledger`) and of
-#: the explicit start of a fresh ledger
-LEDGER_HEAD, LEDGER_INIT = "ledger-head", "ledger-init"
-
-
-def _head_path(context: Context, ledger: Path) -> Path:
-    """Where the node keeps its ledger's head: ``ledger-head``, else beside its identity
-    key (``identity-key``), else beside the ledger file (which catches a truncated or
-    deleted file, not one at a new path: name ``ledger-head`` to keep it elsewhere)."""
-    for key, suffix in ((LEDGER_HEAD, ""), (IDENTITY_KEY, ".ledger-head")):
-        v = context.node_config.get(key)
-        if v not in (None, ""):
-            if not isinstance(v, str):
-                raise ProtocolError(f"node config {key} must be a file path, got {v!r}")
-            return Path(v + suffix).expanduser()
-    return Path(f"{ledger}.head")
-
-
-def _ledger_init(context: Context) -> bool:
-    """Whether the node config starts a fresh ledger where none exists (``ledger-init``)."""
-    v = context.node_config.get(LEDGER_INIT, False)
-    return v is True or (isinstance(v, str) and v.lower() == "true")
-
-
-def _ledger_path(context: Context) -> Path | None:
-    path = context.node_config.get(LEDGER_PATH)
-    if path is None or path == "":
-        return None
-    if not isinstance(path, str):
-        raise ProtocolError(f"node config {LEDGER_PATH} must be a file path, got {path!r}")
-    return Path(path).expanduser()
-
-
-_NO_EVALUATION = ("this node holds a privacy budget (client-budget): its local test "
-                  "accuracy would leave it un-noised, outside the budget, so it does not "
-                  "answer evaluation requests")
-
-
-def _budgeted(context: Context) -> bool:
-    """Whether the node holds a privacy budget (then nothing un-noised leaves it: no
-    evaluation answers)."""
-    return context.node_config.get(CLIENT_BUDGET) not in (None, "")
-
-
-def _ledger_head(context: Context) -> str | None:
-    """The head of the node's ledger file (None without one); a ledger that does not
-    verify is an error reply (the node does not join a run it cannot account for)."""
-    path = _ledger_path(context)
-    if path is None:
-        return None
-    try:
-        return check_head(path, _head_path(context, path), init=_ledger_init(context)).head
-    except LedgerError as exc:
-        raise ProtocolError(f"this node's privacy ledger: {exc}") from None
-
-
-class _Charge:
-    """The node's budget step around one client step (:mod:`secagg.privacy.node_ledger`,
-    :mod:`secagg.privacy.node_budget`), opened by :func:`_charged`.
-
-    :meth:`admit` runs after the phase is known and before its step touches the data: it
-    refuses a release that would take the node's epsilon, projected under the terms the
-    instruction declares over every release its ledger charges, past its budget (a
-    ``refusal`` entry is written; nothing is charged), else writes and syncs the release's
-    intent. :meth:`commit` runs after the step and returns the reply's ``ledger_head``.
-    A step that fails after :meth:`admit` leaves the intent uncommitted: spent. Every
-    refusal is a ProtocolError: an error reply, no array sent."""
-
-    def __init__(self, context: Context, rec: ConfigRecord, client: int) -> None:
-        self.rec, self.client, self.ledger = rec, client, None
-        self.sizing = "server"  # how the node sizes a DistributedDP share (set by the caller)
-        self.path = _ledger_path(context)
-        from secagg.privacy.node_budget import budget_from_node_config
-
-        try:
-            self.budget = budget_from_node_config(context.node_config)
-        except PrivacyError as exc:
-            raise ProtocolError(f"node config: {exc}") from None
-        if self.path is None:
-            raise ProtocolError(f"node config {CLIENT_BUDGET} needs {LEDGER_PATH} (a budget "
-                                "kept in memory would reset with the process)")
-        self.run = field(rec, Key.RUN, str)
-        self.round, self.phase = field(rec, Key.ROUND, int), field(rec, Key.PHASE, str)
-        self.rid = release_id(self.run, self.round, self.phase)
-        try:
-            self.ledger = NodeLedger(self.path, _head_path(context, self.path),
-                                     init=_ledger_init(context))
-        except LedgerError as exc:
-            raise ProtocolError(f"this node's privacy ledger: {exc}") from None
-        try:
-            self._check()
-        except BaseException:
-            self.close()
-            raise
-
-    def _check(self) -> None:
-        """Refuse a replay, and a file that holds another client's releases."""
-        assert self.ledger is not None
-        client = self.client
-        if self.rid in self.ledger.state.intents():
-            raise ProtocolError(
-                f"release {self.rid} is already charged on this node's ledger (a replayed "
-                "message): refused, neither charged nor answered again")
-        others = {str(p.get("client")) for p in self.ledger.charged()} - {str(client)}
-        if others:  # one file per node: another client's history is not this one's
-            raise ProtocolError(f"this node's privacy ledger {self.path} holds releases of "
-                                f"client(s) {sorted(others)}, this node is client "
-                                f"{client}: give each node its own ledger-path")
-
-    def admit(self, spec: UploadSpec) -> None:
-        """Charge the release, or refuse it (see the class docstring); ``spec``: the
-        phase's spec, with the run's public bounds (public: shapes and bounds only)."""
-        from secagg.privacy.node_budget import node_admit, node_event
-
-        assert self.ledger is not None
-        rec = self.rec
-        try:
-            event = node_event(self.client, self.run, self.round, self.phase, rec.get(Key.DP),
-                               spec=spec, cohort=rec.get(Key.N), layer=rec.get(Key.LAYER),
-                               sizing=self.sizing)
-            ok = None if self.budget is None else node_admit(
-                self.ledger.charged(), event, *self.budget)
-        except PrivacyError as exc:
-            raise ProtocolError(f"this node's privacy ledger: {exc}") from None
-        if ok is not None and not ok.admitted:
-            self.ledger.refuse(self.rid, replace(event, action="refused",
-                                                 reason=ok.reason).to_dict())
-            raise ProtocolError(f"refused by this node's privacy budget: {ok.reason}")
-        self.ledger.intend(self.rid, event.to_dict())  # synced: from here, spent
-
-    def commit(self) -> dict[str, Any]:
-        """After the step: commit the release; the reply's ``ledger_head``."""
-        assert self.ledger is not None
-        return {Key.LEDGER_HEAD: self.ledger.commit(self.rid, {"status": "uploaded"})}
-
-    def close(self) -> None:
-        """Release the ledger's lock."""
-        if self.ledger is not None:
-            self.ledger.close()
-
-
-@contextmanager
-def _charged(context: Context, rec: ConfigRecord, client: Callable[[], int]
-             ) -> Iterator[_Charge | None]:
-    """The node's :class:`_Charge` for one client step, or None when its config names
-    neither a ledger nor a budget (then nothing is charged)."""
-    if _ledger_path(context) is None and context.node_config.get(CLIENT_BUDGET) in (None, ""):
-        yield None
-        return
-    charge = _Charge(context, rec, client())
-    try:
-        yield charge
-    finally:
-        charge.close()
 
 
 def client_app(

@@ -32,12 +32,11 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from secagg.attest import Collector
@@ -53,15 +52,16 @@ from secagg.engine import (
     book_broadcast,
     check_phase,
     check_remote,
-    clients_evaluated,
     is_dp,
-    node_release_event,
 )
-from secagg.errors import ConfigurationError, ProtocolError, SecaggError
+from secagg.errors import ConfigurationError, SecaggError
+from secagg.flower.node_evaluation import NodeEvaluationMixin, _PendingEvaluation
+from secagg.flower.node_messages import NodeMessagesMixin, _Transport
+from secagg.flower.node_messages import send_and_receive as send_and_receive
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
 from secagg.layers.base import Aggregate, Layer, RoundContext
-from secagg.link import PROTOCOL_REPLY, Dropped, LayerServer, Needs, Reply, malformed
+from secagg.link import PROTOCOL_REPLY, Dropped, LayerServer, Needs, Reply
 from secagg.result import Result
 from secagg.stages import Key, Stage
 from secagg.wire import pack_arrays
@@ -70,57 +70,7 @@ from secagg.wire import pack_arrays
 check_layer = check_remote
 
 
-def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float,
-                     poll_interval: float = 0.2) -> list[Message]:
-    """Push ``messages`` and pull their replies every ``poll_interval`` seconds until all
-    have come or ``timeout`` seconds have passed (Flower's own ``Grid.send_and_receive``
-    pulls every 3 s on a deployment, which adds up to 3 s to every protocol stage; this
-    is the same loop on the public ``push_messages``/``pull_messages`` API)."""
-    pending = set(grid.push_messages(messages))
-    end = time.monotonic() + timeout
-    out: list[Message] = []
-    while pending:
-        got = list(grid.pull_messages(pending))
-        out.extend(got)
-        pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending or time.monotonic() >= end:
-            break
-        time.sleep(poll_interval)
-    return out
-
-
-@dataclass
-class _PendingEvaluation:
-    """A personalized evaluation in flight: round, the evaluation state's wire bytes, the
-    nodes to ask, those asked, and (accuracy, has a local test set) per node that answered."""
-
-    round: int
-    wire: bytes
-    ask: list[int]
-    sent: set[int] = field(default_factory=set)
-    acc: dict[int, tuple[float, bool]] = field(default_factory=dict)
-
-
-@dataclass
-class _Transport:
-    """Bytes per stage: ours (secagg wire bytes) and Flower's serialized messages."""
-
-    ours: dict[str, int] = field(default_factory=dict)
-    flower: dict[str, int] = field(default_factory=dict)
-    messages: dict[str, int] = field(default_factory=dict)
-
-    def add(self, stage: str, ours: int = 0, flower: int = 0) -> None:
-        """Add our wire bytes, or one Flower message (``flower`` > 0), to ``stage``."""
-        self.ours[stage] = self.ours.get(stage, 0) + ours
-        self.flower[stage] = self.flower.get(stage, 0) + flower
-        self.messages[stage] = self.messages.get(stage, 0) + (1 if flower else 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {s: {"messages": self.messages[s], "secagg_wire_bytes": self.ours[s],
-                    "flower_message_bytes": self.flower[s]} for s in self.ours}
-
-
-class FlowerFederation(TransportHooks):
+class FlowerFederation(NodeMessagesMixin, NodeEvaluationMixin, TransportHooks):
     """Run ``algorithm`` with ``layer`` over the SuperNodes a Flower Grid reaches.
 
     Args:
@@ -278,111 +228,6 @@ class FlowerFederation(TransportHooks):
         self.layer_server: LayerServer | None = None
         #: the statements the nodes signed in the current run (secagg.attest)
         self.collector = Collector(run="")
-
-    # ---------------------------------------------------------------- Flower messages
-
-    def _exchange(
-        self, grid: Grid, stage: str, ctx: RoundContext | None,
-        payloads: Mapping[int, RecordDict], timeout: float | None = None,
-        needs: Sequence[tuple[str, type]] = ((Key.MSG, bytes), (Key.CPU_S, float)),
-        tag: str | None = None,
-    ) -> tuple[dict[int, Any], dict[int, str]]:
-        """Send one message per client, wait for the replies; returns (client -> reply
-        record, client -> why it failed) for every addressed client that did not answer,
-        answered with an error, or answered without the fields ``needs`` names (a
-        malformed reply counts as that client dropping, never as a crash)."""
-        if tag is None:
-            tag = Stage.HELLO if ctx is None else f"{ctx.round}/{ctx.phase}/{stage}"
-        msgs = []
-        for c, rd in payloads.items():
-            m = Message(rd, dst_node_id=self.nodes[c], message_type=MESSAGE_TYPE, group_id=tag)
-            self.transport.add(stage, flower=flower_bytes(m))
-            msgs.append(m)
-        by_node = {n: c for c, n in self.nodes.items()}
-        got: dict[int, Any] = {}
-        failed: dict[int, str] = {}
-        t0 = time.perf_counter()
-        for rep in send_and_receive(grid, msgs, timeout or self.stage_timeout,
-                                    self.poll_interval):
-            c = by_node.get(rep.metadata.src_node_id)
-            if c is None or c not in payloads:
-                continue
-            if rep.has_error():
-                failed[c] = f"error reply: {rep.error.reason}"
-                continue
-            try:
-                rec = read(rep)
-                bad = malformed(rec, needs)
-                if bad is None and Key.CLIPPED in rec:
-                    clipped = json.loads(rfield(rec, Key.CLIPPED, str))
-                    if not isinstance(clipped, dict) or not all(
-                            isinstance(v, int) for v in clipped.values()):
-                        bad = "malformed reply: 'clipped' is not a JSON object of counts"
-            except (ProtocolError, ValueError) as exc:
-                bad = f"malformed reply: {exc}"
-            if bad is not None:
-                failed[c] = bad
-                continue
-            got[c] = rec
-            self.transport.add(stage, flower=flower_bytes(rep))
-            self._statements(c, rec)
-        for c in payloads:
-            if c not in got and c not in failed:
-                failed[c] = f"no reply within {timeout or self.stage_timeout:g} s"
-        self.stage_wall_s[stage] = self.stage_wall_s.get(stage, 0.0) + (
-            time.perf_counter() - t0)
-        return got, failed
-
-    def _node_event(self, client: int, ins: Mapping[str, Any], ctx: RoundContext,
-                    sizing: Any = None, **kw: Any) -> dict[str, Any]:
-        """The release ``ins`` asks node ``client`` for, as the node's ledger charges it
-        (:func:`secagg.engine.node_release_event`, from the same fields, and ``sizing``:
-        how the node says it sized a DistributedDP noise share)."""
-        rnd, name = ins.get(Key.ROUND, ctx.round), ins.get(Key.PHASE, ctx.phase)
-        sizing = sizing if sizing in ("server", "pinned", "alone") else "server"
-        key = (self._run_tag, rnd, name, ins.get(Key.DP), ins.get(Key.LAYER), ins.get(Key.N),
-               sizing)
-        if key not in self._events:  # one event per release (its plan), not per node
-            spec = None
-            if Key.DP in ins:  # the release's spec: its un-noised fields, DistributedDP's plan
-                phase = next(p for p in self.algorithm.phases(rnd, self.rounds)
-                             if p.name == name)
-                spec = phase.spec()
-                if spec.max_records is None:
-                    spec = replace(spec, max_records=int(ins["max_records"]))
-            self._events = {key: node_release_event(
-                client, self._run_tag, rnd, name, ins.get(Key.DP), spec=spec,
-                cohort=ins.get(Key.N), layer=ins.get(Key.LAYER), sizing=sizing)}
-        return replace(self._events[key], client=str(client), **kw).to_dict()
-
-    def _close_nodes(self, terms: Mapping[str, Any] | None) -> dict[int, str]:
-        """The run's last exchange (step ``close``): every node that said hello is sent
-        the run's DP terms (``dp_terms``: :func:`secagg.attest.dp_terms` of the privacy
-        ledger; none without DP) and answers with its signed closing statement (its
-        statement count, and the terms, which it checks against the noise it applied
-        itself). Returns why each node that did not answer failed (the Collector records
-        it in the transcript, and the audit then names what it cannot check of it)."""
-        if not self.nodes:
-            return {}
-        last = max(len(self.round_wall_s) - 1, 0)
-        extra = {} if terms is None else {Key.DP_TERMS: json.dumps(terms, sort_keys=True)}
-        payloads = {c: content(step=Stage.CLOSE, run=self._run_tag, round=last, **extra)
-                    for c in sorted(self.nodes)}
-        got, failed = self._exchange(self._grid, Stage.CLOSE, None,  # type: ignore[arg-type]
-                                     payloads, needs=((Key.ATT, str),), tag=f"{last}/close")
-        # our bytes: the terms to each node, the signed closing statements back (not on the
-        # cost ledger: once per node per run, as in one process)
-        self.transport.add(Stage.CLOSE, ours=len(extra.get(Key.DP_TERMS, "")) * len(payloads)
-                           + sum(len(rec[Key.ATT]) for rec in got.values()))
-        return failed
-
-    def _statements(self, client: int, rec: Any) -> None:
-        """Keep the signed statements a node's reply carries (``att``), for the transcript
-        (:class:`secagg.attest.Collector`)."""
-        if isinstance(rec.get(Key.ATT), str):
-            cpu = rec.get(Key.ATT_CPU_S, 0.0)
-            self.collector.received(client, rec[Key.ATT],
-                                    float(cpu) if isinstance(cpu, float | int) else 0.0)
 
     # ---------------------------------------------------------------- the Link
 
@@ -580,63 +425,6 @@ class FlowerFederation(TransportHooks):
                 f"{trusting} sized their noise shares for the cohort it announced (they "
                 "pinned no identities and do not add their whole noise alone)"))
         return result
-
-    def _evaluate(self, rnd: int) -> float:
-        """The accuracy after round ``rnd``: computed here for a non-personalized algorithm;
-        for a personalized one NaN for now, filled in by :meth:`_finish_evaluation` once
-        the nodes have answered (see the class docstring's Evaluation)."""
-        if not getattr(self.algorithm, "personalized", False):
-            return float(self.algorithm.evaluate(self.dataset, []))
-        if self.node_evaluation:
-            state = self.algorithm.evaluation_state()  # type: ignore[attr-defined]
-            ask = [c for c in sorted(self.nodes) if c not in self._round_drops]
-            self._eval = _PendingEvaluation(rnd, pack_arrays(state) if state else b"", ask)
-        return float("nan")
-
-    def _evaluation_fields(self, c: int) -> dict[str, Any]:
-        """The fields that ask node ``c``, in its first message of the round, to evaluate
-        the previous round's model before its client step (empty when not pending)."""
-        ev = self._eval
-        if ev is None or c not in ev.ask or c in ev.sent:
-            return {}
-        ev.sent.add(c)
-        self.transport.add(Stage.EVALUATE, ours=len(ev.wire))
-        return {Key.EVALUATE: True, Key.EVAL_STATE: ev.wire}
-
-    def _collect_evaluation(self, got: Mapping[int, Any],
-                            ev: _PendingEvaluation | None = None) -> None:
-        """Keep the accuracies that came back (with a client step, or alone in an
-        ``evaluate`` reply); a malformed one is left out of the mean."""
-        ev = ev if ev is not None else self._eval
-        if ev is None:
-            return
-        for c, rec in got.items():
-            if c in ev.sent and c not in ev.acc:
-                try:
-                    ev.acc[c] = (rfield(rec, Key.ACC, float), rfield(rec, Key.HAS_TEST, bool))
-                except ProtocolError:
-                    continue
-
-    def _finish_evaluation(self) -> None:
-        """Ask the nodes not yet asked (not in this round's cohort, or after the last
-        round) in an ``evaluate`` message of their own, then set the pending round's
-        accuracy: the mean over the nodes that answered and have a local test set."""
-        ev, self._eval = self._eval, None
-        if ev is None:
-            return
-        rest = [c for c in ev.ask if c not in ev.sent]
-        if rest:
-            payloads = {c: content(step=Stage.EVALUATE, run=self._run_tag, seed=self.seed,
-                                   state=ev.wire) for c in rest}
-            self.transport.add(Stage.EVALUATE, ours=len(ev.wire) * len(rest))
-            got, _ = self._exchange(
-                self._grid, Stage.EVALUATE, None, payloads, timeout=self.step_timeout,
-                needs=((Key.ACC, float), (Key.HAS_TEST, bool), (Key.CPU_S, float)),
-                tag=f"{ev.round}/evaluate")
-            ev.sent.update(rest)
-            self._collect_evaluation(got, ev)
-        if self._run is not None:
-            clients_evaluated(self._run, ev.round, ev.acc)
 
     def reached(self, ctx: RoundContext, stage: str) -> None:
         """The test hook ``hold``: wait in round 0 after closing its stage (see Args)."""
