@@ -13,6 +13,11 @@ with the message the server sent it. A :class:`Parties` makes those calls.
   session's messages, ledger rows and sum are the same with any number of workers; only
   the measured CPU seconds are spread differently.
 
+A call's argument may be :class:`Deferred`: work the client does itself, in its own
+process, before the method runs (DistributedDP's noise share: this process encodes the
+vector, the worker that holds the client draws the client's noise and adds it, on that
+worker's CPU clock).
+
 Calls are read lazily (the masked-input stage's arguments are the clients' vectors, each
 computed when its call is read: a streamed upload is trained then), and at most one batch
 per worker is in flight, so this process computes the next batch's vectors while the
@@ -29,7 +34,8 @@ import multiprocessing
 import pickle
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from secagg.errors import ConfigurationError, ProtocolError, SecaggError
@@ -46,12 +52,31 @@ class WorkerFailed(SecaggError, RuntimeError):
     """A worker process of :class:`Forked` died or could not return an outcome."""
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A call's argument that the client's own process computes: ``fn(*args)``, run where
+    the client runs (a worker of :class:`Forked`, or this process for :class:`Inline`) just
+    before the client's method, and timed with it. ``fn`` is a module-level function and
+    ``args`` are picklable, so the pair travels to a worker; whatever secret ``fn`` draws
+    (fresh OS randomness, or a stream derived from a seed and the client's id) is drawn
+    there, and the result does not depend on the process it runs in."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def __call__(self) -> Any:
+        """The argument: ``fn(*args)``."""
+        return self.fn(*self.args)
+
+
 def call(client: Client, method: str, arg: Any) -> Outcome:
-    """Run ``client.method(arg)`` (``client.method()`` when ``arg`` is None), timing it on
-    this thread's CPU clock; a :class:`~secagg.errors.ProtocolError` becomes the outcome's
-    error text."""
+    """Run ``client.method(arg)`` (``client.method()`` when ``arg`` is None; a
+    :class:`Deferred` argument is computed first), timing both on this thread's CPU clock;
+    a :class:`~secagg.errors.ProtocolError` becomes the outcome's error text."""
     t0 = time.thread_time()
     try:
+        if isinstance(arg, Deferred):
+            arg = arg()
         fn = getattr(client, method)
         out = fn() if arg is None else fn(arg)
         err = None
