@@ -136,3 +136,48 @@ def test_unseeded_workers_draw_fresh_noise_for_every_client(draws):
     x_shares = [s.tobytes() for s in shares if s.size == 6]
     assert len(set(x_shares)) == len(x_shares) == 2 * N
     assert not np.array_equal(a["x"], b["x"])
+
+
+_HOLDER = """
+import sys, time
+from secagg.secure_sum.client import Client
+from secagg.secure_sum.parties import Forked
+f = Forked({u: Client(u, bytes(16), 0) for u in range(6)}, 3)
+print(" ".join(str(p.pid) for p in f.procs), flush=True)
+time.sleep(120)
+"""
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_the_workers_end_when_the_process_that_forked_them_is_killed():
+    """A killed session cannot close its workers; they hold its clients' keys and shares,
+    so each must see its parent's end of the pipe close and exit (before, every worker also
+    held the parent's ends of the pipes and waited forever)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE,
+                            text=True, env=env, cwd=root)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 3 and all(_running(p) for p in pids)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if _running(p)]
+    for p in left:  # leave nothing behind if the check fails
+        os.kill(p, 9)
+    assert left == []

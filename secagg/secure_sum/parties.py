@@ -113,8 +113,13 @@ class Inline:
         """Nothing to release."""
 
 
-def _serve(conn: Any, clients: Mapping[int, Client]) -> None:
-    """A worker's loop: (method, [(client, arg), ...]) in, the outcomes out; None ends it."""
+def _serve(conn: Any, clients: Mapping[int, Client], inherited: list[Any]) -> None:
+    """A worker's loop: (method, [(client, arg), ...]) in, the outcomes out; None (or this
+    process's parent gone: end of file) ends it. ``inherited``: the parent's ends of the
+    pipes, which fork copied here; closed first, so that the parent's end is the only one
+    left and its death reaches this worker as end of file."""
+    for other in inherited:
+        other.close()
     while True:
         try:
             req = conn.recv()
@@ -141,7 +146,9 @@ def _serve(conn: Any, clients: Mapping[int, Client]) -> None:
 class Forked:
     """The clients spread over ``workers`` forked processes (client i of the sorted
     cohort in worker i mod workers). Each worker inherits the clients as they are when the
-    parties are made and keeps them for the session; :meth:`close` ends the workers.
+    parties are made and keeps them for the session; :meth:`close` ends the workers, and so
+    does this process's death (killed, it cannot close them: each worker then reads end of
+    file and exits, so no client's secrets outlive the process that ran the session).
 
     Raises:
         ConfigurationError: ``workers`` < 2, or the platform cannot fork.
@@ -161,7 +168,8 @@ class Forked:
         for w in range(workers):
             mine = {u: clients[u] for u in order if self.shard[u] == w}
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, mine), daemon=True,
+            proc = ctx.Process(target=_serve, args=(child, mine, [parent, *self.conns]),
+                               daemon=True,
                                name=f"secure-sum-parties-{w}")
             proc.start()
             child.close()
