@@ -181,3 +181,16 @@ def test_the_workers_end_when_the_process_that_forked_them_is_killed():
     for p in left:  # leave nothing behind if the check fails
         os.kill(p, 9)
     assert left == []
+
+
+def test_a_layer_whose_client_side_is_overridden_runs_it_as_it_is():
+    """The audits (threat_models.dp_audit) check a layer's ``encode_noised``/``_draw`` as
+    it runs: an override (here: no noise at all) must be what the release carries with any
+    number of workers, not the class's own draw in the workers."""
+    layer = _layer(seed=4)
+    layer._draw = lambda std, size, rng: np.zeros(size, np.int64)
+    got = _release(layer, workers=2)
+    plain = sum(u["x"] for u in _uploads().values())
+    np.testing.assert_allclose(got["x"], plain, atol=1e-5)
+    honest = _release(_layer(seed=4), workers=2)
+    assert not np.allclose(honest["x"], plain, atol=1e-3)

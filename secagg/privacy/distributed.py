@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -274,7 +274,7 @@ class DistributedDP(_DPLayer):
                       rng: np.random.Generator) -> np.ndarray:
         """One client's ring vector (its side, before masking): each summed field encoded
         with the release's plan, plus this client's noise share on the noised fields."""
-        return add_shares(self.encode(release, upload), self.shares(release), self.mechanism,
+        return add_shares(self.encode(release, upload), self.shares(release), self._draw,
                           release.ring_bits, rng)
 
     def finish(self, release: DistributedRelease, spec: UploadSpec, ring_sum: np.ndarray,
@@ -350,14 +350,15 @@ def _draw(mechanism: str, std: float, size: int, rng: np.random.Generator) -> np
     return skellam(std * std / 2.0, size, rng)
 
 
-def add_shares(vector: np.ndarray, shares: Sequence[tuple[int, int, float]], mechanism: str,
-               ring_bits: int, rng: np.random.Generator) -> np.ndarray:
-    """``vector`` (ring elements) with a noise share added modulo 2^ring_bits to each
-    (start, stop, std) slice, drawn from ``rng`` in that order."""
+def add_shares(vector: np.ndarray, shares: Sequence[tuple[int, int, float]],
+               draw: Callable[[float, int, np.random.Generator], np.ndarray], ring_bits: int,
+               rng: np.random.Generator) -> np.ndarray:
+    """``vector`` (ring elements) with a noise share ``draw(std, size, rng)`` added modulo
+    2^ring_bits to each (start, stop, std) slice, drawn in that order."""
     mask = np.uint64((1 << ring_bits) - 1) if ring_bits < 64 else np.uint64(2**64 - 1)
     out = np.array(vector, dtype=np.uint64, copy=True)
     for start, stop, std in shares:
-        noise = _draw(mechanism, std, stop - start, rng)
+        noise = draw(std, stop - start, rng)
         out[start:stop] = (out[start:stop] + noise.view(np.uint64)) & mask
     return out
 
@@ -371,7 +372,22 @@ def noised_in_client(vector: np.ndarray, shares: Sequence[tuple[int, int, float]
     the stream derived from (seed, round, phase, client), the same in any process) and add
     them (:func:`add_shares`)."""
     rng = noise_source(seed, round, phase, client).rng
-    return add_shares(vector, shares, mechanism, ring_bits, rng)
+
+    def draw(std: float, size: int, gen: np.random.Generator) -> np.ndarray:
+        return _draw(mechanism, std, size, gen)
+
+    return add_shares(vector, shares, draw, ring_bits, rng)
+
+
+_CLIENT_SIDE = ("encode", "shares", "encode_noised", "_draw")
+
+
+def _as_declared(layer: DistributedDP) -> bool:
+    """True when ``layer``'s client side is :class:`DistributedDP`'s own (no subclass or
+    instance overrides :data:`_CLIENT_SIDE`), so :func:`noised_in_client` computes exactly
+    its ``encode_noised`` in any process."""
+    return all(getattr(type(layer), name) is getattr(DistributedDP, name)
+               for name in _CLIENT_SIDE) and not set(_CLIENT_SIDE) & set(vars(layer))
 
 
 class _DistributedPart(_DPPart):
@@ -398,11 +414,16 @@ class _DistributedPart(_DPPart):
         """The context relabelling the vector's label (it carries the noise)."""
         return self._local
 
-    def client_vector(self, client: int, up: Upload) -> Deferred:
+    def client_vector(self, client: int, up: Upload) -> Deferred | np.ndarray:
         """The client's encoded vector, its noise share to be drawn from its own noise
         stream and added where the client runs (:func:`noised_in_client`): in the secure
-        sum's worker that holds the client, so the cohort's noise is drawn on every core."""
+        sum's worker that holds the client, so the cohort's noise is drawn on every core. A
+        layer whose client side is overridden (a subclass, an audit's injected bug) runs its
+        own ``encode_noised`` here instead, as it is."""
         layer = self.layer
+        if not _as_declared(layer):
+            src = layer._source(self.ctx, client, self.ledger, self.names)
+            return layer.encode_noised(self.plan, up, src.rng)
         layer.mark_seeded(self.ledger, self.names)
         return Deferred(noised_in_client, (
             layer.encode(self.plan, up), layer.shares(self.plan), layer.mechanism,
