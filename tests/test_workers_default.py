@@ -67,6 +67,9 @@ def draws(monkeypatch, tmp_path):
 
 
 def test_the_default_is_the_cores_this_process_may_use(monkeypatch):
+    import secagg.federation
+
+    monkeypatch.setattr(secagg.federation, "available_cores", available_cores)  # conftest's
     part = dirichlet_split(load_dataset("digits"), 4, 0.5, seed=0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
     assert available_cores() == 3
