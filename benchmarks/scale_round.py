@@ -38,6 +38,8 @@ import tempfile
 import threading
 import time
 
+from secagg.cores import available_cores
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -106,7 +108,8 @@ def one(clients: int, layer: str, workers: int, extra: list[str], timeout: float
     out = keep or tempfile.mkdtemp(prefix="scale-round-")
     argv = [sys.executable, "-m", "secagg.cli", "run", "--algorithm", "fedavg",
             "--dataset", "fashion-mnist", "--clients", str(clients), "--alpha", "0",
-            "--rounds", "1", "--layer", layer, "--graph", "auto", "--workers", str(workers),
+            "--rounds", "1", "--layer", layer, "--graph", "auto",
+            *(["--workers", str(workers)] if workers else []),  # 0: secagg run's default
             "--out", out, "--force", "--quiet", *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0 = os.getloadavg()[0]
@@ -129,7 +132,7 @@ def one(clients: int, layer: str, workers: int, extra: list[str], timeout: float
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     rec = {
         "command": shlex.join(["secagg", *argv[3:]]), "clients": clients, "layer": layer,
-        "workers": workers, "status": status, "wall_s": round(wall, 1),
+        "workers": workers or f"default ({available_cores()})", "status": status, "wall_s": round(wall, 1),
         "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
                        1),
         "peak_main_rss_mb": round(sampler.peak_main_rss / 1024),
@@ -168,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, nargs="+", default=[10_000])
     p.add_argument("--layer", nargs="+", default=["secure-sum"])
-    p.add_argument("--workers", type=int, nargs="+", default=[1])
+    p.add_argument("--workers", type=int, nargs="+", default=[1],
+                   help="0: secagg run's default (the cores this process may use)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     p.add_argument("--out", help="append one JSON line per run to this file")
     a = p.parse_args(argv)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from threadpoolctl import threadpool_limits
 
+from secagg.cores import available_cores
 from secagg.data import Partition
 from secagg.dropouts import DropoutModel
 from secagg.engine import (
@@ -126,9 +127,11 @@ class Federation:
             layers around them). False computes every upload first and holds them. Both
             give the same result bit for bit.
         workers: processes the simulated clients' secure-sum work (key agreement,
-            signatures, Shamir sharing, masking) is spread over, as n devices would do it in
-            parallel (:mod:`secagg.secure_sum.parties`). 1 (default): all in this process.
-            The messages and the aggregate do not depend on it.
+            signatures, Shamir sharing, DistributedDP's noise shares, masking) is spread over,
+            as n devices would do it in parallel (:mod:`secagg.secure_sum.parties`). None
+            (default): the cores this process may use (:func:`secagg.cores.available_cores`:
+            ``len(os.sched_getaffinity(0))``, else ``os.cpu_count()``); 1: all in this
+            process. The messages and the aggregate do not depend on it.
         torch_threads: PyTorch's intra-op threads while the run lasts (restored after):
             1 by default, because a client trains on a few records at a time, where more
             threads only spin (measured on 2 cores under load: a CNN step on 6 records took
@@ -167,7 +170,7 @@ class Federation:
         colluders: int = 0,
         individual_filter: Any | None = None,
         stream: bool = True,
-        workers: int = 1,
+        workers: int | None = None,
         torch_threads: int | None = 1,
         blas_threads: int | None = 1,
     ) -> None:
@@ -225,8 +228,12 @@ class Federation:
         self.colluders = colluders
         self.individual_filter = individual_filter
         self.stream = bool(stream)
+        if workers is None:
+            workers = available_cores()
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ConfigurationError(f"workers must be a positive integer, got {workers!r}")
+            raise ConfigurationError(
+                f"workers must be a positive integer or None (the cores this process may "
+                f"use), got {workers!r}")
         self.workers = workers
         if torch_threads is not None and (isinstance(torch_threads, bool) or not isinstance(
                 torch_threads, int) or torch_threads < 1):

@@ -17,6 +17,18 @@ def _in_tmp_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _clients_in_one_process(monkeypatch):
+    """``Federation(workers=None)`` (and ``secagg run`` without ``--workers``) forks one
+    worker per core for every secure-sum session; on the suite's small cohorts that costs
+    more than it saves (about 0.2 s a session on a loaded 2-core box), so in the suite the
+    default is one process. Tests of the parties pass ``workers`` explicitly; the test of
+    the default itself restores :func:`secagg.cores.available_cores`."""
+    import secagg.federation
+
+    monkeypatch.setattr(secagg.federation, "available_cores", lambda: 1)
+
+
 @pytest.fixture(scope="session")
 def digits():
     return load_dataset("digits")

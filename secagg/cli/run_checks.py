@@ -59,7 +59,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigurationError("--rounds must be >= 1")
     if args.colluders < 0:
         raise ConfigurationError("--colluders must be >= 0")
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ConfigurationError("--workers must be >= 1")
     _client_ledger_kwargs(args)  # parses --client-budget and the client policy
     from secagg.data_sources import describe_source

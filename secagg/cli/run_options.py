@@ -10,6 +10,7 @@ from typing import Any
 from secagg.cli.argparsing import _bounded
 from secagg.cli.exits import EXIT_CODES
 from secagg.cli.layers import LAYERS
+from secagg.cores import available_cores
 from secagg.costs import PROFILES
 
 RUN_EXAMPLES = """examples:
@@ -144,9 +145,11 @@ def add_run_parser(sub: Any) -> None:
     g_layer.add_argument(
         "--workers",
         type=int,
-        default=1,
+        default=None,
         help="processes the simulated clients' secure-sum work (keys, signatures, shares, "
-        "masks) is spread over; the result does not depend on it (%(default)s)",
+        "DistributedDP's noise, masks) is spread over; the result does not depend on it "
+        f"(default: the cores this process may use, os.sched_getaffinity: "
+        f"{available_cores()} here; 1 runs it all in this process)",
     )
     g_layer.add_argument(
         "--group-layer",

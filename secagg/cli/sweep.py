@@ -23,7 +23,8 @@ def add_sweep_parser(sub: Any) -> None:
     sw.add_argument("config", type=Path, help="sweep config (TOML)")
     sw.add_argument("--out", type=Path, default=None, help="output directory (sweep.out)")
     sw.add_argument("--workers", type=int, default=None,
-                    help="worker processes (default: sweep.workers, else all cores)")
+                    help="worker processes (default: sweep.workers, else the cores this "
+                    "process may use; 0 runs the cells in this process)")
     sw.add_argument("--no-cache", action="store_true", help="recompute every cell")
     sw.add_argument("--no-keep-cache", action="store_true",
                     help="delete the statistics cache (the clients' raw statistics) when the "

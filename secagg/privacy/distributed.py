@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -34,12 +34,13 @@ from secagg.privacy.events import (
     PrivacyEvent,
     SkellamEvent,
 )
-from secagg.privacy.noise import TAIL_PROBABILITY, noise_tail
+from secagg.privacy.noise import TAIL_PROBABILITY, noise_source, noise_tail
 from secagg.privacy.samplers import (
     discrete_gaussian,
     skellam,
 )
 from secagg.privacy.sensitivity import field_l1, field_l2, noise_split
+from secagg.secure_sum.parties import Deferred
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,20 +256,26 @@ class DistributedDP(_DPLayer):
         return DistributedRelease(additive, integer, noised, worst, scales, z, share_std,
                                   plans, ring_bits, planned)
 
+    def encode(self, release: DistributedRelease, upload: Upload) -> np.ndarray:
+        """One client's ring vector before its noise: each summed field encoded with the
+        release's plan."""
+        parts = [release.plans[f.name].encode(np.asarray(upload[f.name]))
+                 for f in release.additive]
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+    def shares(self, release: DistributedRelease) -> tuple[tuple[int, int, float], ...]:
+        """(start, stop, noise std) of each noised field's slice of the vector, in vector
+        order (the order a client draws its shares in)."""
+        seg = release.segments
+        return tuple((seg[f.name].start, seg[f.name].stop, release.share_std[f.name])
+                     for f in release.additive if f.name in release.share_std)
+
     def encode_noised(self, release: DistributedRelease, upload: Upload,
                       rng: np.random.Generator) -> np.ndarray:
         """One client's ring vector (its side, before masking): each summed field encoded
         with the release's plan, plus this client's noise share on the noised fields."""
-        mask = np.uint64((1 << release.ring_bits) - 1) if release.ring_bits < 64 \
-            else np.uint64(2**64 - 1)
-        parts = []
-        for f in release.additive:
-            enc = release.plans[f.name].encode(np.asarray(upload[f.name]))
-            if f.name in release.share_std:
-                noise = self._draw(release.share_std[f.name], f.size, rng)
-                enc = (enc + noise.view(np.uint64)) & mask
-            parts.append(enc)
-        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        return add_shares(self.encode(release, upload), self.shares(release), self._draw,
+                          release.ring_bits, rng)
 
     def finish(self, release: DistributedRelease, spec: UploadSpec, ring_sum: np.ndarray,
                contributors: Sequence[int], ctx: RoundContext, ledger: PrivacyLedger,
@@ -333,9 +340,54 @@ class DistributedDP(_DPLayer):
                                    planned=alone.planned), int(release.worst)
 
     def _draw(self, std: float, size: int, rng: np.random.Generator) -> np.ndarray:
-        if self.mechanism == "discrete_gaussian":
-            return discrete_gaussian(std, size, rng)
-        return skellam(std * std / 2.0, size, rng)
+        return _draw(self.mechanism, std, size, rng)
+
+
+def _draw(mechanism: str, std: float, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` integer noise values of standard deviation ``std`` (int64)."""
+    if mechanism == "discrete_gaussian":
+        return discrete_gaussian(std, size, rng)
+    return skellam(std * std / 2.0, size, rng)
+
+
+def add_shares(vector: np.ndarray, shares: Sequence[tuple[int, int, float]],
+               draw: Callable[[float, int, np.random.Generator], np.ndarray], ring_bits: int,
+               rng: np.random.Generator) -> np.ndarray:
+    """``vector`` (ring elements) with a noise share ``draw(std, size, rng)`` added modulo
+    2^ring_bits to each (start, stop, std) slice, drawn in that order."""
+    mask = np.uint64((1 << ring_bits) - 1) if ring_bits < 64 else np.uint64(2**64 - 1)
+    out = np.array(vector, dtype=np.uint64, copy=True)
+    for start, stop, std in shares:
+        noise = draw(std, stop - start, rng)
+        out[start:stop] = (out[start:stop] + noise.view(np.uint64)) & mask
+    return out
+
+
+def noised_in_client(vector: np.ndarray, shares: Sequence[tuple[int, int, float]],
+                     mechanism: str, ring_bits: int, seed: int | None, round: int, phase: str,
+                     client: int) -> np.ndarray:
+    """What a simulated client's own process does to its encoded vector (run there as a
+    :class:`~secagg.secure_sum.parties.Deferred`): draw its noise shares from its own stream
+    (:func:`~secagg.privacy.noise.noise_source`: fresh OS randomness, or with a user seed
+    the stream derived from (seed, round, phase, client), the same in any process) and add
+    them (:func:`add_shares`)."""
+    rng = noise_source(seed, round, phase, client).rng
+
+    def draw(std: float, size: int, gen: np.random.Generator) -> np.ndarray:
+        return _draw(mechanism, std, size, gen)
+
+    return add_shares(vector, shares, draw, ring_bits, rng)
+
+
+_CLIENT_SIDE = ("encode", "shares", "encode_noised", "_draw")
+
+
+def _as_declared(layer: DistributedDP) -> bool:
+    """True when ``layer``'s client side is :class:`DistributedDP`'s own (no subclass or
+    instance overrides :data:`_CLIENT_SIDE`), so :func:`noised_in_client` computes exactly
+    its ``encode_noised`` in any process."""
+    return all(getattr(type(layer), name) is getattr(DistributedDP, name)
+               for name in _CLIENT_SIDE) and not set(_CLIENT_SIDE) & set(vars(layer))
 
 
 class _DistributedPart(_DPPart):
@@ -362,10 +414,21 @@ class _DistributedPart(_DPPart):
         """The context relabelling the vector's label (it carries the noise)."""
         return self._local
 
-    def client_vector(self, client: int, up: Upload) -> np.ndarray:
-        """The client's ring vector with its noise share, from its own noise stream."""
-        src = self.layer._source(self.ctx, client, self.ledger, self.names)
-        return self.layer.encode_noised(self.plan, up, src.rng)
+    def client_vector(self, client: int, up: Upload) -> Deferred | np.ndarray:
+        """The client's encoded vector, its noise share to be drawn from its own noise
+        stream and added where the client runs (:func:`noised_in_client`): in the secure
+        sum's worker that holds the client, so the cohort's noise is drawn on every core. A
+        layer whose client side is overridden (a subclass, an audit's injected bug) runs its
+        own ``encode_noised`` here instead, as it is."""
+        layer = self.layer
+        if not _as_declared(layer):
+            src = layer._source(self.ctx, client, self.ledger, self.names)
+            return layer.encode_noised(self.plan, up, src.rng)
+        layer.mark_seeded(self.ledger, self.names)
+        return Deferred(noised_in_client, (
+            layer.encode(self.plan, up), layer.shares(self.plan), layer.mechanism,
+            self.plan.ring_bits, layer.seed, int(self.ctx.round), str(self.ctx.phase),
+            int(client)))
 
     def finish(self, ring_sum: np.ndarray, contributors: Sequence[int],
                ctx: RoundContext) -> Aggregate:

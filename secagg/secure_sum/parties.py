@@ -13,6 +13,11 @@ with the message the server sent it. A :class:`Parties` makes those calls.
   session's messages, ledger rows and sum are the same with any number of workers; only
   the measured CPU seconds are spread differently.
 
+A call's argument may be :class:`Deferred`: work the client does itself, in its own
+process, before the method runs (DistributedDP's noise share: this process encodes the
+vector, the worker that holds the client draws the client's noise and adds it, on that
+worker's CPU clock).
+
 Calls are read lazily (the masked-input stage's arguments are the clients' vectors, each
 computed when its call is read: a streamed upload is trained then), and at most one batch
 per worker is in flight, so this process computes the next batch's vectors while the
@@ -29,7 +34,8 @@ import multiprocessing
 import pickle
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from secagg.errors import ConfigurationError, ProtocolError, SecaggError
@@ -46,12 +52,31 @@ class WorkerFailed(SecaggError, RuntimeError):
     """A worker process of :class:`Forked` died or could not return an outcome."""
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A call's argument that the client's own process computes: ``fn(*args)``, run where
+    the client runs (a worker of :class:`Forked`, or this process for :class:`Inline`) just
+    before the client's method, and timed with it. ``fn`` is a module-level function and
+    ``args`` are picklable, so the pair travels to a worker; whatever secret ``fn`` draws
+    (fresh OS randomness, or a stream derived from a seed and the client's id) is drawn
+    there, and the result does not depend on the process it runs in."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def __call__(self) -> Any:
+        """The argument: ``fn(*args)``."""
+        return self.fn(*self.args)
+
+
 def call(client: Client, method: str, arg: Any) -> Outcome:
-    """Run ``client.method(arg)`` (``client.method()`` when ``arg`` is None), timing it on
-    this thread's CPU clock; a :class:`~secagg.errors.ProtocolError` becomes the outcome's
-    error text."""
+    """Run ``client.method(arg)`` (``client.method()`` when ``arg`` is None; a
+    :class:`Deferred` argument is computed first), timing both on this thread's CPU clock;
+    a :class:`~secagg.errors.ProtocolError` becomes the outcome's error text."""
     t0 = time.thread_time()
     try:
+        if isinstance(arg, Deferred):
+            arg = arg()
         fn = getattr(client, method)
         out = fn() if arg is None else fn(arg)
         err = None
@@ -88,8 +113,13 @@ class Inline:
         """Nothing to release."""
 
 
-def _serve(conn: Any, clients: Mapping[int, Client]) -> None:
-    """A worker's loop: (method, [(client, arg), ...]) in, the outcomes out; None ends it."""
+def _serve(conn: Any, clients: Mapping[int, Client], inherited: list[Any]) -> None:
+    """A worker's loop: (method, [(client, arg), ...]) in, the outcomes out; None (or this
+    process's parent gone: end of file) ends it. ``inherited``: the parent's ends of the
+    pipes, which fork copied here; closed first, so that the parent's end is the only one
+    left and its death reaches this worker as end of file."""
+    for other in inherited:
+        other.close()
     while True:
         try:
             req = conn.recv()
@@ -116,7 +146,9 @@ def _serve(conn: Any, clients: Mapping[int, Client]) -> None:
 class Forked:
     """The clients spread over ``workers`` forked processes (client i of the sorted
     cohort in worker i mod workers). Each worker inherits the clients as they are when the
-    parties are made and keeps them for the session; :meth:`close` ends the workers.
+    parties are made and keeps them for the session; :meth:`close` ends the workers, and so
+    does this process's death (killed, it cannot close them: each worker then reads end of
+    file and exits, so no client's secrets outlive the process that ran the session).
 
     Raises:
         ConfigurationError: ``workers`` < 2, or the platform cannot fork.
@@ -136,7 +168,8 @@ class Forked:
         for w in range(workers):
             mine = {u: clients[u] for u in order if self.shard[u] == w}
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, mine), daemon=True,
+            proc = ctx.Process(target=_serve, args=(child, mine, [parent, *self.conns]),
+                               daemon=True,
                                name=f"secure-sum-parties-{w}")
             proc.start()
             child.close()

@@ -34,7 +34,7 @@ from secagg.secure_sum import wire
 from secagg.secure_sum.client import Client
 from secagg.secure_sum.graph import Graph, GraphKind, build
 from secagg.secure_sum.keys import sign_public
-from secagg.secure_sum.parties import Call, Outcome, parties
+from secagg.secure_sum.parties import Call, Deferred, Outcome, parties
 from secagg.secure_sum.prg import SeededEntropy
 from secagg.secure_sum.server import Server
 from secagg.stages import Stage
@@ -96,6 +96,12 @@ class SessionReport:
     faults: dict[int, str] = field(default_factory=dict)
 
 
+def _flat(vector: Any) -> Any:
+    """A client's vector as one 1-D array, or a :class:`Deferred` one as it is (the client's
+    process computes it: :mod:`secagg.secure_sum.parties`)."""
+    return vector if isinstance(vector, Deferred) else np.asarray(vector).reshape(-1)
+
+
 def run_secure_sum(
     vectors: Mapping[int, np.ndarray],
     ring_bits: int,
@@ -120,7 +126,9 @@ def run_secure_sum(
 
     Args:
         vectors: client id -> 1-D array of ring elements (uint64 < 2^ring_bits), all of one
-            length. A lazy mapping is fine: each vector is read once, when its client masks.
+            length, or a :class:`~secagg.secure_sum.parties.Deferred` that the client's own
+            process turns into one (then pass ``length``). A lazy mapping is fine: each
+            vector is read once, when its client masks.
             Reading it is not timed here: a client's work for it belongs in
             ``upload_costs``.
         ring_bits: k in 1..64; arithmetic is modulo 2^k.
@@ -157,7 +165,11 @@ def run_secure_sum(
     if not 1 <= ring_bits <= 64:
         raise ConfigurationError(f"ring_bits must be in 1..64, got {ring_bits}")
     if length is None:
-        length = int(np.asarray(vectors[cohort[0]]).size) if cohort else 0
+        first = vectors[cohort[0]] if cohort else np.zeros(0)
+        if isinstance(first, Deferred):
+            raise ConfigurationError("vectors computed in the clients' processes (Deferred) "
+                                     "need the vector length: pass length")
+        length = int(np.asarray(first).size)
     g = build(cohort, threshold, graph, k, graph_seed)
     if entropy_seed is None:
         session = secrets.token_bytes(wire.SESSION_BYTES)
@@ -273,7 +285,7 @@ def run_secure_sum(
         costs = upload_costs if upload_costs is not None else {}  # may fill as vectors are read
         # each vector is read here when its client's turn comes (a streamed upload is computed
         # then); the client's work for it (its step, encoding, noise) is in ``costs``
-        vecs = ((u, np.asarray(vectors[u]).reshape(-1)) for u in live3)
+        vecs = ((u, _flat(vectors[u])) for u in live3)
         for u, msg, dt in stepped(party.run("masked_input", vecs, batch=16)):
             extra_cpu, flops = costs.get(u, (0.0, 0.0))
             cpu[u] += extra_cpu

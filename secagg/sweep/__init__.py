@@ -4,7 +4,8 @@ A sweep is a grid over algorithms x layers x epsilon x delta x clipping bound x 
 seeds, read from a TOML file (:func:`load_config`, keys documented in :data:`KEYS` and in
 ``examples/sweep.toml``) or given as a dict to :func:`sweep`. Every cell is one
 :class:`~secagg.federation.Federation` run; cells run in worker processes (``spawn``
-context, ``os.cpu_count()`` workers by default) and each finished cell is appended, with
+context, by default one worker per core this process may use,
+:func:`~secagg.cores.available_cores`) and each finished cell is appended, with
 flush and fsync, to ``results.jsonl`` and ``results.csv`` in the output directory, keyed by
 a stable cell id (a hash of everything that determines the cell's result). Rerunning the
 same sweep skips the cells already recorded, so an interrupted sweep loses only the cells

@@ -115,10 +115,11 @@ def run_cell(cfg: SweepConfig, cell: Cell, mode: str = "off",
             algo, tape, how == "replay", select, cfg.rounds)
         layer = _Staged(dp, inner, select, algo, cfg.rounds, tape, how == "replay")
         # a sweep keeps no transcript: its cells are not attested (a replay would copy
-        # the recording's statements, signed for another run)
+        # the recording's statements, signed for another run); the sweep spreads its cells
+        # over the cores, so each cell's clients run in its own process (workers=1)
         res = Federation(run_algo, layer, part, rounds=cfg.rounds, fraction=cfg.fraction,
                          dropout=cell.dropout, seed=cell.seed, progress=False,
-                         attest=False).run()
+                         attest=False, workers=1).run()
         if how == "record" and tape is not None and tape.states is not None:
             try:
                 save_tape(tape, tape_path)  # type: ignore[arg-type]

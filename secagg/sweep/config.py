@@ -38,7 +38,8 @@ KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "cache": ("bool", "reuse client statistics across epsilon/delta/layer (default true)"),
         "keep_cache": ("bool", "keep the statistics cache (the clients' raw, un-noised "
                        "statistics, in OUT/cache) after the sweep (default true)"),
-        "workers": ("int", "worker processes (default os.cpu_count(); 0 runs in-process)"),
+        "workers": ("int", "worker processes (default: the cores this process may use; "
+                    "0 runs in-process)"),
         "device_profile": ("str", "profile for energy/latency estimates (default phone-wifi)"),
         "noise_seed": ("int", "seed the DP noise (reproducible, NOT private; tests only)"),
         "plot": ("bool", "draw the plots beside the results when done (default true)"),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from secagg import safestore
+from secagg.cores import available_cores
 from secagg.sweep.cells import cell_task
 from secagg.sweep.config import DP_LAYERS, Cell, SweepConfig, load_config
 from secagg.sweep.report import SweepResult, _append, _csv_line, _read_jsonl
@@ -108,7 +109,7 @@ def sweep(config: SweepConfig | str | os.PathLike[str] | Mapping[str, Any], *,
     use_cache = cfg.cache if cache is None else cache
     n_workers = cfg.workers if workers is None else workers
     if n_workers is None:
-        n_workers = os.cpu_count() or 1
+        n_workers = available_cores()
     cfg.out.mkdir(parents=True, exist_ok=True)
     jsonl, csv_path = cfg.out / "results.jsonl", cfg.out / "results.csv"
     old = _check_folder(cfg, [r for r in _read_jsonl(jsonl) if r.get("status") == "ok"],
