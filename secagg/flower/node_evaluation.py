@@ -30,9 +30,9 @@ class _PendingEvaluation:
     acc: dict[int, tuple[float, bool]] = field(default_factory=dict)
 
 
-class NodeEvaluationMixin:
-    """The :class:`~secagg.flower.server.FlowerFederation`'s methods for the nodes' evaluation
-    (moved here from it unchanged; they read its attributes)."""
+class FederationAttributes:
+    """The :class:`~secagg.flower.server.FlowerFederation` attributes its mixins read
+    (declared once; the federation sets them)."""
 
     algorithm: Any
     collector: Any
@@ -48,6 +48,11 @@ class NodeEvaluationMixin:
     step_timeout: float
     transport: Any
     _eval: Any
+
+
+class NodeEvaluationMixin(FederationAttributes):
+    """The :class:`~secagg.flower.server.FlowerFederation`'s methods for the nodes' evaluation
+    (moved here from it unchanged; they read its attributes)."""
     _events: Any
     _grid: Any
     _round_drops: Any

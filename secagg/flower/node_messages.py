@@ -18,6 +18,7 @@ from secagg.engine import (
     node_release_event,
 )
 from secagg.errors import ProtocolError
+from secagg.flower.node_evaluation import FederationAttributes
 from secagg.flower.records import MESSAGE_TYPE, content, flower_bytes, read
 from secagg.flower.records import field as rfield
 from secagg.layers.base import RoundContext
@@ -63,24 +64,11 @@ class _Transport:
                     "flower_message_bytes": self.flower[s]} for s in self.ours}
 
 
-class NodeMessagesMixin:
+class NodeMessagesMixin(FederationAttributes):
     """The :class:`~secagg.flower.server.FlowerFederation`'s methods that message the nodes
     (moved here from it unchanged; they read its attributes)."""
 
-    algorithm: Any
-    collector: Any
-    dataset: Any
-    node_evaluation: bool
-    nodes: dict[int, Any]
-    poll_interval: float
-    round_wall_s: list[float]
-    rounds: int
-    seed: int
-    stage_timeout: float
-    stage_wall_s: list[dict[str, float]]
-    step_timeout: float
     transport: _Transport
-    _eval: Any
     _events: Any
     _grid: Any
     _round_drops: Any
