@@ -27,7 +27,10 @@ private, so that the two runtimes draw the same noise) with a given noise multip
 calibration).
 
 Cross-runtime checks marked ``xfail(strict=True)`` name the migration that is missing; the
-mark goes when the migration lands (strict: the suite then says so).
+mark goes when the migration lands (strict: the suite then says so). This suite replaces
+``tests/test_runtimes_agree.py`` (its layers are :class:`TestPlaintext`,
+:class:`TestSecureSum`, :class:`TestHomomorphic` and :class:`TestCentralDPHomomorphic`; its
+``ONE_DRIVER`` list is the classes without ``ROWS_DIFFER`` / ``NOTES_DIFFER``).
 """
 
 from __future__ import annotations
