@@ -451,11 +451,13 @@ class LayerConformance:
         assert count(emb) == count(fl)
 
     @pytest.mark.xfail(strict=True, reason=(
-        "defect: the signed statements differ across runtimes. The embedded signer binds "
-        "params.layer (a digest of the layer's description; attest/signers.py) and a 32-hex "
-        "run tag; a Flower node signs no layer parameters and a 16-hex tag "
-        "(flower/server.py), so on Flower the audit's check that no client was told other "
-        "layer parameters than the run header states (attest/verification.py) never fires"))
+        "defect: the signed statements differ across runtimes. The embedded signer puts "
+        "params.layer (a digest of the layer's description) in every statement and uses a "
+        "32-hex run tag (attest/signers.py); a Flower node signs params.told (a digest of "
+        "the parameters an instruction carries, on SecureSum's share only) and a 16-hex tag "
+        "(flower/server.py, flower/node_identity.py). attest/verification.py compares only "
+        "params.layer with the run header, so on Flower its check that no client was told "
+        "other layer parameters than the header states never fires"))
     def test_attestation_rows_are_equal_across_runtimes(self, runs, on_flower):
         emb, fl = self._both(runs, on_flower)
         assert _rows(emb.result, attest=True) == _rows(fl.result, attest=True)
