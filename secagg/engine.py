@@ -484,7 +484,7 @@ class Engine(ClientAccountsMixin):
 
             link = LocalLink([st.id for st in self.transport.states])
             try:
-                dp, server = layer_server(self.layer, stores=link.store)
+                dp, server = layer_server(self.layer, embedded=True)
             except ConfigurationError:  # a configuration only the in-process layer runs
                 return None
             if not server.local:
@@ -505,7 +505,7 @@ class Engine(ClientAccountsMixin):
                            seed=self.seed, max_records=self._max_records,
                            on_violation=self.on_violation, dp=rel.node_params)
         call = PhaseCall(spec=spec, cohort=stepping, ctx=ctx, release=rel,
-                         instruction=instruction, clips=run.clips)
+                         instruction=instruction, clips=run.clips, stores=link.store)
         try:
             agg = server.aggregate(call, link)
         except SecaggError:  # an aborted or refused release: the cohort stepped all the same

@@ -13,7 +13,7 @@ from secagg.errors import (
     ConfigurationError,
 )
 from secagg.layers.base import Layer
-from secagg.layers.registry import Stores, carried_entries, entry_for
+from secagg.layers.registry import carried_entries, entry_for
 from secagg.link import LayerServer
 from secagg.phase import PhaseBase
 
@@ -97,21 +97,20 @@ def is_dp(layer: Layer) -> bool:
 
 
 def layer_server(layer: Layer, *, decryptor: int | None = None,
-                 pinned: Mapping[int, bytes] | None = None, stores: Stores | None = None,
+                 pinned: Mapping[int, bytes] | None = None, embedded: bool = False,
                  ) -> tuple[Layer | None, LayerServer]:
     """(the DP wrapper or None, the server side of the layer that carries the uploads) for
     a runtime whose clients are reached over a link. ``decryptor``: Homomorphic's decryptor
     client id (None: the smallest connected). ``pinned``: the nodes' pinned public keys
     (client id -> 32 bytes), which SecureSum's server checks every ADVERTISE against.
-    ``stores``: the clients' node stores, reached out of band -- given by the embedded
-    runtime (:class:`~secagg.local_link.LocalLink`), whose refusals are not Flower's
-    (:func:`check_remote`, applied when it is None): there only a layer (and a DP wrapper)
-    of a registered class with a server driver runs over the link.
+    ``embedded``: for the embedded runtime's :class:`~secagg.local_link.LocalLink`, whose
+    refusals are not Flower's (:func:`check_remote`, applied otherwise): there a layer (and a
+    DP wrapper) of a registered class with a server driver runs over the link.
 
     Raises:
         ConfigurationError: the layer does not run over this runtime's link.
     """
-    if stores is None:
+    if not embedded:
         check_remote(layer)
     dp = layer if layer.is_dp else None
     carrier = layer.wrapped if dp is not None and layer.wrapped is not None else layer
@@ -120,4 +119,4 @@ def layer_server(layer: Layer, *, decryptor: int | None = None,
             or (layer.needs_encoded_sum and not entry.sums_encoded):
         raise ConfigurationError(f"layer {type(layer).__name__} has no server driver over a "
                                  "link here")
-    return dp, entry.server(carrier, decryptor=decryptor, pinned=pinned, stores=stores)
+    return dp, entry.server(carrier, decryptor=decryptor, pinned=pinned)

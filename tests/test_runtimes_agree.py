@@ -1,8 +1,8 @@
 """The embedded runtime and Flower's simulation runtime agree under a seed (issue 34): the
-same sums, contributors and accuracy for Plaintext, SecureSum, Homomorphic (BFV, exact) and
-CentralDP around it (seeded noise), and -- for the layers whose one server driver runs on
-both (Plaintext, Homomorphic, CentralDP around them) -- the same ledger of messages and the
-same aggregate notes.
+same sums, contributors and accuracy for Plaintext, SecureSum, Homomorphic (BFV, exact),
+CentralDP around it and LocalDP around Plaintext (seeded noise), and -- for the layers whose
+one server driver runs on both (Plaintext, Homomorphic, CentralDP and LocalDP around them)
+-- the same ledger of messages and the same aggregate notes.
 
 Flower runs over the runtime tests' in-process Grid (real ClientApp logic, real keys).
 """
@@ -19,7 +19,14 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
 
 from test_flower_runtime import LocalGrid, N, _algo, _partition, task_identity  # noqa: E402,F401
 
-from secagg import CentralDP, Federation, Homomorphic, Plaintext, SecureSum  # noqa: E402
+from secagg import (  # noqa: E402
+    CentralDP,
+    Federation,
+    Homomorphic,
+    LocalDP,
+    Plaintext,
+    SecureSum,
+)
 from secagg.data import load_dataset  # noqa: E402
 from secagg.flower.server import FlowerFederation  # noqa: E402
 
@@ -30,9 +37,15 @@ LAYERS = {
     # seeded noise (not private: a user seed), so that the two runs' noise is the same
     "central-dp/homomorphic-bfv": lambda: CentralDP(Homomorphic(scheme="bfv"), epsilon=4.0,
                                                     delta=1e-5, adjacency="client", seed=11),
+    # each node noises its own upload, from the same seeded stream on both runtimes
+    "local-dp/plaintext": lambda: LocalDP(Plaintext(), epsilon=4.0, delta=1e-5,
+                                          adjacency="client", seed=11),
 }
-#: the layers whose one server driver runs on both runtimes (the others: issue 34, next)
-ONE_DRIVER = ("plaintext", "homomorphic-bfv", "central-dp/homomorphic-bfv")
+#: the layers whose one server driver runs on both runtimes (the others: issue 34, next;
+#: Homomorphic(key_holder="clients") runs embedded only: its keys reach the clients out of
+#: band, which Flower, routing every message through the server, cannot)
+ONE_DRIVER = ("plaintext", "homomorphic-bfv", "central-dp/homomorphic-bfv",
+              "local-dp/plaintext")
 ROUNDS = 2
 
 

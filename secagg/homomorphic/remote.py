@@ -10,7 +10,8 @@ the embedded runtime's :class:`~secagg.local_link.LocalLink`).
   decrypts the sum.
 * ``key_holder="clients"``: a :class:`Provisioner` outside the link (as NVIDIA FLARE's
   provisioning) generates the keys and puts the shared secret context into each client's
-  node store; the server gets the public context only. The first client that survives the
+  node store (:attr:`~secagg.link.PhaseCall.stores`); the server gets the public context
+  only. The first client that survives the
   ``decrypt`` stage decrypts the sum (a client that fails to answer is dropped there and the
   next one is asked). The secret never passes through the server, so a runtime that routes
   every message through it (Flower) cannot carry this mode: only a runtime whose clients it
@@ -94,8 +95,6 @@ class HomomorphicServer:
         decryptor: ``key_holder="decryptor"``: the client id of the node that generates the
             keys, keeps the secret context and decrypts the sum (default: the smallest
             connected id). It must not collude with the server.
-        stores: ``key_holder="clients"``: the clients' node stores, reached out of band by
-            the :class:`Provisioner` (a runtime that has none cannot run this mode).
 
     Attributes:
         keys: per parameter set (JSON): (public context bytes, the server's aggregator,
@@ -106,17 +105,10 @@ class HomomorphicServer:
     #: the embedded engine runs this driver too (over a LocalLink), in both key roles
     local: ClassVar[bool] = True
 
-    def __init__(self, *, layer: Homomorphic, decryptor: int | None = None,
-                 stores: Stores | None = None) -> None:
-        if layer.key_holder == "clients" and stores is None:
-            raise ConfigurationError(
-                "Homomorphic(key_holder='clients') needs the clients' keys provisioned out of "
-                "band (the embedded runtime reaches their node stores); over a runtime that "
-                "routes every message through the server use key_holder='decryptor'")
+    def __init__(self, *, layer: Homomorphic, decryptor: int | None = None) -> None:
         self.layer = layer
         self.decryptor = decryptor
-        self.provisioner = None if layer.key_holder != "clients" or stores is None \
-            else Provisioner(stores)
+        self.provisioner: Provisioner | None = None
         self.keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
         self.decryptions: dict[str, int] = {}
 
@@ -144,7 +136,15 @@ class HomomorphicServer:
         fps = layer.fixed_point(spec, n_plan, limbs=True) if layer.scheme == "bfv" else None
         pjson = json.dumps(dataclasses.asdict(params))
         dec = None
-        if self.provisioner is None:
+        if layer.key_holder == "clients":
+            if call.stores is None:
+                raise ConfigurationError(
+                    "Homomorphic(key_holder='clients') needs the clients' keys provisioned out "
+                    "of band, into their node stores, which this runtime does not reach (it "
+                    "routes every message through the server); use key_holder='decryptor'")
+            if self.provisioner is None:
+                self.provisioner = Provisioner(call.stores)
+        else:
             dec = self.decryptor if self.decryptor is not None else min(link.clients)
             if dec not in link.clients:
                 raise ConfigurationError(f"decryptor client {dec} is not connected")
@@ -223,13 +223,12 @@ class HomomorphicServer:
             # the decrypting party: the decryptor node, or the first client live at decrypt
             parties: list[int] = [dec] if dec is not None else \
                 ctx.dropouts.survivors(Stage.DECRYPT, contributors)
-            raw, party, cpu = self._decrypt(parties, agg_wire, finish_s, pjson, packing, share,
-                                            spec, link, ctx, dropped)
+            raw, flat, party, cpu = self._decrypt(parties, agg_wire, finish_s, pjson, packing,
+                                                  share, spec, link, ctx, dropped)
             notes["decryptor_client"] = dec if dec is not None else party
             if params.scheme == "ckks":
                 self.decryptions[pjson] = (self.decryptions.get(pjson, 0)
                                            + packing.n_ciphertexts)
-            flat = unpack_arrays(raw)["flat"]
             sums.update(decode_sums(flat, packing, spec, fps))
             name = DECRYPTOR if dec is not None else party
             ctx.message(name, SERVER, Stage.RESULT, wire_bytes=raw,
@@ -287,13 +286,16 @@ class HomomorphicServer:
 
     def _decrypt(self, parties: Sequence[int], agg_wire: list[bytes], finish_s: float,
                  pjson: str, packing: Any, share: dict[str, float], spec: Any, link: Link,
-                 ctx: RoundContext, dropped: Dropped) -> tuple[bytes, int, float]:
+                 ctx: RoundContext, dropped: Dropped
+                 ) -> tuple[bytes, np.ndarray, int, float]:
         """The aggregate ``agg_wire`` decrypted by the first of ``parties`` that answers
-        (the decryptor node alone, or the clients live at decrypt in order, one that fails
-        booked as dropped there): (the packed flat sum, who decrypted, its CPU seconds).
+        with a flat sum of the packing's length (the decryptor node alone, or the clients
+        live at decrypt in order, one that fails booked as dropped there): (its reply, the
+        flat sum, who decrypted, its CPU seconds).
 
         Raises:
             SecureSumAborted: no party answered.
+            ProtocolError: the decryptor node's reply is malformed.
         """
         agg_size = sum(len(f) for f in agg_wire)
         d = digest(agg_wire)
@@ -312,8 +314,17 @@ class HomomorphicServer:
             got, failed = link.exchange(Stage.DECRYPT, ctx, {party: dict(
                 step=Stage.HE_DECRYPT, params=pjson, frames=agg_wire, packing=packed)})
             if party in got:
-                return (rfield(got[party], Key.MSG, bytes), party,
-                        rfield(got[party], Key.CPU_S, float))
+                try:
+                    raw = rfield(got[party], Key.MSG, bytes)
+                    flat = unpack_arrays(raw).get("flat")
+                    if flat is None or flat.shape != (packing.total,):
+                        raise ProtocolError(f"a decrypted sum of {packing.total} values "
+                                            "expected")
+                    return raw, flat, party, rfield(got[party], Key.CPU_S, float)
+                except ProtocolError as exc:
+                    if self.provisioner is None:
+                        raise
+                    failed = {party: f"refused: {exc}"}
             if self.provisioner is not None:  # the next client live at decrypt is asked
                 book_drops(link, ctx, Stage.DECRYPT, failed, dropped)
         raise SecureSumAborted(Stage.DECRYPT, 0, 1)

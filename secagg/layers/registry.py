@@ -30,7 +30,7 @@ not run there), the node (``node_uploads``: its node steps that run the client s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -73,9 +73,6 @@ class LayerOptions:
 Builder = Callable[[LayerOptions, "Layer | None"], Layer]
 
 
-Stores = Callable[[int], MutableMapping[str, Any]]
-"""Client id -> its node's private store, reached out of band (see :class:`ServerFactory`)."""
-
 NodeUpload = Callable[..., dict[str, Any]]
 """A node step that sends a client step's upload the layer's way (see
 :attr:`LayerEntry.node_uploads`)."""
@@ -85,13 +82,10 @@ class ServerFactory(Protocol):
     """Builds a carried layer's server driver over a Link (:class:`~secagg.link.LayerServer`)
     for one run: ``decryptor`` is Homomorphic's decryptor client id (None: the smallest
     connected), ``pinned`` the nodes' pinned Ed25519 public keys (client id -> 32 bytes)
-    that SecureSum checks every ADVERTISE against, ``stores`` the clients' node stores
-    where a runtime reaches them out of band (embedded: Homomorphic's provisioned keys); a
-    driver ignores what it does not use."""
+    that SecureSum checks every ADVERTISE against; a driver ignores what it does not use."""
 
     def __call__(self, layer: Layer, *, decryptor: int | None = None,
-                 pinned: Mapping[int, bytes] | None = None,
-                 stores: Stores | None = None) -> LayerServer: ...
+                 pinned: Mapping[int, bytes] | None = None) -> LayerServer: ...
 
 
 @dataclass(frozen=True)
@@ -289,28 +283,24 @@ def make_layer(name: str, options: LayerOptions | None = None,
 
 
 def _plaintext_server(layer: Layer, *, decryptor: int | None = None,
-                      pinned: Mapping[int, bytes] | None = None,
-                      stores: Stores | None = None) -> LayerServer:
+                      pinned: Mapping[int, bytes] | None = None) -> LayerServer:
     from secagg.layers.plaintext import PlaintextServer
 
     return PlaintextServer(layer=layer)
 
 
 def _secure_sum_server(layer: Layer, *, decryptor: int | None = None,
-                       pinned: Mapping[int, bytes] | None = None,
-                       stores: Stores | None = None) -> LayerServer:
+                       pinned: Mapping[int, bytes] | None = None) -> LayerServer:
     from secagg.secure_sum.remote import SecureSumServer
 
     return SecureSumServer(layer=layer, pinned=pinned)  # type: ignore[arg-type]
 
 
 def _homomorphic_server(layer: Layer, *, decryptor: int | None = None,
-                        pinned: Mapping[int, bytes] | None = None,
-                        stores: Stores | None = None) -> LayerServer:
+                        pinned: Mapping[int, bytes] | None = None) -> LayerServer:
     from secagg.homomorphic.remote import HomomorphicServer
 
-    return HomomorphicServer(layer=layer, decryptor=decryptor,  # type: ignore[arg-type]
-                             stores=stores)
+    return HomomorphicServer(layer=layer, decryptor=decryptor)  # type: ignore[arg-type]
 
 
 def _plaintext_upload(rec: Any, spec: Any, up: Any, client: int, part: Any,
