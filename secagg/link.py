@@ -40,6 +40,10 @@ PROTOCOL_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float))
 #: what a reply to an instruction that ran the client step carries
 STEP_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float), (Key.FLOPS, float), (Key.CLIPPED, str))
 
+Stores = Callable[[int], MutableMapping[str, Any]]
+"""Client id -> its node's private store, where a runtime reaches its nodes out of band
+(:attr:`PhaseCall.stores`)."""
+
 Dropped = dict[str, dict[int, str]]
 """Stage -> client -> why it was dropped there (an aggregate's ``notes["dropped"]``)."""
 
@@ -114,7 +118,7 @@ class PhaseCall:
     instruction: dict[str, Any]
     clips: ClipReport
     upcoming: Upcoming = field(default=lambda: None)
-    stores: Callable[[int], MutableMapping[str, Any]] | None = None
+    stores: Stores | None = None
 
     @property
     def broadcast(self) -> bytes:

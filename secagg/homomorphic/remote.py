@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,15 +38,11 @@ from secagg.homomorphic.layer import DECRYPTOR, PROVISIONER, Homomorphic, decode
 from secagg.homomorphic.node import LAYER_KEYS
 from secagg.homomorphic.params import HEParams
 from secagg.layers.base import Aggregate, RoundContext
-from secagg.link import Dropped, Link, PhaseCall, Reply, add_clips, book_drops, keep_live
+from secagg.link import Dropped, Link, PhaseCall, Reply, Stores, add_clips, book_drops, keep_live
 from secagg.link import reply_field as rfield
 from secagg.stages import Key, Stage
 from secagg.transcript import digest
 from secagg.wire import unpack_arrays
-
-Stores = Callable[[int], MutableMapping[str, Any]]
-"""Client id -> its node's private store, reached out of band (the embedded runtime's
-:meth:`~secagg.local_link.LocalLink.store`)."""
 
 
 class Provisioner:
