@@ -28,12 +28,12 @@ layer's own protocol: the layer's server part begins the release here
 here.
 
 In one process (:meth:`Engine._in_process`) a layer whose server driver declares
-:attr:`~secagg.link.LayerServer.local` (Plaintext, Homomorphic) runs that same driver over a
-:class:`~secagg.local_link.LocalLink`, whose nodes are the clients here (their steps run when
-the driver reads their replies), alone or inside CentralDP (its server part begun and ended
-here, as over a remote link); the others (SecureSum, LocalDP, DistributedDP, Homomorphic with
-``key_holder="clients"``) still run ``layer.aggregate``, which plays every party's part of
-the layer and of its release. Both book the same ledger rows and reach the same aggregate.
+:attr:`~secagg.link.LayerServer.local` (Plaintext, Homomorphic in both key roles) runs that
+same driver over a :class:`~secagg.local_link.LocalLink`, whose nodes are the clients here
+(their steps run when the driver reads their replies), alone or inside a DP wrapper (its
+server part begun and ended here and its node part run by each node, as over a remote link);
+the others (SecureSum, and the DP wrappers around it) still run ``layer.aggregate``, which
+plays every party's part of the layer and of its release.
 """
 
 from __future__ import annotations
@@ -471,27 +471,26 @@ class Engine(ClientAccountsMixin):
         """The in-process link and the layer's server driver over it, when the layer's
         driver runs over a :class:`~secagg.local_link.LocalLink` in one process (its
         :attr:`~secagg.link.LayerServer.local`; made once per run: the nodes' stores and the
-        driver's state persist across phases); None for the layers (and the DP wrappers
-        whose noise the nodes add) still aggregated by their in-process ``aggregate``;
-        CentralDP runs as on a remote runtime: its release begun, the inner driver, its
-        release ended."""
+        driver's state persist across phases); None for the layers still aggregated by their
+        in-process ``aggregate``. A DP wrapper runs as on a remote runtime: its release
+        begun, the inner driver (the nodes adding their noise), its release ended."""
         if self._over_link is False:
             return None
         if self._over_link is None:
             self._over_link = False
-            if self.transport.link is not None or (self.layer.is_dp
-                                                   and not self.layer.aggregator_noises):
+            if self.transport.link is not None:
                 return None
+            from secagg.local_link import LocalLink
+
+            link = LocalLink([st.id for st in self.transport.states])
             try:
-                dp, server = layer_server(self.layer)
+                dp, server = layer_server(self.layer, embedded=True)
             except ConfigurationError:  # a configuration only the in-process layer runs
                 return None
             if not server.local:
                 return None
-            from secagg.local_link import LocalLink
-
             self.dp = dp
-            self._over_link = (LocalLink([st.id for st in self.transport.states]), server)
+            self._over_link = (link, server)
         return self._over_link
 
     def _over_local_link(self, local: tuple[LocalLink, LayerServer], run: RunState,
@@ -501,12 +500,12 @@ class Engine(ClientAccountsMixin):
         when the driver reads their replies (``uploads``), the rest after it."""
         link, server = local
         link.serve(uploads, spec)
-        rel = self.layer.server_part(spec, ctx, len(stepping))  # CentralDP: no node part
+        rel = self.layer.server_part(spec, ctx, len(stepping))
         instruction = dict(round=ctx.round, rounds=self.rounds, phase=phase.name,
                            seed=self.seed, max_records=self._max_records,
-                           on_violation=self.on_violation)
+                           on_violation=self.on_violation, dp=rel.node_params)
         call = PhaseCall(spec=spec, cohort=stepping, ctx=ctx, release=rel,
-                         instruction=instruction, clips=run.clips)
+                         instruction=instruction, clips=run.clips, stores=link.store)
         try:
             agg = server.aggregate(call, link)
         except SecaggError:  # an aborted or refused release: the cohort stepped all the same

@@ -19,7 +19,7 @@ the stage needs is *dropped* at that stage (:func:`book_drops`), never a crash.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +39,10 @@ Needs = Sequence[tuple[str, type]]
 PROTOCOL_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float))
 #: what a reply to an instruction that ran the client step carries
 STEP_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float), (Key.FLOPS, float), (Key.CLIPPED, str))
+
+Stores = Callable[[int], MutableMapping[str, Any]]
+"""Client id -> its node's private store, where a runtime reaches its nodes out of band
+(:attr:`PhaseCall.stores`)."""
 
 Dropped = dict[str, dict[int, str]]
 """Stage -> client -> why it was dropped there (an aggregate's ``notes["dropped"]``)."""
@@ -100,6 +104,11 @@ class PhaseCall:
             the packed broadcast under ``broadcast``, the DP noise parameters under ``dp``).
         clips: the run's clip counts, added to from the clients' replies.
         upcoming: the phase after this one (a secure-sum session advertises for it early).
+        stores: client id -> its node's private store, where the runtime reaches the nodes
+            out of band (the embedded one: :meth:`~secagg.local_link.LocalLink.store`); None
+            over a runtime that routes every message through the server (Flower). A driver
+            that provisions keys to the clients without the server (Homomorphic
+            ``key_holder="clients"``) needs it.
     """
 
     spec: UploadSpec
@@ -109,6 +118,7 @@ class PhaseCall:
     instruction: dict[str, Any]
     clips: ClipReport
     upcoming: Upcoming = field(default=lambda: None)
+    stores: Stores | None = None
 
     @property
     def broadcast(self) -> bytes:

@@ -30,6 +30,7 @@ and returns what is delivered, or None for a message lost.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -161,7 +162,9 @@ class LocalLink:
     def step_reply(self, stage: str, client: int, ins: Mapping[str, Any],
                    needs: Needs) -> Reply:
         """Client ``client``'s reply to the instruction ``ins`` that runs its step: the
-        engine's step (its upload), then the layer's node part (:func:`secagg.node.leave`).
+        engine's step (its upload), the wrapping DP layer's node part when the instruction
+        carries one (``dp``: e.g. LocalDP's noise), then the layer's node part
+        (:func:`secagg.node.leave`).
 
         Raises:
             ProtocolError: the node part refused, or the reply was lost or malformed.
@@ -169,11 +172,18 @@ class LocalLink:
         if self._uploads is None or self._spec is None:
             raise ProtocolError(f"client {client}: a client-step instruction at {stage!r} "
                                 "outside a phase served by this link")
-        up = self._uploads[client]
+        up, spec, part = self._uploads[client], self._spec, None
         out = reply_fields(up)
+        if Key.DP in ins:  # the wrapping DP layer's node part, rebuilt as a Flower node does
+            from secagg.privacy.release import node_part
+
+            t0 = time.process_time()
+            part = node_part(ins, client, str(self.store(client).get(Key.DP_SIZING, "server")))
+            up, spec = part.prepare(up, spec)
+            out[Key.CPU_S] = float(up.cpu_s) + time.process_time() - t0
         rep = self._deliver(stage, client, "server",
-                            leave(ins, self._spec, up, client, None, out,
-                                  float(up.cpu_s), self.store(client)))
+                            leave(ins, spec, up, client, part, out, float(out[Key.CPU_S]),
+                                  self.store(client)))
         if rep is None:
             raise ProtocolError(f"client {client}: no reply at {stage!r}")
         if (bad := malformed(rep, needs)) is not None:

@@ -97,15 +97,26 @@ def is_dp(layer: Layer) -> bool:
 
 
 def layer_server(layer: Layer, *, decryptor: int | None = None,
-                 pinned: Mapping[int, bytes] | None = None,
+                 pinned: Mapping[int, bytes] | None = None, embedded: bool = False,
                  ) -> tuple[Layer | None, LayerServer]:
     """(the DP wrapper or None, the server side of the layer that carries the uploads) for
-    a remote runtime (:func:`check_remote` first). ``decryptor``: Homomorphic's decryptor
+    a runtime whose clients are reached over a link. ``decryptor``: Homomorphic's decryptor
     client id (None: the smallest connected). ``pinned``: the nodes' pinned public keys
-    (client id -> 32 bytes), which SecureSum's server checks every ADVERTISE against."""
-    check_remote(layer)
+    (client id -> 32 bytes), which SecureSum's server checks every ADVERTISE against.
+    ``embedded``: for the embedded runtime's :class:`~secagg.local_link.LocalLink`, whose
+    refusals are not Flower's (:func:`check_remote`, applied otherwise): there a layer (and a
+    DP wrapper) of a registered class with a server driver runs over the link.
+
+    Raises:
+        ConfigurationError: the layer does not run over this runtime's link.
+    """
+    if not embedded:
+        check_remote(layer)
     dp = layer if layer.is_dp else None
     carrier = layer.wrapped if dp is not None and layer.wrapped is not None else layer
     entry = entry_for(carrier)
-    assert entry is not None and entry.server is not None  # check_remote: it is carried
+    if entry is None or entry.server is None or (dp is not None and entry_for(dp) is None) \
+            or (layer.needs_encoded_sum and not entry.sums_encoded):
+        raise ConfigurationError(f"layer {type(layer).__name__} has no server driver over a "
+                                 "link here")
     return dp, entry.server(carrier, decryptor=decryptor, pinned=pinned)

@@ -105,8 +105,6 @@ _STEP_UNBOOKED = (
     "defect: on Flower the secure sum's masked-input row books the client step's FLOPs in "
     "flops but leaves step_flops at 0, so no row says the client step was booked (embedded "
     "books it on that row; secure_sum/remote.py or node.py, owned by wt-ssdrv)")
-_HELO = ("LocalDP's embedded run does not go through the one server driver yet "
-         "(issue 34 point 1, wt-helo: LocalDP over LocalLink)")
 
 
 # -- the algorithm: FedLog, with its client steps counted ---------------------------------
@@ -574,7 +572,6 @@ class TestCentralDPHomomorphic(LayerConformance):
 
 class TestLocalDP(LayerConformance):
     ENTRY = "local-dp"
-    NOTES_DIFFER = _HELO
 
     @staticmethod
     def make() -> Layer:

@@ -1,12 +1,24 @@
-"""The Homomorphic layer's server side when the clients run elsewhere (Flower's nodes).
+"""The Homomorphic layer's server side over a :class:`~secagg.link.Link` (Flower's nodes, or
+the embedded runtime's :class:`~secagg.local_link.LocalLink`).
 
-:class:`HomomorphicServer` runs the layer's ``key_holder="decryptor"`` protocol over a
-:class:`~secagg.link.Link`: a designated decryptor node generates the keys (once per
-parameter set; a CKKS key is renewed after ``max_decryptions`` decryptions) and keeps the
-secret context; the clients get the public context once and send their encrypted uploads;
-the server adds the ciphertexts with the public context only; the decryptor decrypts the
-sum, which is decoded here exactly as in one process
-(:func:`~secagg.homomorphic.layer.decode_sums`).
+:class:`HomomorphicServer` runs both key roles:
+
+* ``key_holder="decryptor"``: a designated decryptor node generates the keys (once per
+  parameter set; a CKKS key is renewed after ``max_decryptions`` decryptions) and keeps the
+  secret context; the clients get the public context once and send their encrypted
+  uploads; the server adds the ciphertexts with the public context only; the decryptor
+  decrypts the sum.
+* ``key_holder="clients"``: a :class:`Provisioner` outside the link (as NVIDIA FLARE's
+  provisioning) generates the keys and puts the shared secret context into each client's
+  node store (:attr:`~secagg.link.PhaseCall.stores`); the server gets the public context
+  only. The first client that survives the
+  ``decrypt`` stage decrypts the sum (a client that fails to answer is dropped there and the
+  next one is asked). The secret never passes through the server, so a runtime that routes
+  every message through it (Flower) cannot carry this mode: only a runtime whose clients it
+  can reach out of band (the embedded one, through their node stores) supplies the
+  provisioner.
+
+Either way the sum is decoded here (:func:`~secagg.homomorphic.layer.decode_sums`).
 """
 
 from __future__ import annotations
@@ -21,15 +33,53 @@ import numpy as np
 
 from secagg.costs import SERVER, he_flops
 from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
-from secagg.homomorphic.keys import Aggregator
-from secagg.homomorphic.layer import DECRYPTOR, Homomorphic, decode_sums
+from secagg.homomorphic.keys import Aggregator, KeyHolder
+from secagg.homomorphic.layer import DECRYPTOR, PROVISIONER, Homomorphic, decode_sums
 from secagg.homomorphic.node import LAYER_KEYS
-from secagg.layers.base import Aggregate
-from secagg.link import Dropped, Link, PhaseCall, Reply, add_clips, book_drops, keep_live
+from secagg.homomorphic.params import HEParams
+from secagg.layers.base import Aggregate, RoundContext
+from secagg.link import Dropped, Link, PhaseCall, Reply, Stores, add_clips, book_drops, keep_live
 from secagg.link import reply_field as rfield
 from secagg.stages import Key, Stage
 from secagg.transcript import digest
 from secagg.wire import unpack_arrays
+
+
+class Provisioner:
+    """The out-of-band key provisioning of ``key_holder="clients"``: generates one key per
+    parameter set and puts the shared secret context into a client's node store, where the
+    node steps of :mod:`secagg.homomorphic.node` read it (``he-upload`` its public context,
+    ``he-decrypt`` its secret context). It is a party of its own, not the server: the
+    driver gets the public context and the size of what each client was handed, never the
+    secret.
+
+    Args:
+        stores: the clients' node stores.
+    """
+
+    def __init__(self, stores: Stores) -> None:
+        self._stores = stores
+        self._secrets: dict[str, bytes] = {}
+        self._public: dict[str, bytes] = {}
+
+    def keygen(self, params: HEParams, pjson: str) -> tuple[bytes, float]:
+        """New keys for ``params`` (JSON ``pjson``), replacing any held: (the public
+        context, the key generation's CPU seconds)."""
+        t0 = time.process_time()
+        holder = KeyHolder(params, "clients")
+        self._secrets[pjson] = holder.client_context
+        self._public[pjson] = holder.public_context
+        return holder.public_context, time.process_time() - t0
+
+    def deliver(self, client: int, pjson: str) -> int:
+        """Hand client ``client``'s node the current keys of ``pjson``; returns the bytes
+        handed over (the secret context)."""
+        secret, public = self._secrets[pjson], self._public[pjson]
+        store = self._stores(client)
+        key = "he-secret/" + pjson
+        store[key], store[key + "/public"], store[key + "/decryptions"] = secret, public, 0
+        store["he-context/" + pjson] = public
+        return len(secret)
 
 
 class HomomorphicServer:
@@ -37,10 +87,10 @@ class HomomorphicServer:
     :class:`~secagg.link.LayerServer`); see the module docstring.
 
     Args:
-        layer: the Homomorphic layer, with ``key_holder="decryptor"``.
-        decryptor: the client id of the node that generates the keys, keeps the secret
-            context and decrypts the sum (default: the smallest connected id). It must not
-            collude with the server (as the embedded layer's decryptor).
+        layer: the Homomorphic layer.
+        decryptor: ``key_holder="decryptor"``: the client id of the node that generates the
+            keys, keeps the secret context and decrypts the sum (default: the smallest
+            connected id). It must not collude with the server.
 
     Attributes:
         keys: per parameter set (JSON): (public context bytes, the server's aggregator,
@@ -48,13 +98,13 @@ class HomomorphicServer:
         decryptions: CKKS: decryptions of the current key per parameter set.
     """
 
-    #: the embedded engine runs this driver too (over a LocalLink; key_holder="clients"
-    #: is the in-process layer's own, refused here by the engine's check_remote)
+    #: the embedded engine runs this driver too (over a LocalLink), in both key roles
     local: ClassVar[bool] = True
 
     def __init__(self, *, layer: Homomorphic, decryptor: int | None = None) -> None:
         self.layer = layer
         self.decryptor = decryptor
+        self.provisioner: Provisioner | None = None
         self.keys: dict[str, tuple[bytes, Any, set[int], set[int]]] = {}
         self.decryptions: dict[str, int] = {}
 
@@ -69,9 +119,9 @@ class HomomorphicServer:
         """Nothing to prepare (keys are made when the first phase's parameters are known)."""
 
     def aggregate(self, call: PhaseCall, link: Link) -> Aggregate:
-        """Keys from the decryptor node (once per parameter set), encrypted uploads from
-        the clients, the sum of ciphertexts here (public context only), the clear sum from
-        the decryptor."""
+        """Keys (once per parameter set: from the decryptor node, or provisioned to the
+        clients), encrypted uploads from the clients, the sum of ciphertexts here (public
+        context only), the clear sum from the decrypting party."""
         layer, spec, ctx, cohort = self.layer, call.release.carried, call.release.ctx, call.cohort
         common, clips = call.instruction, call.clips
         if call.broadcast:  # it rides in the upload instruction
@@ -81,9 +131,19 @@ class HomomorphicServer:
         params = layer.params_for(spec, n_plan)
         fps = layer.fixed_point(spec, n_plan, limbs=True) if layer.scheme == "bfv" else None
         pjson = json.dumps(dataclasses.asdict(params))
-        dec = self.decryptor if self.decryptor is not None else min(link.clients)
-        if dec not in link.clients:
-            raise ConfigurationError(f"decryptor client {dec} is not connected")
+        dec = None
+        if layer.key_holder == "clients":
+            if call.stores is None:
+                raise ConfigurationError(
+                    "Homomorphic(key_holder='clients') needs the clients' keys provisioned out "
+                    "of band, into their node stores, which this runtime does not reach (it "
+                    "routes every message through the server); use key_holder='decryptor'")
+            if self.provisioner is None:
+                self.provisioner = Provisioner(call.stores)
+        else:
+            dec = self.decryptor if self.decryptor is not None else min(link.clients)
+            if dec not in link.clients:
+                raise ConfigurationError(f"decryptor client {dec} is not connected")
         packing = layer.packing(spec, n_plan)  # BFV: fields wider than a slot in limbs
         if params.scheme == "ckks":
             # a CKKS key answers at most max_decryptions ciphertext decryptions (the flooding
@@ -96,25 +156,7 @@ class HomomorphicServer:
             if pjson in self.keys and \
                     used + packing.n_ciphertexts > params.max_decryptions:
                 del self.keys[pjson]
-        keys = self.keys.get(pjson)
-        if keys is None:
-            self.decryptions[pjson] = 0
-            got, failed = link.exchange(Stage.KEYS, ctx,
-                                        {dec: dict(step=Stage.HE_KEYGEN, params=pjson)})
-            if dec not in got:
-                raise SecureSumAborted(Stage.KEYS, 0, 1)
-            pub = rfield(got[dec], Key.MSG, bytes)
-            agg = Aggregator(params.scheme, pub)  # refuses a context with a secret key
-            ctx.message(DECRYPTOR, SERVER, Stage.KEYS, pub,
-                        client_cpu_s=rfield(got[dec], Key.CPU_S, float))
-            link.count(Stage.KEYS, len(pub))
-            keys = self.keys[pjson] = (pub, agg, set(), set())
-        pub, agg, provisioned, sent = keys
-        agg.assert_public()
-        for c in cohort:
-            if c not in provisioned:
-                ctx.message(DECRYPTOR, c, Stage.KEYS, wire_bytes=len(pub))
-                provisioned.add(c)
+        pub, agg, sent = self._keys(params, pjson, dec, cohort, link, ctx)
         desc = {k: getattr(layer, k) for k in LAYER_KEYS}
         got, failed = link.exchange(Stage.UPLOAD, ctx, {c: dict(
             step=Stage.HE_UPLOAD, layer=json.dumps(desc), n_plan=n_plan, params=pjson,
@@ -174,39 +216,111 @@ class HomomorphicServer:
             t0 = time.process_time()
             agg_wire = [bytes(f) for f in agg.finish()]
             finish_s = time.process_time() - t0
-            agg_size = sum(len(f) for f in agg_wire)
-            ctx.message(SERVER, DECRYPTOR, Stage.DECRYPT, wire_bytes=agg_wire,
-                        server_cpu_s=finish_s)
-            link.count(Stage.DECRYPT, agg_size)
-            d = digest(agg_wire)
-            for f in spec.additive:
-                n = round(agg_size * share[f.name])
-                ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum",
-                            nbytes=n, value_digest=d)
-                ctx.observe(DECRYPTOR, SERVER, Stage.DECRYPT, f.name, "encrypted", agg_wire,
-                            what="sum", nbytes=n, value_digest=d)
-            got, failed = link.exchange(Stage.DECRYPT, ctx, {dec: dict(
-                step=Stage.HE_DECRYPT, params=pjson, frames=agg_wire,
-                packing=json.dumps(dataclasses.asdict(packing)))})
-            if dec not in got:
-                raise SecureSumAborted(Stage.DECRYPT, 0, 1)
+            # the decrypting party: the decryptor node, or the first client live at decrypt
+            parties: list[int] = [dec] if dec is not None else \
+                ctx.dropouts.survivors(Stage.DECRYPT, contributors)
+            raw, flat, party, cpu = self._decrypt(parties, agg_wire, finish_s, pjson, packing,
+                                                  share, spec, link, ctx, dropped)
+            notes["decryptor_client"] = dec if dec is not None else party
             if params.scheme == "ckks":
                 self.decryptions[pjson] = (self.decryptions.get(pjson, 0)
-                                               + packing.n_ciphertexts)
-            raw = rfield(got[dec], Key.MSG, bytes)
-            flat = unpack_arrays(raw)["flat"]
+                                           + packing.n_ciphertexts)
             sums.update(decode_sums(flat, packing, spec, fps))
-            ctx.message(DECRYPTOR, SERVER, Stage.RESULT, wire_bytes=raw,
+            name = DECRYPTOR if dec is not None else party
+            ctx.message(name, SERVER, Stage.RESULT, wire_bytes=raw,
                         plaintext_bytes=sum(int(s.nbytes) for s in sums.values()),
                         fields={k: int(v.nbytes) for k, v in sums.items()},
-                        client_cpu_s=rfield(got[dec], Key.CPU_S, float),
+                        client_cpu_s=cpu,
                         flops=he_flops("decrypt", params.poly_modulus_degree,
                                        len(params.coeff_mod_bit_sizes) - 1,
                                        packing.n_ciphertexts))
             link.count(Stage.DECRYPT, len(raw))
             for f in spec.additive:
-                ctx.observe(DECRYPTOR, SERVER, Stage.DECRYPT, f.name, "clear", sums[f.name],
+                ctx.observe(name, SERVER, Stage.DECRYPT, f.name, "clear", sums[f.name],
                             what="sum")
-                ctx.observe(SERVER, DECRYPTOR, Stage.RESULT, f.name, "clear", sums[f.name],
+                ctx.observe(SERVER, name, Stage.RESULT, f.name, "clear", sums[f.name],
                             what="sum")
         return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(contributors), notes)
+
+    def _keys(self, params: HEParams, pjson: str, dec: int | None, cohort: Sequence[int],
+              link: Link, ctx: RoundContext) -> tuple[bytes, Aggregator, set[int]]:
+        """The public context for ``params`` (keys generated on first use: by the decryptor
+        node ``dec``, or by the provisioner when ``dec`` is None), the server's aggregator
+        (public context only; checked) and the clients that hold the public context. Each
+        cohort client not yet provisioned is booked the context it is handed (the
+        provisioner's clients get the secret context in its store)."""
+        keys = self.keys.get(pjson)
+        holder = DECRYPTOR if dec is not None else PROVISIONER
+        if keys is None:
+            self.decryptions[pjson] = 0
+            if self.provisioner is not None:
+                pub, cpu = self.provisioner.keygen(params, pjson)
+            else:
+                assert dec is not None
+                got, _ = link.exchange(Stage.KEYS, ctx,
+                                       {dec: dict(step=Stage.HE_KEYGEN, params=pjson)})
+                if dec not in got:
+                    raise SecureSumAborted(Stage.KEYS, 0, 1)
+                pub = rfield(got[dec], Key.MSG, bytes)
+                cpu = rfield(got[dec], Key.CPU_S, float)
+                link.count(Stage.KEYS, len(pub))
+            agg = Aggregator(params.scheme, pub)  # refuses a context with a secret key
+            ctx.message(holder, SERVER, Stage.KEYS, pub, client_cpu_s=cpu)
+            keys = self.keys[pjson] = (pub, agg, set(), set())
+        pub, agg, provisioned, sent = keys
+        agg.assert_public()
+        for c in cohort:
+            if c not in provisioned:
+                if self.provisioner is not None:
+                    size = self.provisioner.deliver(c, pjson)
+                    sent.add(c)  # its store holds the public context too
+                else:
+                    size = len(pub)
+                ctx.message(holder, c, Stage.KEYS, wire_bytes=size)
+                provisioned.add(c)
+        return pub, agg, sent
+
+    def _decrypt(self, parties: Sequence[int], agg_wire: list[bytes], finish_s: float,
+                 pjson: str, packing: Any, share: dict[str, float], spec: Any, link: Link,
+                 ctx: RoundContext, dropped: Dropped
+                 ) -> tuple[bytes, np.ndarray, int, float]:
+        """The aggregate ``agg_wire`` decrypted by the first of ``parties`` that answers
+        with a flat sum of the packing's length (the decryptor node alone, or the clients
+        live at decrypt in order, one that fails booked as dropped there): (its reply, the
+        flat sum, who decrypted, its CPU seconds).
+
+        Raises:
+            SecureSumAborted: no party answered.
+            ProtocolError: the decryptor node's reply is malformed.
+        """
+        agg_size = sum(len(f) for f in agg_wire)
+        d = digest(agg_wire)
+        packed = json.dumps(dataclasses.asdict(packing))
+        for party in parties:
+            name = DECRYPTOR if self.provisioner is None else party
+            ctx.message(SERVER, name, Stage.DECRYPT, wire_bytes=agg_wire,
+                        server_cpu_s=finish_s)
+            link.count(Stage.DECRYPT, agg_size)
+            for f in spec.additive:
+                n = round(agg_size * share[f.name])
+                ctx.observe(SERVER, SERVER, "sum", f.name, "encrypted", agg_wire, what="sum",
+                            nbytes=n, value_digest=d)
+                ctx.observe(name, SERVER, Stage.DECRYPT, f.name, "encrypted", agg_wire,
+                            what="sum", nbytes=n, value_digest=d)
+            got, failed = link.exchange(Stage.DECRYPT, ctx, {party: dict(
+                step=Stage.HE_DECRYPT, params=pjson, frames=agg_wire, packing=packed)})
+            if party in got:
+                try:
+                    raw = rfield(got[party], Key.MSG, bytes)
+                    flat = unpack_arrays(raw).get("flat")
+                    if flat is None or flat.shape != (packing.total,):
+                        raise ProtocolError(f"a decrypted sum of {packing.total} values "
+                                            "expected")
+                    return raw, flat, party, rfield(got[party], Key.CPU_S, float)
+                except ProtocolError as exc:
+                    if self.provisioner is None:
+                        raise
+                    failed = {party: f"refused: {exc}"}
+            if self.provisioner is not None:  # the next client live at decrypt is asked
+                book_drops(link, ctx, Stage.DECRYPT, failed, dropped)
+        raise SecureSumAborted(Stage.DECRYPT, 0, 1)

@@ -222,16 +222,6 @@ class ServerPart:
         :attr:`ctx`)."""
         return self.ctx
 
-    def client_upload(self, client: int, up: Upload) -> Upload:
-        """In one process, ``client``'s node part on its upload (the identity here)."""
-        return up
-
-    @property
-    def transforms_uploads(self) -> bool:
-        """Whether :meth:`client_upload` changes anything (False: the inner layer reads the
-        uploads as they are)."""
-        return False
-
     def client_vector(self, client: int, up: Upload) -> np.ndarray:
         """In one process, ``client``'s ring vector under :attr:`encoding`."""
         raise ProtocolError("this layer's clients encode nothing for an inner sum")

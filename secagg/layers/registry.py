@@ -344,7 +344,8 @@ def _homomorphic_on_flower(layer: Layer) -> None:
         raise ConfigurationError(
             "Homomorphic(key_holder='clients') does not run on Flower: the shared secret "
             "context would have to reach the clients without passing through the server, "
-            "and Flower routes every message through it; use key_holder='decryptor'"
+            "and Flower routes every message through it (the embedded runtime provisions "
+            "it out of band, into each client's node store); use key_holder='decryptor'"
         )
 
 

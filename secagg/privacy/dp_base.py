@@ -254,8 +254,10 @@ class _DPLayer(Layer):
         part = self.server_part(spec, ctx, len(uploads))
         enc = part.encoding
         if enc is None:
-            carried = Lazy(uploads, part.client_upload) if part.transforms_uploads \
-                else uploads
+            carried: Mapping[int, Upload] = uploads
+            if part.node_params is not None:  # each client's node part, as a node runs it
+                carried = Lazy(uploads, lambda c, up: self.node_part(noise_source(
+                    self.seed, ctx.round, ctx.phase, c).rng).prepare(up, spec)[0])
             agg = self.inner.aggregate(carried, part.carried, part.local_ctx)
         else:
             # each client's step (and its encoding and noise draw) is booked on its

@@ -128,16 +128,6 @@ class _LocalPart(_DPPart):
             self.node_params = json.dumps(layer.node_params())
             self._noised(list(self.sigmas))
 
-    @property
-    def transforms_uploads(self) -> bool:
-        """Whether any field is noised."""
-        return bool(self.sigmas)
-
-    def client_upload(self, client: int, up: Upload) -> Upload:
-        """The client's noised upload, from its own noise stream."""
-        src = self.layer._source(self.ctx, client, self.ledger, tuple(self.sigmas))
-        return self.layer.noise_upload(up, self.spec, self.sigmas, self.carried, src.rng)
-
     def end(self, agg: Aggregate, ctx: RoundContext) -> Aggregate:
         """Note the noise the sum carries."""
         if self.sigmas:
