@@ -140,4 +140,9 @@ class ValidatedSum(Layer):
             off += n
         notes = {"rejected": {int(c): str(e) for c, e in res.rejected.items()},
                  "absent": list(res.absent)}
+        for f in fields:  # A adds B's share of the sum to its own: the sum over the accepted
+            ctx.observe(SERVER, SERVER, Stage.RESULT, f.name, "clear", sums[f.name],
+                        what="sum")
+        ctx.transcript.verdict(round=ctx.round, phase=ctx.phase, party=SERVER,
+                               accepted=res.accepted, rejected=notes["rejected"])
         return Aggregate(ctx.phase, ctx.round, sums, {}, tuple(res.accepted), notes)
