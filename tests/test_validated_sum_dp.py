@@ -188,3 +188,31 @@ def test_dp_fedavg_runs_under_central_dp_around_validated_sum(digits_clients):
     assert sums and {r["form"] for r in sums} == {"noised"}
     verdicts = [r for r in res.transcript.records if r.get("type") == "verdict"]
     assert len(verdicts) == 2 and all(len(v["accepted"]) == 10 for v in verdicts)
+
+
+def test_a_share_replayed_from_another_part_is_rejected_naming_the_client():
+    """Each part of an upload (one proof per field) is bound to its own run id: client 3's
+    update share replayed as its count share is a ReplayedShare naming client 3, and
+    client 3 is out of every part's sum."""
+    from secagg.validated_sum import ReplayedShare
+    from secagg.validated_sum import wire as W
+    from secagg.validated_sum.protocol import run_rounds
+
+    ups = _uploads(4)
+    layer = ValidatedSum(bits=("unclipped",))
+    parts = layer.parts(SPEC)
+    vecs = [{c: np.concatenate([np.asarray(ups[c][f.name]).ravel() for f in fs])
+             for c in ups} for fs, _ in parts]
+    first: dict[int, tuple[bytes, bytes]] = {}
+
+    def replay(c: int, kind: int, msgs: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+        if c != 3 or kind != W.SHARE_X:
+            return msgs
+        if c not in first:
+            first[c] = msgs  # part 0's shares
+            return msgs
+        return first[c]  # replayed into part 1
+
+    res = run_rounds(vecs, [p for _, p in parts], round=0, run_id=bytes(16), tamper=replay)
+    assert isinstance(res[1].rejected[3], ReplayedShare) and res[1].rejected[3].client == 3
+    assert all(r.accepted == (0, 1, 2) for r in res)
