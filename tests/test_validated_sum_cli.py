@@ -89,3 +89,17 @@ def test_audit_flags_a_rejected_vector_that_was_reconstructed(clear_from, in_sum
 def test_cli_refuses_validated_sum_options_elsewhere_or_out_of_range(argv, needle, capsys):
     rc, _, err = _main(["run", *argv, "--clients", "4", "--rounds", "1", "--quiet"], capsys)
     assert rc != 0 and needle in err, err
+
+
+def test_flower_refuses_validated_sum_with_the_reason():
+    """Until aggregator B has a node role, a remote runtime refuses the layer (alone or
+    inside CentralDP) before any client step, saying why."""
+    from secagg.errors import ConfigurationError
+    from secagg.privacy import CentralDP
+    from secagg.remote_layers import check_remote
+    from secagg.validated_sum import ValidatedSum
+
+    for layer in (ValidatedSum(), CentralDP(ValidatedSum(), epsilon=1.0, delta=1e-5)):
+        with pytest.raises(ConfigurationError, match="does not run on Flower") as e:
+            check_remote(layer)
+        assert "ValidatedSum" in str(e.value)
