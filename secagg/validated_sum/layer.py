@@ -11,9 +11,14 @@ the protocol (one colluding with a client can make it pass); a single actively d
 aggregator can stop a round, or learn one bit per client by selective failure (as in Prio),
 but not read an update.
 
-The layer carries the additive float fields of an upload, concatenated into one vector whose
-L2 norm must be at most ``bound`` (a client-level bound); a client whose proof fails is
-dropped (listed in ``aggregate.notes["rejected"]``) and the sum is over the rest, exactly.
+The layer carries the additive float fields of an upload. Each field is proved against its
+own declared client-level L2 bound (one proof per field), or, with ``bound=``, all of them
+together against that bound; a field named in ``bits`` is proved to be a centred bit
+(exactly +- its bound: adaptive clipping's count). Every proof of every client is decided
+before any sum: a client whose proof fails is dropped from every field's sum (listed in
+``aggregate.notes["rejected"]`` and in the transcript's ``verdict`` record) and the sums are
+over the rest, exactly. Under :class:`~secagg.privacy.CentralDP` each aggregator adds its own
+noise to its share of the sum (:meth:`ValidatedSum.noise_in_shares`).
 ``cheaters=K`` is an attack switch for demonstrations and tests: the first K live clients of
 each cohort skip their clip and scale their update by 100.
 """
