@@ -102,4 +102,4 @@ def test_flower_refuses_validated_sum_with_the_reason():
     for layer in (ValidatedSum(), CentralDP(ValidatedSum(), epsilon=1.0, delta=1e-5)):
         with pytest.raises(ConfigurationError, match="does not run on Flower") as e:
             check_remote(layer)
-        assert "ValidatedSum" in str(e.value)
+        assert "ValidatedSum" in str(e.value) and "protocol-step dispatch" in str(e.value)

@@ -180,14 +180,14 @@ def test_dp_fedavg_runs_under_central_dp_around_validated_sum(digits_clients):
     layer = CentralDP(ValidatedSum(bits=("unclipped",)), epsilon=4.0, delta=1e-5,
                       adjacency="client")
     res = Federation(FedAvg(clip="adaptive", local_epochs=1, feature_dim=8), layer, digits_clients,
-                     rounds=2, seed=0).run()
+                     rounds=1, seed=0).run()
     assert np.isfinite(res.accuracy) and res.rejected == []
     assert res.privacy is not None and res.privacy.epsilon() <= 4.0 + 1e-9
     sums = [r for r in res.transcript.records if r.get("type") == "observation"
             and r["what"] == "sum" and r["party"] == SERVER]
     assert sums and {r["form"] for r in sums} == {"noised"}
     verdicts = [r for r in res.transcript.records if r.get("type") == "verdict"]
-    assert len(verdicts) == 2 and all(len(v["accepted"]) == 10 for v in verdicts)
+    assert len(verdicts) == 1 and len(verdicts[0]["accepted"]) == 10
 
 
 def test_a_share_replayed_from_another_part_is_rejected_naming_the_client():
