@@ -292,6 +292,8 @@ class Layer(ABC):
     #: two non-colluding aggregators each add their own noise to their share of the sum
     #: (:meth:`noise_in_shares`), so a CentralDP around it holds against each of them
     noises_in_shares: ClassVar[bool] = False
+    #: the parties that each add noise to their share (:meth:`noise_in_shares`)
+    share_parties: ClassVar[tuple[str, ...]] = ()
 
     def noise_in_shares(self, sigmas: Mapping[str, float], sources: Mapping[str, Any]
                         ) -> None:

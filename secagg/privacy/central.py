@@ -199,8 +199,6 @@ class _SharesPart(_DPPart):
 
     def __init__(self, layer: CentralDP, spec: UploadSpec, ctx: RoundContext) -> None:
         super().__init__(layer, spec, ctx)
-        from secagg.validated_sum.layer import AGGREGATOR_B
-
         noised = layer._noised(spec)
         self.sigmas = layer._sigmas(spec, noised) if noised else {}
         if self.sigmas:  # raises BudgetExceeded before any client's share is read
@@ -209,7 +207,7 @@ class _SharesPart(_DPPart):
                 fields=tuple(self.sigmas), label=f"{layer.name} in shares"))
         fields = tuple(self.sigmas)
         self.sources = {party: layer._source(ctx, party, self.ledger, fields)
-                        for party in (SERVER, AGGREGATOR_B)}
+                        for party in layer.inner.share_parties}
         layer.inner.noise_in_shares(self.sigmas, self.sources)
 
     def end(self, agg: Aggregate, ctx: RoundContext) -> Aggregate:

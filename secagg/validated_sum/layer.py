@@ -64,6 +64,7 @@ class ValidatedSum(Layer):
 
     name: ClassVar[str] = "validated-sum"
     noises_in_shares: ClassVar[bool] = True
+    share_parties: ClassVar[tuple[str, ...]] = (SERVER, AGGREGATOR_B)
 
     def __init__(self, *, bound: float | None = None, cheaters: int = 0,
                  bits: tuple[str, ...] = ()) -> None:
@@ -155,11 +156,9 @@ class ValidatedSum(Layer):
         sigmas, sources = plan
 
         def draw(role: int) -> np.ndarray:
-            from secagg.privacy.samplers import gaussian
-
-            rng = sources[SERVER if role == 0 else AGGREGATOR_B].rng
-            parts = [np.rint(gaussian(sigmas[f.name] * params.scale, int(np.prod(f.shape)),
-                                      rng)) if f.name in sigmas
+            rng = sources[SERVER if role == 0 else AGGREGATOR_B].rng  # N(0, sigma^2)
+            parts = [np.rint(rng.normal(0.0, sigmas[f.name] * params.scale,
+                                        int(np.prod(f.shape)))) if f.name in sigmas
                      else np.zeros(int(np.prod(f.shape))) for f in fields]
             return F.from_signed(np.concatenate(parts).astype(np.int64))
         return draw
