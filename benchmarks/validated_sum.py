@@ -13,7 +13,7 @@ seconds (``time.process_time``), not wall.
 
 Usage::
 
-    python benchmarks/validated_sum.py                      # d = 1e4, 1e5 (n = 100), 1e6 (n = 10)
+    python benchmarks/validated_sum.py                      # d = 1e4, 1e5, 1e6 (n = 100)
     python benchmarks/validated_sum.py --dims 10000 --n 20
 """
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dims", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--n-large", type=int, default=10,
+    ap.add_argument("--n-large", type=int, default=100,
                     help="clients at d >= 1e6 (per-client figures; memory is n x 16 B x d)")
     ap.add_argument("--no-secure-sum", action="store_true")
     args = ap.parse_args(argv)

@@ -358,7 +358,8 @@ class Engine(ClientAccountsMixin):
             history=run.history, costs=run.ledger, transcript=run.transcript,
             privacy=run.privacy, clips=dict(run.clips.counts), aborted=run.aborted,
             participation=run.participation, measurements=run.measurements,
-            n_clients=len(clients), wall_s=time.perf_counter() - t_start,
+            rejected=run.rejected, n_clients=len(clients),
+            wall_s=time.perf_counter() - t_start,
             identities=None if run.attest is None else (
                 run.attest.published() if hasattr(run.attest, "published")
                 else dict(run.attest.header()["keys"])),
@@ -400,6 +401,8 @@ class Engine(ClientAccountsMixin):
             agg = self._in_process(run, phase, spec, cohort, ctx, bcast)
         else:
             agg = self._remote(run, phase, spec, cohort, ctx, bcast, upcoming)
+        run.rejected.extend((ctx.round, phase.name, int(c), str(why))
+                            for c, why in sorted(agg.notes.get("rejected", {}).items()))
         # 5. solve (over the fixed denominator: the cohort, or the expected one)
         solve(phase, agg, ctx, run.measurements, self._denominator(cohort))
         if self.accounts is not None:

@@ -43,6 +43,9 @@ class Result:
         measurements: per phase run, what the phase reported after its server step
             (:meth:`algorithms.base.Phase.measurements`, e.g. the clip bound and how many
             clients' updates were clipped), as ``{"round", "phase", **measurements}``.
+        rejected: (round, phase, client, why) for every client whose upload the layer
+            rejected after checking it (ValidatedSum: a proof that failed, a malformed or
+            replayed share); such a client is not in the aggregate.
         client_accounts: the clients' own ledgers (embedded runs:
             :class:`~secagg.privacy.client_ledger.ClientAccounts`), reported as
             ``privacy.clients`` (:meth:`client_privacy`).
@@ -62,6 +65,7 @@ class Result:
     aborted: list[tuple[int, str, str]] = field(default_factory=list)
     participation: list[tuple[int, str, int, int]] = field(default_factory=list)
     measurements: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[tuple[int, str, int, str]] = field(default_factory=list)
     n_clients: int = 0
     wall_s: float = 0.0
     #: the signers' public keys (party -> Ed25519 public key, hex) when the run was attested
@@ -166,6 +170,9 @@ class Result:
             "client_rounds": self.costs.client_rounds(),
             "device": {"profile": prof.name, **self.costs.estimate(prof)},
         }
+        if self.rejected:  # a validating layer excluded clients
+            d["rejected"] = [{"round": r, "phase": p, "client": c, "why": why}
+                             for r, p, c, why in self.rejected]
         if self.privacy is not None and hasattr(self.privacy, "to_dict"):
             d["privacy"] = self.privacy.to_dict()
         clients = self.client_privacy()

@@ -130,6 +130,8 @@ class RunState:
     aborted: list[tuple[int, str, str]] = field(default_factory=list)
     participation: list[tuple[int, str, int, int]] = field(default_factory=list)
     measurements: list[dict[str, Any]] = field(default_factory=list)
+    #: (round, phase, client, why) for every client whose upload the layer rejected
+    rejected: list[tuple[int, str, int, str]] = field(default_factory=list)
     #: (phase, field) -> why it was released without DP noise (kept before a ledger exists)
     unnoised: dict[tuple[str, str], str] = field(default_factory=dict)
     #: the clients' statements: a Signer (in one process) or Collector (remote), or None

@@ -6,12 +6,13 @@ its form (``clear``, ``masked``, ``encrypted``, ``noised``), what it was (one cl
 and — only when the user asks — the values. ``secagg audit`` reads it back.
 
 Record types (the ``type`` key): ``run`` (one header: algorithm, layer, seed, notes),
-``observation`` (one per thing seen), ``message`` (one per message sent: sender, receiver,
-direction and framed wire size, the same figure the cost ledger books), ``privacy`` (a DP
-guarantee, per field or total) and ``end`` (the closing record: counts of records by type,
-rounds completed and a running SHA-256 digest chained over every record before it). A
-transcript without a matching ``end`` record is incomplete (truncated or altered):
-:meth:`Transcript.check` says so.
+``observation`` (one per thing seen), ``verdict`` (a validating layer's decision of one
+phase: the clients in the sum and those rejected, with why), ``message`` (one per message
+sent: sender, receiver, direction and framed wire size, the same figure the cost ledger
+books), ``privacy`` (a DP guarantee, per field or total) and ``end`` (the closing record:
+counts of records by type, rounds completed and a running SHA-256 digest chained over
+every record before it). A transcript without a matching ``end`` record is incomplete
+(truncated or altered): :meth:`Transcript.check` says so.
 """
 
 from __future__ import annotations
@@ -124,6 +125,14 @@ class Transcript:
         if digest is not None:
             rec["digest"] = digest
         self.records.append(rec)
+
+    def verdict(self, *, round: int, phase: str, party: str, accepted: Iterable[int],
+                rejected: dict[int, str]) -> None:
+        """Record a validating layer's decision of one phase, as ``party`` took it: the
+        clients whose uploads the released sum holds and the clients rejected (why)."""
+        self.records.append({"type": "verdict", "round": round, "phase": phase,
+                             "party": party, "accepted": sorted(int(c) for c in accepted),
+                             "rejected": {str(c): str(w) for c, w in sorted(rejected.items())}})
 
     def privacy(self, **info: Any) -> None:
         """Record a DP guarantee (per field or total)."""

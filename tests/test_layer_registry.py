@@ -21,8 +21,8 @@ from secagg.sweep import PLAIN_LAYERS as SWEEP_PLAIN
 
 
 def test_the_cli_and_the_sweep_read_the_registry():
-    assert layer_names() == ("plaintext", "secure-sum", "homomorphic", "central-dp",
-                             "local-dp", "distributed-dp")
+    assert layer_names() == ("plaintext", "secure-sum", "homomorphic", "validated-sum",
+                             "central-dp", "local-dp", "distributed-dp")
     assert cli.LAYERS == layer_names() and cli.DP_LAYERS == layer_names(dp=True)
     assert SWEEP_PLAIN == ("plaintext", "secure-sum")  # homomorphic is not sweepable
     assert SWEEP_DP == ("central-dp", "local-dp", "distributed-dp")
@@ -213,6 +213,7 @@ def test_secagg_run_takes_a_layers_options_from_its_entry(registry):
 
     assert {n: get_layer(n).options for n in layer_names() if get_layer(n).options} == {
         "secure-sum": ("threshold", "graph"), "homomorphic": ("he_scheme",),
+        "validated-sum": ("bound", "cheaters"),
         "distributed-dp": ("threshold", "graph", "colluders")}
     registry.register_layer("relabelled", options=("he_scheme",))(
         lambda options, inner: _Relabelled())

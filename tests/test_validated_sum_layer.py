@@ -61,8 +61,12 @@ def test_layer_books_aggregator_b_as_internal_and_transcripts_masked_views():
     # every client sends two messages to each aggregator (shares, then proof shares)
     assert sorted((r.sender, r.receiver) for r in ups_rows) == sorted(
         (c, a) for c in range(4) for a in (SERVER, AGGREGATOR_B) for _ in range(2))
-    seen = [r for r in ctx.transcript.records if r.get("type") == "observation"]
+    obs = [r for r in ctx.transcript.records if r.get("type") == "observation"]
+    seen = [r for r in obs if r["sender"] != SERVER]
     assert seen and all(r["form"] == "masked" for r in seen)
+    # what A reconstructs is the sum over the accepted clients, and nothing else
+    assert [(r["party"], r["form"], r["what"]) for r in obs if r["sender"] == SERVER] == [
+        (SERVER, "clear", "sum")] * len(SPEC.fields)
     assert {r["party"] for r in seen} == {SERVER, AGGREGATOR_B}
     assert {(r["party"], r["sender"]) for r in seen} == {
         (a, c) for c in range(4) for a in (SERVER, AGGREGATOR_B)}

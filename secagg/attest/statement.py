@@ -125,12 +125,12 @@ def params_digest(desc: Any) -> str:
 
 def classify(message: bytes | bytearray | Iterable[bytes], *, noised: Iterable[str] = ()
              ) -> tuple[str, dict[str, str], list[str]]:
-    """(form, field digests) of a message as its sender sees it: packed arrays
-    (``secagg.wire``) are ``clear`` -- ``noised`` when their fields are among ``noised`` --
-    with each array's digest (as :func:`secagg.transcript.digest` computes it); a
-    ciphertext message (``SHE``) is ``encrypted``; a secure-sum MASKED message is
-    ``masked``; anything else is a ``protocol`` message. The third item: the fields the
-    sender noised."""
+    """(form, field digests) of a message as its sender sees it: packed arrays (``secagg.wire``)
+    are ``clear`` -- ``noised`` when their fields are among ``noised`` -- with each array's
+    digest (as :func:`secagg.transcript.digest` computes it); a ciphertext message (``SHE``)
+    is ``encrypted``; a secure-sum MASKED message and a validated-sum SHARE_X (an additive
+    share of the update) are ``masked``; anything else is a ``protocol`` message. The third
+    item: the fields the sender noised."""
     from secagg.transcript import digest
     from secagg.wire import MAGIC as ARRAYS
     from secagg.wire import unpack_arrays
@@ -145,6 +145,8 @@ def classify(message: bytes | bytearray | Iterable[bytes], *, noised: Iterable[s
     if head[:3] == b"SHE":
         return "encrypted", {}, []
     if head[:2] == b"SS" and len(head) > 3 and head[3] == 6:  # secure_sum.wire MASKED
+        return "masked", {}, []
+    if head[:4] == b"VSUM" and len(head) > 5 and head[5] == 1:  # validated_sum.wire SHARE_X
         return "masked", {}, []
     return "protocol", {}, []
 

@@ -208,4 +208,33 @@ def audit(transcript: Transcript, identities: Mapping[str, Any] | None = None, *
         extra = {"trusted": trusted, "dp_recomputed": dp}
     return {"run": header, "complete": reason is None, "incomplete_reason": reason,
             "end": end, "traffic": traffic(transcript), "fields": out, "privacy": privacy,
-            "attestation": attestation, **extra}
+            "attestation": attestation, "validation": validation(transcript), **extra}
+
+
+def validation(transcript: Transcript) -> list[dict[str, Any]]:
+    """One entry per ``verdict`` record (a validating layer's decision of one phase, e.g.
+    :class:`~secagg.validated_sum.ValidatedSum`): ``round``, ``phase``, ``accepted`` (how
+    many clients the sum holds), ``rejected`` (client -> why), and for the rejected clients
+    what the transcript shows of their uploads: ``seen`` (client -> party -> the forms it
+    saw them in) and ``reconstructed`` (the rejected clients that some party saw in the
+    clear, or that the sum holds all the same: empty when none was ever reconstructed)."""
+    obs: dict[tuple[int, str, int], dict[str, Counter]] = defaultdict(
+        lambda: defaultdict(Counter))
+    for r in transcript.observations():
+        if isinstance(r.get("sender"), int) and not isinstance(r.get("sender"), bool):
+            obs[(r["round"], r["phase"], r["sender"])][str(r["party"])][r["form"]] += 1
+    out = []
+    for v in transcript.records:
+        if v.get("type") != "verdict":
+            continue
+        rejected = {int(c): str(w) for c, w in v.get("rejected", {}).items()}
+        accepted = set(v.get("accepted", []))
+        seen = {c: {p: dict(forms) for p, forms in obs.get((v["round"], v["phase"], c),
+                                                             {}).items()}
+                for c in sorted(rejected)}
+        rebuilt = [c for c in sorted(rejected) if c in accepted
+                   or any("clear" in forms for forms in seen[c].values())]
+        out.append({"round": v["round"], "phase": v["phase"], "party": v.get("party"),
+                    "accepted": len(accepted), "rejected": rejected, "seen": seen,
+                    "reconstructed": rebuilt})
+    return out

@@ -69,6 +69,35 @@ def _saw_text(saw: dict[str, int]) -> str:
     return ", ".join(f"{form} x{n}" for form, n in sorted(saw.items())) or "nothing"
 
 
+def _validation_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """The rejected clients of a validating layer, and whether their vectors were ever
+    reconstructed (see :func:`secagg.audit.summary.validation`)."""
+    if not entries:
+        return []
+    n_rej = sum(len(e["rejected"]) for e in entries)
+    lines = [f"\nvalidation ({len(entries)} verified phase(s), {n_rej} rejection(s); the "
+             "decisions are the aggregators' record):"]
+    for e in entries:
+        head = f"  round {e['round'] + 1} phase {e['phase']!r}: {e['accepted']} accepted"
+        if not e["rejected"]:
+            lines.append(head + ", none rejected")
+            continue
+        lines.append(head + f", rejected {_ranges(sorted(e['rejected']))}")
+        for c, why in sorted(e["rejected"].items()):
+            saw = "; ".join(f"{p} saw {', '.join(f'{k} x{n}' for k, n in sorted(f.items()))}"
+                            for p, f in sorted(e["seen"].get(c, {}).items())) or "nothing seen"
+            state = ("RECONSTRUCTED" if c in e["reconstructed"] else
+                     "never reconstructed")
+            lines.append(f"    client {c}: {why} - {saw}; its vector was {state}")
+    bad = [c for e in entries for c in e["reconstructed"]]
+    lines.append("  verdict: " + (
+        f"the vectors of rejected client(s) {_ranges(sorted(set(bad)))} WERE reconstructed "
+        "(seen in the clear or summed)" if bad else
+        "no rejected client's vector was reconstructed: no party saw it in the clear and "
+        "no released sum holds it"))
+    return lines
+
+
 def format_audit(report: dict[str, Any]) -> str:
     """The audit as text: completeness, the run, traffic per direction, then one block
     per (phase, field)."""
@@ -143,6 +172,7 @@ def format_audit(report: dict[str, Any]) -> str:
         lines.append(f"  DP guarantee : {e['dp']['text']}")
         for n in e["notes"]:
             lines.append(f"  note         : {n}")
+    lines.extend(_validation_lines(report.get("validation") or []))
     totals = [p for p in report.get("privacy", []) if not p.get("field")]
     dp = report.get("dp_recomputed")
     if dp and dp.get("epsilon") is not None:

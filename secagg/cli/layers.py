@@ -50,4 +50,5 @@ def _one_layer(args: argparse.Namespace, name: str) -> Any:
                                          he_scheme=args.he_scheme, epsilon=args.epsilon,
                                          delta=args.delta, rounds=args.rounds,
                                          dp=dp if get_layer(name).dp else {},
-                                         dropout=args.dropout))
+                                         dropout=args.dropout, bound=args.bound,
+                                         cheaters=args.cheaters))

@@ -5,6 +5,7 @@ ledger and policy options."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from secagg.cli.argparsing import _subparser
@@ -21,6 +22,8 @@ _LAYER_OPTIONS: dict[str, tuple[str, str]] = {
     "he_scheme": ("--he-scheme", "it picks the homomorphic scheme"),
     "colluders": ("--colluders", "it counts clients revealing their noise shares, which only "
                   "distributed-dp splits among the clients"),
+    "bound": ("--bound", "it is the validated sum's verified L2 bound"),
+    "cheaters": ("--cheaters", "it makes clients cheat against the validated sum's check"),
 }
 
 
@@ -59,6 +62,10 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigurationError("--rounds must be >= 1")
     if args.colluders < 0:
         raise ConfigurationError("--colluders must be >= 0")
+    if args.cheaters < 0:
+        raise ConfigurationError("--cheaters must be >= 0")
+    if args.bound is not None and not (math.isfinite(args.bound) and args.bound > 0):
+        raise ConfigurationError(f"--bound must be a positive finite number, got {args.bound}")
     if args.workers is not None and args.workers < 1:
         raise ConfigurationError("--workers must be >= 1")
     _client_ledger_kwargs(args)  # parses --client-budget and the client policy

@@ -178,6 +178,16 @@ def add_run_parser(sub: Any) -> None:
         choices=("bfv", "ckks"),
         help="homomorphic scheme (%(default)s)",
     )
+    g_layer.add_argument(
+        "--bound", type=float, default=None, metavar="B",
+        help="validated-sum: the L2 bound the aggregators verify on each client's whole "
+        "upload (default: from the fields' declared client-level bounds)",
+    )
+    g_layer.add_argument(
+        "--cheaters", type=int, default=0, metavar="K",
+        help="validated-sum attack switch: K clients of each cohort skip their clip and "
+        "scale their update by 100; the aggregators reject them (%(default)s)",
+    )
     g_priv.add_argument(
         "--dpsgd-noise",
         type=float,

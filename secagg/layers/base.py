@@ -34,7 +34,7 @@ import numpy as np
 
 from secagg.costs import SERVER, CostRow, Ledger
 from secagg.dropouts import DropoutModel
-from secagg.errors import ProtocolError
+from secagg.errors import ConfigurationError, ProtocolError
 from secagg.messages import Upload, UploadSpec
 from secagg.stages import Stage
 from secagg.transcript import Transcript, digest
@@ -279,6 +279,19 @@ class Layer(ABC):
     #: the aggregator adds the noise after seeing the un-noised result, so the layer's
     #: guarantee does not hold against the server
     aggregator_noises: ClassVar[bool] = False
+    #: two non-colluding aggregators each add their own noise to their share of the sum
+    #: (:meth:`noise_in_shares`), so a CentralDP around it holds against each of them
+    noises_in_shares: ClassVar[bool] = False
+    #: the parties that each add noise to their share (:meth:`noise_in_shares`)
+    share_parties: ClassVar[tuple[str, ...]] = ()
+
+    def noise_in_shares(self, sigmas: Mapping[str, float], sources: Mapping[str, Any]
+                        ) -> None:
+        """Have the next :meth:`aggregate` add, by each aggregator (``sources``: party ->
+        its noise source, with an ``rng``), Gaussian noise of std ``sigmas[field]`` (real
+        units) to its share of each field's sum, before the shares meet. Only a layer that
+        declares :attr:`noises_in_shares` does."""
+        raise ConfigurationError(f"layer {self.name!r} does not add noise in shares")
 
     @property
     def wrapped(self) -> Layer | None:

@@ -58,6 +58,10 @@ class LayerOptions:
         dp: further keyword arguments of the DP layers (e.g. ``adjacency``, ``seed``).
         dropout: the fraction of a cohort expected to drop (the secure sum sizes its SecAgg+
             degree for it: ``SecureSum(dropout=...)``).
+        bound: the validated sum's L2 bound on one client's upload (None: from the spec's
+            declared client-level bounds).
+        cheaters: the validated sum's attack switch: clients per cohort that skip their clip
+            and scale their update by 100 (demonstrations and tests).
     """
 
     threshold: float | int = 0.7
@@ -68,6 +72,8 @@ class LayerOptions:
     rounds: int | None = None
     dp: Mapping[str, Any] = field(default_factory=dict)
     dropout: float = 0.0
+    bound: float | None = None
+    cheaters: int = 0
 
 
 Builder = Callable[[LayerOptions, "Layer | None"], Layer]
@@ -120,8 +126,8 @@ class LayerEntry:
             from (the keys of its ``node_params()`` besides ``layer``); empty: no node
             rebuilds it (:func:`secagg.privacy.layers.node_layer`).
         options: the layer-specific run options that configure it (``threshold``,
-            ``graph``, ``he_scheme``, ``colluders``); ``secagg run`` refuses one given to a
-            layer that does not list it.
+            ``graph``, ``he_scheme``, ``colluders``, ``bound``, ``cheaters``); ``secagg run``
+            refuses one given to a layer that does not list it.
     """
 
     name: str
@@ -382,6 +388,20 @@ def _homomorphic(options: LayerOptions, inner: Layer | None) -> Layer:
     from secagg.homomorphic import Homomorphic
 
     return Homomorphic(scheme=options.he_scheme)
+
+
+@register_layer("validated-sum", sweepable=False,
+                summary="two non-colluding aggregators sum secret shares and reject a client "
+                "whose update breaks its L2 bound (a proof checked on shares)",
+                cls="secagg.validated_sum.layer:ValidatedSum",
+                not_on_flower="its server driver and node steps (aggregator B as a node role) "
+                "are not written yet: the node's protocol-step dispatch (secagg/node.py) "
+                "knows only the secure-sum and homomorphic steps",
+                options=("bound", "cheaters"))
+def _validated_sum(options: LayerOptions, inner: Layer | None) -> Layer:
+    from secagg.validated_sum import ValidatedSum
+
+    return ValidatedSum(bound=options.bound, cheaters=options.cheaters)
 
 
 def _dp_kwargs(options: LayerOptions) -> dict[str, Any]:

@@ -1,5 +1,14 @@
 """CentralDP: the aggregator adds Gaussian noise to the inner layer's sums (optionally
-DP-FTRL's tree-aggregated noise)."""
+DP-FTRL's tree-aggregated noise).
+
+Around a layer of two non-colluding aggregators that adds noise in shares
+(:attr:`~secagg.layers.base.Layer.noises_in_shares`: :class:`~secagg.validated_sum.ValidatedSum`)
+the noise is added by the aggregators instead: each adds N(0, sigma^2) to its own share of the
+sum before the shares meet, so the sum either of them sees carries at least the other's
+noise (sigma: the guarantee below holds against each aggregator alone, assuming they do not
+collude), and the released sum carries both (sqrt(2) sigma). The event is spent before the
+inner layer runs. DP-FTRL's tree is not available there.
+"""
 
 from __future__ import annotations
 
@@ -60,6 +69,17 @@ class CentralDP(_DPLayer):
             raise PrivacyError(f"tree_participations must be a positive integer, got "
                                f"{tree_participations!r}")
         super().__init__(inner, **kwargs)
+        if tree and inner.noises_in_shares:
+            raise PrivacyError(f"{self.name}: DP-FTRL's tree noise is added by one aggregator; "
+                               f"around {inner.name!r} the aggregators noise their shares "
+                               "(use tree=False)")
+        if inner.noises_in_shares:  # each aggregator alone sees a sum noised by the other
+            self.aggregator_noises = False  # type: ignore[misc]
+            self.holds_against = (  # type: ignore[misc]
+                "observers of the released (noised) sums and the models built from them",
+                "each of the two aggregators alone (the server and aggregator-b): each adds "
+                "its own noise to its share of the sum, so the sum either reconstructs "
+                "carries the other's; NOT the two together (they are assumed not to collude)")
         self.tree = tree
         self.tree_participations = tree_participations
         self._trees: dict[str, dict[str, Any]] = {}
@@ -92,7 +112,10 @@ class CentralDP(_DPLayer):
 
     def server_part(self, spec: UploadSpec, ctx: RoundContext, n: int) -> ServerPart:
         """Begin a release (:meth:`begin`); the inner layer carries the uploads as they are,
-        and the part's end noises the sums (:meth:`release`)."""
+        and the part's end noises the sums (:meth:`release`), or, around an inner layer that
+        noises in shares, the aggregators noise their shares (:class:`_SharesPart`)."""
+        if self.inner.noises_in_shares:
+            return _SharesPart(self, spec, ctx)
         return _CentralPart(self, spec, ctx)
 
     def release(self, agg: Aggregate, spec: UploadSpec, ctx: RoundContext,
@@ -168,3 +191,30 @@ class _CentralPart(_DPPart):
     def end(self, agg: Aggregate, ctx: RoundContext) -> Aggregate:
         """Noise the sums and spend the release (:meth:`CentralDP.release`)."""
         return self.layer.release(agg, self.spec, ctx, self.ledger)
+
+
+class _SharesPart(_DPPart):
+    """CentralDP around two aggregators that noise their shares: the event spent and the
+    noise handed to the inner layer when the release begins, the notes at its end."""
+
+    def __init__(self, layer: CentralDP, spec: UploadSpec, ctx: RoundContext) -> None:
+        super().__init__(layer, spec, ctx)
+        noised = layer._noised(spec)
+        self.sigmas = layer._sigmas(spec, noised) if noised else {}
+        if self.sigmas:  # raises BudgetExceeded before any client's share is read
+            self.ledger.spend(GaussianEvent(
+                noise_multiplier=layer.noise_multiplier, round=ctx.round, phase=ctx.phase,
+                fields=tuple(self.sigmas), label=f"{layer.name} in shares"))
+        fields = tuple(self.sigmas)
+        self.sources = {party: layer._source(ctx, party, self.ledger, fields)
+                        for party in layer.inner.share_parties}
+        layer.inner.noise_in_shares(self.sigmas, self.sources)
+
+    def end(self, agg: Aggregate, ctx: RoundContext) -> Aggregate:
+        """The release's notes (the noise is in the sums already)."""
+        if self.sigmas:
+            private = all(src.private for src in self.sources.values())
+            agg.notes["dp"] = self.layer._notes(
+                self.spec, self.sigmas, "gaussian", private, server_saw_unnoised_sum=False,
+                noise_in_shares=True, released_sigma_factor=math.sqrt(2.0))
+        return agg

@@ -73,6 +73,7 @@ class Aggregator:
         self._coins: list[bytes] = []
         self._nonce: bytes | None = None
         self._stage = Stage.UPLOAD
+        self._noise: np.ndarray | None = None
 
     # -- helpers -------------------------------------------------------------------------
     def _reject(self, err: ClientRejected) -> ClientRejected:
@@ -276,11 +277,29 @@ class Aggregator:
         return self.accepted
 
     # -- step 6 ----------------------------------------------------------------------------
+    def keep_only(self, clients: set[int], why: str) -> None:
+        """Exclude the accepted clients not in ``clients`` (they failed a check of another
+        proof of the same upload, e.g. another field's bound) before the sum."""
+        self._need("sum")
+        for c in self.accepted:
+            if c not in clients:
+                self.rejected.setdefault(c, ClientRejected(c, why))
+        self.accepted = tuple(c for c in self.accepted if c in clients)
+
+    def add_noise(self, noise: np.ndarray) -> None:
+        """Add this aggregator's own noise (field elements, drawn by it) to its share of the
+        sum, before that share leaves it or meets the other's (CentralDP in shares)."""
+        self._need("sum")
+        noise = np.asarray(noise, dtype=np.uint64)
+        if noise.shape != (self.params.dim,):
+            raise ValueError(f"noise of shape {noise.shape}, expected ({self.params.dim},)")
+        self._noise = noise if self._noise is None else F.add(self._noise, noise)
+
     def _share_sum(self) -> np.ndarray:
         total = np.zeros(self.params.dim, dtype=np.uint64)
         for c in self.accepted:
             total = F.add(total, self._x[c])
-        return total
+        return total if self._noise is None else F.add(total, self._noise)
 
     def sum_message(self) -> bytes:
         """B's share of the sum over the accepted clients, for A."""

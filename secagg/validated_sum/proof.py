@@ -23,6 +23,12 @@ Checks (all linear in the shares, except the two gadget tests on revealed values
        vectors r_k in {-1, 0, 1}^d (0 w.p. 1/2, +-1 w.p. 1/4) and the client shows
        z_k = <r_k, x> + H in [0, 2^w) by its w bits (identity checked linearly).
 
+Exact mode (``Params(exact=True)``): the statement is ``sum x_i^2 = B^2`` exactly (for a
+one-coordinate field: x = +-B, a centred bit such as adaptive clipping's count). Besides the
+checks above the aggregators open their shares of B^2 - N = sum_j 2^j a'_j, which is 0 for
+every honest client (so opening it reveals nothing) and nonzero for any other; soundness is
+unchanged (one more linear identity on shares).
+
 Parameters: w is the largest integer with d * 4^w <= 2^60, H = 2^(w-1), B = floor(H / alpha)
 with alpha = 9, R = 41.
 
@@ -89,6 +95,8 @@ class Params:
     bound: float
     reps: int = REPS
     alpha: int = ALPHA
+    #: the statement is sum x_i^2 = B^2 exactly (see the module docstring)
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -149,7 +157,7 @@ class Params:
     @property
     def check_len(self) -> int:
         """Field elements each aggregator opens per client."""
-        return self.chunk + 2 + 2 + 1 + 1 + self.reps
+        return self.chunk + 2 + 2 + 1 + 1 + self.reps + int(self.exact)
 
     def soundness_log2(self) -> float:
         """log2 of the per-client soundness error bound (see the module docstring)."""
@@ -220,6 +228,9 @@ def prove(x: np.ndarray, wrap: np.ndarray, params: Params, *, honest: bool = Tru
     norm = int(F.total(F.mul(xf, xf)))  # = sum x_i^2 over Z when there is no wraparound
     if honest and norm > units2:
         raise BoundExceeded(math.sqrt(norm) / params.scale, params.bound)
+    if honest and params.exact and norm != units2:
+        raise ValueError(f"exact mode: squared norm {norm} is not bound^2 = {units2} (an "
+                         "honest client sends exactly +-bound)")
     if claimed_norm is None:
         claimed_norm = norm if honest else min(norm, units2)
     z = np.rint(wrap.astype(np.float64) @ x.astype(np.float64)).astype(np.int64) + params.half
@@ -315,8 +326,9 @@ def check_share(role: int, x_share: np.ndarray, u_share: np.ndarray, wrap: np.nd
     wrapc = F.sub(z, zbits)
     if role == 0:
         wrapc = F.add(wrapc, np.uint64(params.half))
+    tail = [np.array([comp], dtype=np.uint64)] if params.exact else []
     return np.concatenate([f1, np.array([p1r, out1, f2, p2r, out2, lin], dtype=np.uint64),
-                           wrapc])
+                           wrapc, *tail])
 
 
 def decide(share_a: np.ndarray, share_b: np.ndarray, params: Params, *,
@@ -329,7 +341,7 @@ def decide(share_a: np.ndarray, share_b: np.ndarray, params: Params, *,
     c = params.chunk
     f1 = v[:c]
     p1r, out1, f2, p2r, out2, lin = (int(t) for t in v[c:c + 6])
-    wrapc = v[c + 6:]
+    wrapc = v[c + 6:c + 6 + params.reps]
     if p1r != int(F.total(F.mul(f1, f1))):
         return "squares proof (FLP1) fails at the random point"
     if out1 != 0:
@@ -342,4 +354,6 @@ def decide(share_a: np.ndarray, share_b: np.ndarray, params: Params, *,
         return "claimed squared norm is not within [0, bound^2]"
     if "wrap" not in skip and np.any(wrapc != 0):
         return "a wraparound projection is outside its window"
+    if params.exact and "exact" not in skip and int(v[-1]) != 0:
+        return "squared norm is not exactly bound^2 (not a centred bit)"
     return None

@@ -10,10 +10,11 @@ seed source; ``dropped`` maps a client to the step it does not finish
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,26 +94,76 @@ def run_round(
     checks: frozenset[str] = ALL_CHECKS,
     randbytes: Callable[[int], bytes] | None = None,
     on_message: OnMessage | None = None,
+    noise: Callable[[int], np.ndarray] | None = None,
 ) -> RoundResult:
     """Run one round: ``updates`` (client -> float vector of length ``params.dim``);
-    ``cheaters`` (client -> factor): those clients skip the clip and scale their update.
+    ``cheaters`` (client -> factor): those clients skip the clip and scale their update;
+    ``noise(role)``: aggregator ``role``'s own noise (field elements of length ``params.dim``),
+    added to its share of the sum before the shares meet (CentralDP in shares).
     BLAS runs on one thread: the proofs' matrix products are small, and threads only
     contend for the cores."""
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _round(updates, params, round, run_id, dict(cheaters or {}),
-                      dict(dropped or {}), tamper, checks, randbytes or secrets.token_bytes,
-                      on_message or _quiet)
+    return run_rounds([updates], [params], round=round, run_id=run_id, cheaters=cheaters,
+                      dropped=dropped, tamper=tamper, checks=checks, randbytes=randbytes,
+                      on_message=on_message, noise=None if noise is None else [noise])[0]
 
 
-def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
-           run_id: bytes | None, cheaters: dict[int, float], dropped: dict[int, str],
-           tamper: Tamper | None, checks: frozenset[str],
-           randbytes: Callable[[int], bytes], book: OnMessage) -> RoundResult:
+def run_rounds(
+    updates: Sequence[Mapping[int, np.ndarray]],
+    params: Sequence[proofs.Params],
+    *,
+    round: int = 0,
+    run_id: bytes | None = None,
+    cheaters: Mapping[int, float] | None = None,
+    dropped: Mapping[int, str] | None = None,
+    tamper: Tamper | None = None,
+    checks: frozenset[str] = ALL_CHECKS,
+    randbytes: Callable[[int], bytes] | None = None,
+    on_message: OnMessage | Sequence[OnMessage] | None = None,
+    noise: Sequence[Callable[[int], np.ndarray]] | None = None,
+) -> list[RoundResult]:
+    """One round over several parts of each client's upload, each with its own proof and
+    bound (``updates[k]``, ``params[k]``: e.g. one per field, each field's own L2 bound, or a
+    field proved to be a centred bit): every part is verified first, then each part's sum
+    is over the clients whose every part passed (a client failing one part is rejected from
+    all). ``on_message``: one callback, or one per part. Returns one result per part."""
+    if len(updates) != len(params) or (noise is not None and len(noise) != len(params)):
+        raise ValueError("one params (and one noise) per part")
+    books = (list(on_message) if isinstance(on_message, Sequence)
+             else [on_message or _quiet] * len(params))
     run_id = run_id if run_id is not None else os.urandom(16)
-    aggs = (Aggregator(0, params, run_id, round, checks=checks),
-            Aggregator(1, params, run_id, round, checks=checks))
+    with threadpool_limits(limits=1, user_api="blas"):
+        states = [_decide(u, p, round, run_id, dict(cheaters or {}), dict(dropped or {}),
+                          tamper, checks, randbytes or secrets.token_bytes,
+                          books[k], k) for k, (u, p) in enumerate(zip(updates, params))]
+        keep = set.intersection(*(set(st.aggs[0].accepted) for st in states)) if states else set()
+        return [_finish(st, keep, None if noise is None else noise[k])
+                for k, st in enumerate(states)]
+
+
+@dataclass
+class _Decided:
+    """One part's round after both aggregators decided every client, before the sum."""
+
+    aggs: tuple[Aggregator, Aggregator]
+    params: proofs.Params
+    clients: tuple[int, ...]
+    agg_s: list[float]
+    client_s: dict[int, float]
+    up_bytes: dict[int, tuple[int, int]]
+    book: OnMessage
+
+
+def _decide(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
+            run_id: bytes, cheaters: dict[int, float], dropped: dict[int, str],
+            tamper: Tamper | None, checks: frozenset[str],
+            randbytes: Callable[[int], bytes], book: OnMessage, part: int) -> _Decided:
+    # a part after the first is bound to its own run id (its shares and coins are its own)
+    rid = run_id if part == 0 else hashlib.sha256(run_id + part.to_bytes(4, "big")
+                                                  ).digest()[:16]
+    aggs = (Aggregator(0, params, rid, round, checks=checks),
+            Aggregator(1, params, rid, round, checks=checks))
     agg_s = [0.0, 0.0]
-    clients = {c: Client(c, params, run_id, round, honest=c not in cheaters,
+    clients = {c: Client(c, params, rid, round, honest=c not in cheaters,
                          scale_by=cheaters.get(c, 1.0), randbytes=randbytes) for c in updates}
     client_s = dict.fromkeys(clients, 0.0)
     up_bytes = {c: (0, 0) for c in clients}
@@ -173,6 +224,18 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
         agg_s[role] += spent
         book(AGGREGATORS[1 - role], AGGREGATORS[role], Stage.CHECK, checks_msgs[1 - role], 0.0,
              spent)
+    return _Decided(aggs, params, tuple(clients), agg_s, client_s, up_bytes, book)
+
+
+def _finish(st: _Decided, keep: set[int], noise: Callable[[int], np.ndarray] | None
+            ) -> RoundResult:
+    aggs, agg_s, book, params = st.aggs, st.agg_s, st.book, st.params
+    for agg in aggs:
+        agg.keep_only(keep, "another part of its upload failed its check")
+        if noise is not None:
+            t0 = time.process_time()
+            agg.add_noise(noise(agg.role))
+            agg_s[agg.role] += time.process_time() - t0
     t0 = time.process_time()
     sum_msg = aggs[1].sum_message()
     spent_b = time.process_time() - t0
@@ -187,9 +250,9 @@ def _round(updates: Mapping[int, np.ndarray], params: proofs.Params, round: int,
         if c not in rejected or type(rejected[c]) is ClientRejected:
             rejected[c] = err
     accepted = aggs[0].accepted
-    absent = tuple(sorted(c for c in clients if c not in accepted and c not in rejected))
+    absent = tuple(sorted(c for c in st.clients if c not in accepted and c not in rejected))
     return RoundResult(
         total=proofs.decode(total_field, params), total_field=total_field,
-        accepted=accepted, rejected=rejected, absent=absent, upload_bytes=up_bytes,
-        client_s=client_s, aggregator_s=(agg_s[0], agg_s[1]),
+        accepted=accepted, rejected=rejected, absent=absent, upload_bytes=st.up_bytes,
+        client_s=st.client_s, aggregator_s=(agg_s[0], agg_s[1]),
     )
