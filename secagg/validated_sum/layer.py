@@ -179,6 +179,8 @@ class ValidatedSum(Layer):
         cheaters = {c: CHEAT_FACTOR for c in live[:self.cheaters]}
         party = {"A": SERVER, "B": AGGREGATOR_B}
 
+        steps = {c: (float(uploads[c].cpu_s), float(uploads[c].flops)) for c in live}
+
         def booker(fields: tuple[Any, ...]) -> Any:
             def book(sender: object, receiver: object, stage: str, msg: bytes,
                      sender_s: float, receiver_s: float) -> None:
@@ -186,8 +188,17 @@ class ValidatedSum(Layer):
                 r = party.get(receiver, receiver)  # type: ignore[call-overload]
                 client_s = sender_s if isinstance(s, int) else 0.0
                 server_s = receiver_s + (0.0 if isinstance(s, int) else sender_s)
+                carried: dict[str, int] = {}
+                flops = 0.0
+                if isinstance(s, int) and r == SERVER and stage == Stage.SHARE:
+                    # the upload's share to A carries its fields (in shares) and, on its
+                    # first part, the client step's work (booked once per client)
+                    carried = {f.name: f.nbytes for f in fields}
+                    step_s, flops = steps.pop(s, (0.0, 0.0))
+                    client_s += step_s
                 ctx.message(s, r, stage, wire_bytes=msg, client_cpu_s=client_s,
-                            server_cpu_s=server_s)
+                            server_cpu_s=server_s, plaintext_bytes=sum(carried.values()),
+                            fields=carried, flops=flops, step_flops=flops)
                 if isinstance(s, int) and stage == Stage.SHARE:
                     sha = digest(msg)  # an additive share of every field: uniform on its own
                     for f in fields:
