@@ -117,7 +117,8 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
         if "layer" in header and (told_contradiction(st.params, header["layer"]) or (
                 "layer" in st.params and st.params["layer"] != params_digest(header["layer"]))):
             problems.append(Problem(line=i, kind="contradicted", text=(
-                f"{st.sender} was told other layer parameters than the run header states")))
+                f"{st.sender} was told other layer parameters than the run header states "
+                f"({_label(st)})")))
         signed.append((i, st))
         if st.closing and closings is not None:
             closings[i] = st
