@@ -25,7 +25,7 @@ from test_audit_lying_server_flower import (  # noqa: E402
     _stmt,
 )
 
-from secagg import CentralDP, DistributedDP, Homomorphic, SecureSum  # noqa: E402
+from secagg import CentralDP, DistributedDP, Homomorphic, LocalDP, SecureSum  # noqa: E402
 from secagg.attest.told import told_digest, told_params  # noqa: E402
 from secagg.flower.records import read  # noqa: E402
 
@@ -165,7 +165,8 @@ def test_told_params_are_the_carrying_layers_whatever_wraps_it():
 
     ss = SecureSum(threshold=0.7, graph="complete", precision=1e-4, ring_bits=40)
     for layer in (ss, CentralDP(ss, epsilon=2.0, delta=1e-5),
-                  DistributedDP(ss, epsilon=2.0, delta=1e-5)):
+                  DistributedDP(ss, epsilon=2.0, delta=1e-5),
+                  LocalDP(ss, epsilon=2.0, delta=1e-5)):
         desc = json.loads(json.dumps(layer.describe()))
         sent = json.loads(SecureSumServer(layer=ss).params())
         assert told_digest(sent) == told_digest(told_params(desc))
