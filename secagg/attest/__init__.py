@@ -11,8 +11,18 @@ small :class:`Statement` per message it sends:
 values in it were when they left: ``clear``, ``noised``, ``masked``, ``encrypted``, or
 ``protocol`` for a protocol message carrying none), ``fields`` (field name -> SHA-256 of
 that field's array as sent, for ``clear``/``noised`` arrays) and ``params`` (the layer
-parameters the client was told to use: a digest of the layer description, and the DP
-noise parameters when it adds noise itself).
+parameters the client was told to use: ``told``, the digest of the carrying layer's
+parameters as the client holds them, one definition on every runtime
+(:func:`secagg.attest.told.told_digest`); in one process also ``layer``, a digest of the
+whole layer description; and the DP noise parameters when it adds noise itself).
+
+What the audit proves about those parameters, and against whom: with the parties' keys
+held outside the run, a server that tells a client other carrying-layer parameters than
+its run header states (e.g. a lower secure-sum threshold for one node), or rewrites the
+header afterwards, is caught on both runtimes: every statement whose ``told`` differs from
+the digest the audit derives from the header's layer description (whatever DP layer wraps
+it) is reported ``contradicted``, naming its signer (:mod:`secagg.attest.told` says what
+is and is not covered).
 
 The signed bytes are :data:`DOMAIN` followed by the statement as canonical JSON (sorted
 keys, no spaces). The server's transcript carries each statement and its signature as an
@@ -47,7 +57,9 @@ names what it cannot check of it.
 One concept per module, every public name importable from this package: the statement,
 its vocabulary and signed record (:mod:`.statement`), the parties' keys and identities
 files (:mod:`.identities`), the DP terms a party signs (:mod:`.terms`), where statements
-are made (:mod:`.signers`) and the auditor's check (:mod:`.verification`).
+are made (:mod:`.signers`), what a client signs about the layer parameters it was told and
+the run tag format (:mod:`.told`, imported from there) and the auditor's check
+(:mod:`.verification`).
 """
 
 from __future__ import annotations

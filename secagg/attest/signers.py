@@ -6,7 +6,6 @@ every party's :func:`closing_statement`; each statement booked on the cost ledge
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -28,6 +27,7 @@ from secagg.attest.statement import (
     sign,
 )
 from secagg.attest.terms import dp_terms
+from secagg.attest.told import run_tag, told_digest, told_params
 
 
 def _book(ctx: Any, rec: dict[str, Any], cpu_s: float, size: int | None = None) -> None:
@@ -63,10 +63,12 @@ class Signer:
 
     Args:
         parties: the client ids (the decryptor is added).
-        layer: the run's layer description (its digest is in every statement).
+        layer: the run's layer description (its digest, and the digest of the carrying
+            layer's parameters the clients hold, :func:`secagg.attest.told.told_digest`,
+            are in every statement).
         noise: the DP noise parameters the clients apply themselves (None: none).
         keys: pinned private keys by party (the rest are generated).
-        run: the run tag (default: 16 random bytes, hex).
+        run: the run tag (default: a fresh :func:`secagg.attest.told.run_tag`).
     """
 
     def __init__(self, *, parties: Iterable[int], layer: Any, noise: Any = None,
@@ -76,8 +78,11 @@ class Signer:
         self.keys: dict[Any, Ed25519PrivateKey] = {
             p: pinned.get(p) or Ed25519PrivateKey.generate()
             for p in [*parties, "decryptor"]}
-        self.run = run or secrets.token_hex(16)
+        self.run = run or run_tag()
         self.params: dict[str, Any] = {"layer": params_digest(layer)}
+        told = told_params(layer)  # what every runtime's client signs of its parameters
+        if told is not None:
+            self.params["told"] = told_digest(told)
         if noise is not None:
             self.params["noise"] = noise
         #: the next sequence number of each party

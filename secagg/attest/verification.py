@@ -24,6 +24,7 @@ from secagg.attest.statement import (
     Statement,
     params_digest,
 )
+from secagg.attest.told import told_contradiction
 from secagg.stages import Stage
 
 
@@ -113,10 +114,11 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
             problems.append(Problem(line=i, kind="forged", text=(
                 f"{st.sender}'s statement is from another run ({st.run})")))
             continue
-        if "layer" in st.params and "layer" in header and \
-                st.params["layer"] != params_digest(header["layer"]):
+        if "layer" in header and (told_contradiction(st.params, header["layer"]) or (
+                "layer" in st.params and st.params["layer"] != params_digest(header["layer"]))):
             problems.append(Problem(line=i, kind="contradicted", text=(
-                f"{st.sender} was told other layer parameters than the run header states")))
+                f"{st.sender} was told other layer parameters than the run header states "
+                f"({_label(st)})")))
         signed.append((i, st))
         if st.closing and closings is not None:
             closings[i] = st

@@ -119,7 +119,8 @@ def format_audit(report: dict[str, Any]) -> str:
         lines.append("attestation: verified - every message the clients sent carries their "
                      "signed statement, and every server record of it agrees (form, digest); "
                      "every party's numbered statements are all there, each matched by the "
-                     "server's records both ways")
+                     "server's records both ways; every layer parameter a client signed it was "
+                     "told is the one the run header states")
     else:
         lines.append("attestation: verified (scheme v1: partial) - every message the server "
                      "recorded carries its sender's signed statement and agrees with it; the "

@@ -192,15 +192,36 @@ def _close(rec: ConfigRecord, key: Any, context: Context, store: ConfigRecord
     return {Key.ATT: json.dumps(atts), Key.ATT_CPU_S: time.process_time() - t0}
 
 
+def _told(rec: ConfigRecord, name: str) -> str:
+    """What the node signs about the layer parameters the instruction's field ``name``
+    (``layer``, or ``next_layer`` for a key advertisement made ahead) told it: their
+    :func:`secagg.attest.told.told_digest`, the value every runtime's client signs.
+
+    Raises:
+        ProtocolError: the field is not a JSON object.
+    """
+    from secagg.attest.told import told_digest
+
+    try:
+        told = json.loads(field(rec, name, str))
+    except ValueError:
+        raise ProtocolError(f"instruction field {name!r} is not JSON") from None
+    if not isinstance(told, dict):
+        raise ProtocolError(f"instruction field {name!r} is not a JSON object")
+    return told_digest(told)
+
+
 def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
             store: ConfigRecord, context: Context) -> dict[str, Any]:
     """Sign a statement for every message of the reply ``out`` (the one place a node's
     messages leave it; :func:`secagg.attest.sign_reply`): labelled with the round, phase
     and stage the instruction names (``att``), the form read from the message itself,
+    the layer parameters the instruction told the node (``told``: on every stage whose
+    instruction carries them, the advertisement made ahead included; :func:`_told`),
     the noise parameters this node applied (``dp``) and the noised fields, and numbered
     with the node's own sequence numbers (:class:`_AttestBook`, in its ``Context.state``:
     scheme :data:`secagg.attest.SCHEME`)."""
-    from secagg.attest import params_digest, sign_reply
+    from secagg.attest import sign_reply
 
     t0 = time.process_time()
     labels = json.loads(rec[Key.ATT]) if isinstance(rec.get(Key.ATT), str) else [-1, "", step]
@@ -209,7 +230,7 @@ def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
     sender: Any = "decryptor" if step in (Stage.HE_KEYGEN, Stage.HE_DECRYPT) else int(store["cid"])
     params: dict[str, Any] = {}
     if Key.LAYER in rec:
-        params["told"] = params_digest(json.loads(field(rec, Key.LAYER, str)))
+        params["told"] = _told(rec, Key.LAYER)
     if Key.DP in rec:
         params["noise"] = json.loads(field(rec, Key.DP, str))
     noised = json.loads(store["att_noised"]) if "att_noised" in store else []
@@ -227,7 +248,8 @@ def _attest(rec: ConfigRecord, step: str, out: dict[str, Any], key: Any,
         atts += json.loads(sign_reply(
             key, run=str(store[Key.RUN]), round=int(rec.get(Key.NEXT_ROUND, -1)), phase="",
             sender=sender, messages={Key.NEXT_MSG: (Stage.ADVERTISE, out[Key.NEXT_MSG])},
-            params={}, first_seq=book.take(sender, 1)))
+            params={"told": _told(rec, Key.NEXT_LAYER)} if Key.NEXT_LAYER in rec else {},
+            first_seq=book.take(sender, 1)))
     book.save()
     if atts:
         out[Key.ATT] = json.dumps(atts)

@@ -29,7 +29,6 @@ transcript as ``unclosed``, with the reason.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from secagg.attest import Collector
+from secagg.attest.told import run_tag
 from secagg.data import Dataset
 from secagg.dropouts import DropoutModel
 from secagg.engine import (
@@ -404,7 +404,7 @@ class FlowerFederation(NodeMessagesMixin, NodeEvaluationMixin, TransportHooks):
             ConfigurationError: too few nodes connected, or duplicate client ids.
         """
         self._grid = grid
-        self._run_tag = secrets.token_hex(8)  # nodes start fresh client state per run
+        self._run_tag = run_tag()  # nodes start fresh client state per run
         self._node_ledgers = []
         self._sizings = {}
         # the nodes' signed statements, closed at the end of the run (step "close")
