@@ -451,13 +451,12 @@ class LayerConformance:
         assert count(emb) == count(fl)
 
     @pytest.mark.xfail(strict=True, reason=(
-        "defect: the signed statements differ across runtimes. The embedded signer puts "
-        "params.layer (a digest of the layer's description) in every statement and uses a "
-        "32-hex run tag (attest/signers.py); a Flower node signs params.told (a digest of "
-        "the parameters an instruction carries, on SecureSum's share only) and a 16-hex tag "
-        "(flower/server.py, flower/node_identity.py). attest/verification.py compares only "
-        "params.layer with the run header, so on Flower its check that no client was told "
-        "other layer parameters than the header states never fires"))
+        "the signed statements' sizes differ across runtimes: the embedded signer puts "
+        "params.layer and params.told in every statement, a Flower node params.told only on "
+        "the stages whose instruction carries the layer (the one definition of what a "
+        "client signs it was told is attest/told.py, and the audit compares it with the "
+        "run header on both runtimes: tests/test_audit_told_params.py); one signing module "
+        "for both runtimes goes with the one secure-sum driver"))
     def test_attestation_rows_are_equal_across_runtimes(self, runs, on_flower):
         emb, fl = self._both(runs, on_flower)
         assert _rows(emb.result, attest=True) == _rows(fl.result, attest=True)
