@@ -78,9 +78,13 @@ def cases(draw):
 
 # Cohorts up to 30 and 200 examples (before: up to 60 and 320, 2.2x the time): the same
 # properties over graphs of either kind and aborts at every stage (the run's events). An abort
-# at unmasking is the rarest draw, so one of each graph kind is also given explicitly.
+# at unmasking is the rarest draw, so it is also given explicitly: on each graph kind, and on
+# SecAgg+'s graph once with every neighbourhood large enough but the live set below t, and
+# once with the live set large enough but a dropped contributor's seed one holder short.
 @example((6, 32, 2, "complete", None, 4, {0: "unmask", 1: "unmask", 2: "unmask"}, 1))
 @example((12, 16, 3, "harary", 4, 0.6, {1: "unmask", 2: "unmask", 6: "unmask"}, 7))
+@example((12, 8, 1, "harary", 4, 0.6, dict.fromkeys((0, 1, 2, 3, 6), "unmask"), 7))
+@example((12, 33, 2, "harary", 4, 0.6, dict.fromkeys((0, 1, 6), "unmask"), 7))
 @settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
