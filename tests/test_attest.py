@@ -264,3 +264,40 @@ def test_a_node_refuses_dp_terms_that_misdescribe_the_noise_it_applied():
     called_private = check_applied(terms, seeded)
     assert len(called_private) == 1 and "fixed seed" in called_private[0]
     assert check_applied({**terms, "not_private": ["seed fixed"]}, seeded) == []
+
+
+def test_unreadable_attestation_records_are_forged_for_verify_and_skipped_for_the_dp_terms(
+        runs):
+    """A lying server slips unreadable attestation records into a transcript (one whose
+    signature is not hex, one whose statement has a key no statement has): the one reader
+    of attestation records (secagg.attest.attestation_records) yields them in file order
+    with the reason; verify names each as forged at its line, and the audit's DP terms
+    (secagg.audit.signed_dp) are read from the readable closing statements alone, the
+    same as without them."""
+    from secagg.attest import attestation_records
+    from secagg.audit import signed_dp
+
+    _, folder = runs["local-dp"]
+    identities = read_identities(_keys(folder))
+    recs = _records(folder)
+    terms_before = signed_dp(recs, identities)
+    at = [i for i, r in enumerate(recs) if r.get("type") == "attestation"]
+    bad_sig = {**recs[at[0]], "signature": "not hex"}
+    bad_st = {**recs[at[1]], "statement": {**recs[at[1]]["statement"], "extra": 1}}
+    recs[at[0] + 1:at[0] + 1] = [bad_sig]
+    recs[at[1] + 2:at[1] + 2] = [bad_st]  # after the first insertion
+    lines = (at[0] + 2, at[1] + 3)
+    read = list(attestation_records(recs))
+    assert [r.line for r in read] == [i + 1 for i, r in enumerate(recs)
+                                      if r.get("type") == "attestation"]
+    unreadable = [r for r in read if r.error is not None]
+    assert [r.line for r in unreadable] == list(lines)
+    assert all(r.statement is None and r.signature == b"" for r in unreadable)
+    assert "statement" in unreadable[1].error
+    good = read[0]
+    assert good.statement == Statement.from_json(recs[good.line - 1]["statement"])
+    assert good.signature == bytes.fromhex(recs[good.line - 1]["signature"])
+    forged = [p for p in verify(recs, identities) if "unreadable statement" in p.text]
+    assert [(p.line, p.kind) for p in forged] == [(n, "forged") for n in lines]
+    assert signed_dp(recs, identities) == terms_before
+    assert terms_before[0] is not None and terms_before[1]  # terms signed, and by parties

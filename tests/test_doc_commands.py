@@ -5,7 +5,8 @@ follows the page runs them: an ``audit`` reads the run shown above it), through 
 entry point as the ``secagg`` script. Only the length of the work is cut, by this mapping:
 
 * ``secagg run``: ``--rounds 1 --quiet`` appended (a later option wins in argparse), and
-  ``--local-epochs 1`` when the algorithm takes it;
+  ``--local-epochs 1`` when the algorithm takes it (its own parameter, or through
+  ``**kwargs`` as the CLI accepts it);
 * ``secagg sweep CONFIG``: CONFIG is a copy of the checkout's file at the same relative
   path, with ``sweep.rounds = 1``, ``sweep.workers = 0``, one seed and the first epsilon
   of each axis;
@@ -49,6 +50,7 @@ import pytest
 
 from secagg.algorithm_registry import load_algorithm
 from secagg.cli import main
+from secagg.cli.algorithm_options import _inherits
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -158,9 +160,18 @@ def fast_argv(argv: list[str], expected: int = 0) -> list[str]:
             name = argv[i + 1]
         elif tok.startswith("--algorithm="):
             name = tok.split("=", 1)[1]
-    if "local_epochs" in inspect.signature(load_algorithm(name)).parameters:
+    if _takes_local_epochs(load_algorithm(name)):
         extra += ["--local-epochs", "1"]
     return [*argv, *extra]
+
+
+def _takes_local_epochs(cls: type) -> bool:
+    """Whether ``secagg run`` accepts ``--local-epochs`` for the algorithm: the CLI's rule,
+    a parameter of its own or one its ``**kwargs`` forward to a base class that names it
+    (FedProx, SphereFed)."""
+    params = inspect.signature(cls).parameters
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return "local_epochs" in params or (var_kw and _inherits(cls, "local_epochs"))
 
 
 def _needs_fashion(argv: list[str]) -> bool:
@@ -182,6 +193,9 @@ def test_the_pages_show_commands_and_the_extraction_reads_them():
                                                            "plot"}
     assert fast_argv(["run", "--algorithm", "gmm", "--rounds", "20"]) == [
         "run", "--algorithm", "gmm", "--rounds", "20", "--rounds", "1", "--quiet"]
+    # FedProx takes local_epochs through **kwargs (FedAvg's): the CLI accepts it, so it is cut
+    assert fast_argv(["run", "--algorithm", "fedprox"]) == [
+        "run", "--algorithm", "fedprox", "--rounds", "1", "--quiet", "--local-epochs", "1"]
     assert fast_argv(["dp-audit", "--layer", "dp-sgd"]) == [
         "dp-audit", "--layer", "dp-sgd", "--epsilon", "1", "--trials", str(AUDIT_TRIALS),
         "--quiet"]

@@ -104,6 +104,28 @@ def test_one_run_p_value_and_epsilon() -> None:
     assert one_run_epsilon(m, r, r // 2, DELTA, alpha) == 0.0
 
 
+def test_one_run_guesses_are_counted_and_bad_counts_refused_by_both_audits() -> None:
+    """The one-run auditor's guesses (threat_models.dp_audit_bounds), shared by the DP-SGD
+    and the DP-FedAvg one-run audits: k per side, counted against the coin; a canary or
+    guess count that cannot be audited is refused by both, before any training."""
+    from threat_models.dp_audit_bounds import one_run_guess, one_run_half
+    from threat_models.dp_audit_fedavg import audit_fedavg_one_run
+
+    assert one_run_half(1000, None) == 100 and one_run_half(10, 6) == 3
+    score = np.array([5.0, -1.0, 3.0, 0.0, -4.0, 9.0])
+    included = np.array([True, False, False, True, True, True])
+    # "in" for the 2 largest (9.0: in, 5.0: in), "out" for the 2 smallest (-4.0: in,
+    # -1.0: out): 3 of the 4 guesses are right
+    assert one_run_guess(score, included, 2) == (4, 3)
+    assert one_run_guess(score, ~included, 2) == (4, 1)
+    for run in (lambda **kw: audit_dpsgd_one_run(noise_multiplier=1.0, **kw),
+                lambda **kw: audit_fedavg_one_run("central-dp", epsilon=1.0, **kw)):
+        for bad in ({"canaries": 1}, {"canaries": 10, "guesses": 1},
+                    {"canaries": 10, "guesses": 12}):
+            with pytest.raises(AuditError, match="canaries|guesses"):
+                run(**bad)
+
+
 def test_threshold_test_is_sound_on_randomized_response() -> None:
     """eps-randomized response is exactly eps-DP: the audit must land just below eps."""
     eps = 1.0

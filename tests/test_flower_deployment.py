@@ -1,6 +1,6 @@
 """secagg on a real Flower deployment on loopback: a SuperLink and 3 SuperNodes (insecure
-mode, 127.0.0.1 only, free ports), started and always stopped by the fixture, and the
-example app of examples/flower submitted with ``flwr run``.
+mode, 127.0.0.1 only, free ports), started once for the module and always stopped by the
+fixture, and the example app of examples/flower submitted with ``flwr run`` (one run per test).
 
 (b) 2 rounds of FedLog under SecureSum complete with every node contributing, and the
     server's aggregates equal the embedded Federation's bit for bit.
@@ -141,9 +141,13 @@ class Deployment:
                          for f in sorted(self.tmp.glob("*.log")))
 
 
-@pytest.fixture
-def deployment(tmp_path):
-    d = Deployment(tmp_path)
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """One deployment for the module: both tests submit their run to the same SuperLink and
+    SuperNodes (a SuperLink takes any number of runs, one after another), so their start is
+    paid once. The test that kills a SuperNode is the module's last; it checks that every
+    node is still alive when it starts."""
+    d = Deployment(tmp_path_factory.mktemp("loopback"))
     try:
         d.start(N_NODES)
         yield d
@@ -250,6 +254,8 @@ def test_loopback_two_rounds_secure_sum(deployment, tmp_path):
 
 
 def test_loopback_supernode_killed_mid_round(deployment, tmp_path):
+    # the shared deployment: all its SuperNodes still run (nothing before this test kills one)
+    assert [p.poll() for p in deployment.nodes] == [None] * N_NODES, deployment.logs()
     out, hold = tmp_path / "out", tmp_path / "hold"
     hold.mkdir()
     run = subprocess.Popen(

@@ -94,6 +94,28 @@ def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> flo
     return min(1.0, beta + 2.0 * m * delta * alpha_v)
 
 
+def one_run_half(canaries: int, guesses: int | None) -> int:
+    """How many canaries a one-run auditor guesses on each side ("included" for the largest
+    scores, "excluded" for the smallest): ``guesses // 2``, by default ``canaries / 5``
+    guesses in all. :class:`AuditError` for fewer than 2 canaries or a guess count outside
+    [2, canaries]."""
+    if canaries < 2:
+        raise AuditError(f"canaries must be >= 2, got {canaries}")
+    k = (guesses if guesses is not None else max(2, canaries // 5)) // 2
+    if not 1 <= k <= canaries // 2:
+        raise AuditError(f"guesses must be in [2, canaries], got {guesses}")
+    return k
+
+
+def one_run_guess(score: np.ndarray, included: np.ndarray, k: int) -> tuple[int, int]:
+    """(guesses r, correct v) of the one-run auditor who says "included" for the ``k``
+    canaries of largest ``score`` and "excluded" for the ``k`` smallest; ``included`` is
+    the auditor's coin per canary (bool)."""
+    order = np.argsort(score)
+    guess_out, guess_in = order[:k], order[-k:]
+    return 2 * k, int(included[guess_in].sum() + (~included[guess_out]).sum())
+
+
 def one_run_epsilon(m: int, r: int, v: int, delta: float, alpha: float = 0.05) -> float:
     """The largest epsilon rejected at level ``alpha`` by :func:`one_run_p_value` (v correct
     out of r guesses over m canaries): with probability >= 1 - alpha the mechanism is not

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from threat_models.dp_audit_bounds import one_run_epsilon
-from threat_models.dp_audit_gdp import AuditError
+from threat_models.dp_audit_bounds import one_run_epsilon, one_run_guess, one_run_half
 from threat_models.dp_audit_release import DEFAULT_DELTA, AuditResult, audit_release
 from threat_models.dp_audit_statistics import TestOutcome
 
@@ -137,21 +136,14 @@ def audit_dpsgd_one_run(*, noise_multiplier: float, max_grad_norm: float = 1.0,
     it costs one training instead of thousands."""
     from secagg.privacy.dpsgd import DPSGD
 
-    if canaries < 2:
-        raise AuditError(f"canaries must be >= 2, got {canaries}")
-    k = (guesses if guesses is not None else max(2, canaries // 5)) // 2
-    if not 1 <= k <= canaries // 2:
-        raise AuditError(f"guesses must be in [2, canaries], got {guesses}")
+    k = one_run_half(canaries, guesses)
     t0 = time.perf_counter()
     rng = np.random.default_rng([seed, 1])
     included = rng.random(canaries) < 0.5
     config = DPSGD(noise_multiplier, max_grad_norm, seed=int(rng.integers(2**31)))
     score = _dpsgd_run(config, included, steps=steps, lr=lr, canary_norm=canary_norm,
                        records=records, torch_seed=seed)
-    order = np.argsort(score)
-    guess_out, guess_in = order[:k], order[-k:]
-    v = int(included[guess_in].sum() + (~included[guess_out]).sum())
-    r = 2 * k
+    r, v = one_run_guess(score, included, k)
     lower = one_run_epsilon(canaries, r, v, delta, 1.0 - confidence)
     claimed = _dpsgd_claim(noise_multiplier, steps, delta)
     test = TestOutcome("one-run", lower, float("nan"), "top/bottom", r - v, r, 0, canaries)

@@ -75,6 +75,7 @@ from threat_models.dp_audit import (
     shift_statistic,
     skellam_sum_holds,
 )
+from threat_models.dp_audit_bounds import one_run_guess, one_run_half
 from threat_models.dp_audit_sum import layer_kind
 
 __all__ = ["FedAvgRelease", "audit_fedavg", "audit_fedavg_one_run", "canary_upload"]
@@ -411,11 +412,7 @@ def audit_fedavg_one_run(layer: Any = "central-dp", *, epsilon: float | None = N
     from secagg.privacy.accountant import PrivacyLedger
     from secagg.privacy.layers import noise_source
 
-    if canaries < 2:
-        raise AuditError(f"canaries must be >= 2, got {canaries}")
-    k = (guesses if guesses is not None else max(2, canaries // 5)) // 2
-    if not 1 <= k <= canaries // 2:
-        raise AuditError(f"guesses must be in [2, canaries], got {guesses}")
+    k = one_run_half(canaries, guesses)
     t0 = time.perf_counter()
     lay = _client_layer(layer, epsilon, delta, mechanism, threshold, seed)
     kind = _kind(lay)
@@ -457,10 +454,7 @@ def audit_fedavg_one_run(layer: Any = "central-dp", *, epsilon: float | None = N
         agg.cohort = n_clients
         new = algo.apply_update(broadcast.astype(np.float32), agg)
         score = np.asarray(new, dtype=np.float64)[:canaries] - broadcast[:canaries]
-    order = np.argsort(score)
-    guess_out, guess_in = order[:k], order[-k:]
-    v = int(included[guess_in].sum() + (~included[guess_out]).sum())
-    r = 2 * k
+    r, v = one_run_guess(score, included, k)
     lower = one_run_epsilon(canaries, r, v, float(lay.delta), 1.0 - confidence)
     test = TestOutcome("one-run", lower, float("nan"), "top/bottom", r - v, r, 0, canaries)
     name = _mechanism_name(lay) + " (one run)"

@@ -1,15 +1,16 @@
 """One signed statement about one message a party sent: the scheme's vocabulary, the
 :class:`Statement` itself, the digests and form it binds (:func:`classify`), and its
-signed record (:func:`sign`, :func:`record_size`).
+signed record (:func:`sign`, :func:`record_size`) and the same records read back from a
+transcript (:func:`attestation_records`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -106,6 +107,35 @@ class Statement:
         except TypeError as exc:
             raise AttestationError(f"not a statement: {exc}") from None
         return st
+
+
+class AttestationRecord(NamedTuple):
+    """One ``attestation`` record of a transcript, parsed but not verified: its line
+    (1-based), and its statement and signature, or why it cannot be read (``error``; the
+    statement is then None and the signature empty)."""
+
+    line: int
+    statement: Statement | None
+    signature: bytes
+    error: str | None
+
+
+def attestation_records(records: Iterable[Mapping[str, Any]]) -> Iterator[AttestationRecord]:
+    """The ``attestation`` records of a transcript's records, in file order, each parsed
+    (:meth:`Statement.from_json`, the signature from hex). An unreadable one is yielded
+    with its ``error`` rather than raised, so that a caller can report or skip it and read
+    on. Nothing is verified here: the signature is checked by the caller, against a key
+    it holds."""
+    for i, r in enumerate(records, 1):
+        if r.get("type") != "attestation":
+            continue
+        try:
+            st = Statement.from_json(r.get("statement") or {})
+            sig = bytes.fromhex(str(r.get("signature", "")))
+        except (AttestationError, ValueError) as exc:
+            yield AttestationRecord(i, None, b"", str(exc))
+            continue
+        yield AttestationRecord(i, st, sig, None)
 
 
 def message_digest(message: bytes | bytearray | Iterable[bytes]) -> str:

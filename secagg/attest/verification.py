@@ -20,8 +20,8 @@ from secagg.attest.statement import (
     STAGE,
     UNCLOSED,
     UNSIGNED_PHASE,
-    AttestationError,
     Statement,
+    attestation_records,
     params_digest,
 )
 from secagg.attest.told import told_contradiction
@@ -89,14 +89,10 @@ def verify(records: list[dict[str, Any]], identities: Mapping[str, Ed25519Public
                 "file (replaced)")))
     good: dict[tuple[Any, ...], list[Statement]] = {}
     signed: list[tuple[int, Statement]] = []  # (line, statement), in file order
-    for i, r in enumerate(records, 1):
-        if r.get("type") != "attestation":
-            continue
-        try:
-            st = Statement.from_json(r.get("statement") or {})
-            sig = bytes.fromhex(str(r.get("signature", "")))
-        except (AttestationError, ValueError) as exc:
-            problems.append(Problem(line=i, kind="forged", text=f"unreadable statement: {exc}"))
+    for i, st, sig, unreadable in attestation_records(records):
+        if st is None:
+            problems.append(Problem(line=i, kind="forged",
+                                    text=f"unreadable statement: {unreadable}"))
             continue
         key = identities.get(str(st.sender))
         if key is None:

@@ -39,7 +39,7 @@ def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any],
     here."""
     from cryptography.exceptions import InvalidSignature
 
-    from secagg.attest import AttestationError, Statement, check_applied
+    from secagg.attest import AttestationError, attestation_records, check_applied
 
     terms: dict[str, Any] | None = None
     first: str | None = None
@@ -52,12 +52,10 @@ def signed_dp(records: list[dict[str, Any]], identities: Mapping[str, Any],
         if closings is not None:
             yield from sorted(closings.items())
             return
-        for i, r in enumerate(records, 1):
-            if r.get("type") != "attestation":
-                continue
+        for i, st, sig, _ in attestation_records(records):
+            if st is None:
+                continue  # attest.verify reports it
             try:
-                st = Statement.from_json(r.get("statement") or {})
-                sig = bytes.fromhex(str(r.get("signature", "")))
                 key = identities.get(str(st.sender))
                 if not st.closing or key is None:
                     continue
