@@ -36,7 +36,7 @@ from secagg.secure_sum.keys import (
     verify_signature,
 )
 from secagg.secure_sum.prg import add_masks
-from secagg.secure_sum.statements import commit_seed, share_digest
+from secagg.secure_sum.statements import commit_seed, share_digest_raw
 from secagg.secure_sum.wire import MsgType
 from secagg.stages import Stage
 
@@ -87,17 +87,20 @@ class Unmasking:
             raise ReplayedMessage(f"second UNMASK_RESPONSE from client {w}")
         if w not in self.requests:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w}, who was not asked")
-        b, s = wire.parse_unmask_response(body)
-        if set(b) != self.requests[w][0] or set(s) != self.requests[w][1]:
+        b_raw, s_raw = wire.parse_unmask_response_raw(body)
+        if set(b_raw) != self.requests[w][0] or set(s_raw) != self.requests[w][1]:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w} does not answer its request")
+        b = {u: wire.share_elements(e) for u, e in b_raw.items()}
+        s = {v: wire.share_elements(e) for v, e in s_raw.items()}
         t0 = time.thread_time()
         n_ct, n_d = wire.SHARE_CIPHERTEXT_BYTES, wire.SHARE_DIGEST_BYTES
-        for kind, got, off in (("b", b, 0), ("sk", s, n_d)):
+        for kind, got, off in (("b", b_raw, 0), ("sk", s_raw, n_d)):
             for u in sorted(got):
                 if u == w:  # its own share of its own secret: dealer and holder are one
                     continue
                 signed = self._relayed[u][w][n_ct + off : n_ct + off + n_d]
-                if share_digest(self.session, self.round, u, w, kind, got[u]) != signed:
+                # the digest of the share's bytes as they arrived: the same as of its elements
+                if share_digest_raw(self.session, self.round, u, w, kind, got[u]) != signed:
                     self.check_cpu_s["share digests"] += time.thread_time() - t0
                     self._lied.add(w)
                     what = "mask key" if kind == "sk" else "self-mask seed"
