@@ -315,7 +315,7 @@ def ciphertexts_body(entries: dict[int, bytes], entry_bytes: int = FORWARD_ENTRY
         ct = entries[v]
         if len(ct) != entry_bytes:
             raise ValueError(f"share entries are {entry_bytes} bytes, got {len(ct)}")
-        parts.append(struct.pack(">I", v) + ct)
+        parts += (struct.pack(">I", v), ct)
     return b"".join(parts)
 
 
@@ -340,14 +340,18 @@ def parse_ciphertexts(body: memoryview, what: str,
     """Decode a FORWARD body (or the entries of a SHARES body)."""
     r = Reader(body, what)
     n = r.count(4 + entry_bytes)
-    out: dict[int, bytes] = {}
-    for _ in range(n):
-        v = r.u32()
-        if v in out:
-            raise ReplayedMessage(f"{what}: two entries for peer {v}")
-        if v > MAX_ID:
-            raise MalformedMessage(f"{what}: invalid client id")
-        out[v] = bytes(r.take(entry_bytes))
+    item = 4 + entry_bytes
+    raw = bytes(r.take(n * item))
+    ids = struct.unpack(f">{n}I", b"".join(raw[j : j + 4] for j in range(0, len(raw), item)))
+    out = {v: raw[j * item + 4 : (j + 1) * item] for j, v in enumerate(ids)}
+    if len(out) != n or (n and max(ids) > MAX_ID):
+        seen: set[int] = set()
+        for v in ids:  # the first bad entry names the error
+            if v in seen:
+                raise ReplayedMessage(f"{what}: two entries for peer {v}")
+            if v > MAX_ID:
+                raise MalformedMessage(f"{what}: invalid client id")
+            seen.add(v)
     r.done()
     return out
 
