@@ -293,3 +293,40 @@ def test_unmask_response_parser_agrees_with_the_field_by_field_one():
             _textbook_unmask_response(memoryview(raw))
         with pytest.raises(ProtocolError):
             wire.parse_unmask_response(memoryview(raw))
+
+
+def test_one_parity_polynomial_for_many_holder_sets_checks_each_like_its_own():
+    """Holder sets of different sizes sharing one ParityPolynomial (the server's finish):
+    every codeword passes, every single wrong share is caught, corrected and located, and a
+    column past the bound is refused -- as with a polynomial drawn per call. The shared
+    values are the truncations of one polynomial, evaluated once per point."""
+    import random
+
+    from secagg.secure_sum import shamir
+
+    rnd = random.Random(5)
+    parity = shamir.ParityPolynomial(SeededEntropy(5, "g"))
+    for trial in range(12):
+        h, t = rnd.randrange(8, 40), 0
+        t = rnd.randrange(2, h - 3)
+        xs = sorted(rnd.sample(range(1, 200), h))  # points reused across the sets
+        secrets_ = [rnd.randrange(shamir.P) for _ in range(3)]
+        shares = shamir.share(secrets_, t, xs, SeededEntropy(trial, "s"))
+        assert shamir.decode(xs, shares, t, parity=parity) == \
+            (secrets_, [set(), set(), set()])
+        bad = shares.copy()
+        row = rnd.randrange(h)
+        bad[row, 1] = (bad[row, 1] + 1 + rnd.randrange(shamir.P - 1)) % shamir.P
+        values, errors = shamir.decode(xs, bad, t, parity=parity)
+        assert values == secrets_ and errors == [set(), {row}, set()]
+        worse = shares.copy()
+        for r in rnd.sample(range(h), shamir.max_errors(h, t) + 1):
+            worse[r, 0] = (worse[r, 0] + 1) % shamir.P
+        with pytest.raises(shamir.DecodingError):
+            shamir.decode(xs, worse, t, parity=parity)
+    # the values kept per point are g's truncations: g_e(x) = sum_{j<e} g_j x^j mod p
+    g = parity._coeffs
+    for x in (1, 7, 199):
+        for e in (0, 1, len(g)):
+            assert parity.values([x], e) == [sum(c * pow(x, j, shamir.P)
+                                                 for j, c in enumerate(g[:e])) % shamir.P]

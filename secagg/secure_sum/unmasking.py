@@ -146,6 +146,9 @@ class Unmasking:
                                    len(pool), tk)
             groups.setdefault(tuple(sorted(pool)), []).append((kind, owner))
         out: dict[tuple[str, int], bytes] = {}
+        # one random parity polynomial for every holder set: drawn now, after every share
+        # arrived, and evaluated once per holder point (see shamir.ParityPolynomial)
+        parity = shamir.ParityPolynomial()
         for holders, items in groups.items():
             mat = np.empty((len(holders), _K * len(items)), dtype=object)
             for j, (kind, owner) in enumerate(items):
@@ -153,7 +156,8 @@ class Unmasking:
                 for i, h in enumerate(holders):
                     mat[i, _K * j : _K * j + _K] = pool[h]
             try:
-                flat, errors = shamir.decode([h + 1 for h in holders], mat, tk)
+                flat, errors = shamir.decode([h + 1 for h in holders], mat, tk,
+                                             parity=parity)
             except shamir.DecodingError as exc:
                 kind, owner = items[exc.column // _K]
                 raise UnrecoverableSecret(
