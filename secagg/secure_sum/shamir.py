@@ -139,15 +139,10 @@ def _invert_all(values: Sequence[int]) -> list[int]:
     return out
 
 
-def _lagrange_from(xs: Sequence[int], inv_dens: Sequence[int],
-                   inv_xs: Sequence[int] | None = None) -> list[int]:
-    """l_i = prod_{j != i} x_j / (x_j - x_i), given 1 / D_i = 1 / prod_{j != i} (x_i - x_j)
-    (and, when the caller has them, the inverses 1 / x_i: then no long division)."""
+def _lagrange_from(xs: Sequence[int], inv_dens: Sequence[int]) -> list[int]:
+    """l_i = prod_{j != i} x_j / (x_j - x_i), given 1 / D_i = 1 / prod_{j != i} (x_i - x_j)."""
     whole = math.prod(xs)  # exact: prod_{j != i} x_j = whole / x_i, one reduction each
     sign = -1 if (len(xs) - 1) % 2 else 1  # prod_{j != i}(x_j - x_i) = (-1)^(h-1) D_i
-    if inv_xs is not None:
-        w = whole % P * sign % P
-        return [w * ix % P * inv % P for ix, inv in zip(inv_xs, inv_dens, strict=True)]
     return [(whole // x) % P * inv * sign % P for x, inv in zip(xs, inv_dens, strict=True)]
 
 
@@ -374,14 +369,12 @@ def decode(
     if h == threshold:  # no redundancy: nothing to check or correct
         return reconstruct(pts, arr), [set() for _ in range(cols)]
     _check_points(pts)
-    # 1 / D_i (shared by the parity check and f(0)) and 1 / x_i, in one batch inversion
-    inv = _invert_all(_denominators(pts) + list(pts))
-    inv_dens, inv_xs = inv[:h], inv[h:]
+    inv_dens = _invert_all(_denominators(pts))  # shared by the parity check and f(0)
     weights = _parity_weights(pts, threshold, rand, inv_dens, parity)
     ok = [int(v) % P == 0 for v in weights.dot(arr)]
     # f(0) of a column that passes the check: the interpolation through all h points has
     # degree < t there, so the weights of all h points give it (no second set of weights)
-    whole = np.array(_lagrange_from(pts, inv_dens, inv_xs), dtype=object)
+    whole = np.array(_lagrange_from(pts, inv_dens), dtype=object)
     values = [int(v) % P for v in whole.dot(arr)] if cols else []
     errors: list[set[int]] = [set() for _ in range(cols)]
     known: set[int] = set()
