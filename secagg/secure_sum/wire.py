@@ -558,8 +558,22 @@ def share_elements(raw: bytes) -> list[int]:
     return els
 
 
+def shares_elements(shares: dict[int, bytes]) -> dict[int, list[int]]:
+    """:func:`share_elements` of every share of one response, in one pass over their bytes.
+
+    Raises:
+        MalformedMessage: an element is not below p = 2^127 - 1.
+    """
+    blob = b"".join(shares.values())
+    els = [int.from_bytes(blob[j : j + ELEMENT_BYTES], "little")
+           for j in range(0, len(blob), ELEMENT_BYTES)]
+    if els and max(els) >= (1 << 127) - 1:
+        raise MalformedMessage("UNMASK_RESPONSE: share outside the field")
+    k = CHUNKS_PER_KEY
+    return {v: els[k * i : k * i + k] for i, v in enumerate(shares)}
+
+
 def parse_unmask_response(body: memoryview) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Decode an UNMASK_RESPONSE body into (self-mask shares, mask-key shares)."""
     b, s = parse_unmask_response_raw(body)
-    return ({v: share_elements(e) for v, e in b.items()},
-            {v: share_elements(e) for v, e in s.items()})
+    return shares_elements(b), shares_elements(s)
