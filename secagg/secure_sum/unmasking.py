@@ -88,9 +88,9 @@ class Unmasking:
         if w not in self.requests:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w}, who was not asked")
         b_raw, s_raw = wire.parse_unmask_response_raw(body)
+        b, s = wire.shares_elements(b_raw), wire.shares_elements(s_raw)  # field-checked
         if set(b_raw) != self.requests[w][0] or set(s_raw) != self.requests[w][1]:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w} does not answer its request")
-        b, s = wire.shares_elements(b_raw), wire.shares_elements(s_raw)
         t0 = time.thread_time()
         n_ct, n_d = wire.SHARE_CIPHERTEXT_BYTES, wire.SHARE_DIGEST_BYTES
         for kind, got, off in (("b", b_raw, 0), ("sk", s_raw, n_d)):
