@@ -191,3 +191,142 @@ def test_secagg_plus_sizing_meets_its_bounds_and_is_minimal():
         secagg_plus_sizing(30, 0.3, 0.3)
     with pytest.raises(ConfigurationError):
         secagg_plus_sizing(100, 0.6, 0.5)
+
+
+def _textbook_share_digest(session, round, owner, holder, kind, elements):
+    """The share digest as the statements module defined it before its raw-bytes path."""
+    import hashlib
+    import struct
+
+    h = hashlib.sha256(b"secagg/secure-sum/v1|share-digest|" + session)
+    h.update(struct.pack(">QIIB", round & (2**64 - 1), owner, holder, {"b": 0, "sk": 1}[kind]))
+    h.update(b"".join(int(e).to_bytes(16, "little") for e in elements))
+    return h.digest()
+
+
+def test_share_digests_of_raw_bytes_equal_the_textbook_digest():
+    from secagg.secure_sum import shamir
+    from secagg.secure_sum.statements import (
+        encode_share,
+        share_digest,
+        share_digest_raw,
+        share_digests,
+        share_digests_raw,
+    )
+
+    rand = SeededEntropy(3, "digests")
+    for trial in range(20):
+        b = shamir.random_elements(3, rand)
+        sk = shamir.random_elements(3, rand)
+        if trial == 0:
+            b, sk = [0, 1, shamir.P - 1], [shamir.P - 1, 0, 0]  # the field's ends
+        sess, rnd, owner, holder = rand(16), 2**64 - 1 - trial, trial, 0xFFFFFFFE - trial
+        pt = encode_share(b, sk)
+        for kind, els, raw in (("b", b, pt[:48]), ("sk", sk, pt[48:])):
+            want = _textbook_share_digest(sess, rnd, owner, holder, kind, els)
+            assert share_digest(sess, rnd, owner, holder, kind, els) == want
+            assert share_digest_raw(sess, rnd, owner, holder, kind, raw) == want
+        assert share_digests_raw(sess, rnd, owner, holder, pt) == \
+            share_digests(sess, rnd, owner, holder, b, sk) == \
+            _textbook_share_digest(sess, rnd, owner, holder, "b", b) + \
+            _textbook_share_digest(sess, rnd, owner, holder, "sk", sk)
+    with pytest.raises(ValueError):
+        share_digest_raw(bytes(16), 0, 1, 2, "b", bytes(47))
+    with pytest.raises(ValueError):
+        share_digest_raw(bytes(16), 0, 1, 2, "x", bytes(48))
+    with pytest.raises(ValueError):
+        share_digests_raw(bytes(16), 0, 1, 2, bytes(95))
+
+
+def _textbook_unmask_response(body):
+    """The UNMASK_RESPONSE decoder as it read field by field before the one-slice path."""
+    from secagg.secure_sum import wire
+    from secagg.secure_sum.errors import MalformedMessage
+
+    r = wire.Reader(body, "UNMASK_RESPONSE")
+    out = []
+    for _ in range(2):
+        n = r.count(4 + 48)
+        d = {}
+        for _ in range(n):
+            v = r.u32()
+            if v in d or v > wire.MAX_ID:
+                raise MalformedMessage("repeated or invalid id")
+            els = []
+            for _ in range(3):
+                e = int.from_bytes(r.take(16), "little")
+                if e >= (1 << 127) - 1:
+                    raise MalformedMessage("outside the field")
+                els.append(e)
+            d[v] = els
+        out.append(d)
+    r.done()
+    return out[0], out[1]
+
+
+def test_unmask_response_parser_agrees_with_the_field_by_field_one():
+    import struct
+
+    from secagg.errors import ProtocolError
+    from secagg.secure_sum import shamir, wire
+
+    rand = SeededEntropy(4, "unmask")
+    b = {v: shamir.random_elements(3, rand) for v in (0, 7, 9, wire.MAX_ID)}
+    s = {v: shamir.random_elements(3, rand) for v in (1, 3)}
+    good = wire.unmask_response_body(b, s)
+    assert wire.parse_unmask_response(memoryview(good)) == (b, s) == \
+        _textbook_unmask_response(memoryview(good))
+    empty = wire.unmask_response_body({}, {})
+    assert wire.parse_unmask_response(memoryview(empty)) == ({}, {})
+    entry = 4 + 48
+    bad = [
+        good[:-1],  # truncated
+        good + b"\x00",  # trailing byte
+        good[:4] + good[4 + entry : 4 + 2 * entry] + good[4 + entry:],  # id 7 twice
+        good[:4 + 3 * entry] + struct.pack(">I", wire.MAX_ID + 1) + good[8 + 3 * entry:],
+        good[:8] + ((1 << 127) - 1).to_bytes(16, "little") + good[24:],  # p itself
+        good[:8] + (2**128 - 1).to_bytes(16, "little") + good[24:],
+        struct.pack(">I", 10**6) + good[4:],  # a count that does not fit
+    ]
+    for raw in bad:
+        with pytest.raises(ProtocolError):
+            _textbook_unmask_response(memoryview(raw))
+        with pytest.raises(ProtocolError):
+            wire.parse_unmask_response(memoryview(raw))
+
+
+def test_one_parity_polynomial_for_many_holder_sets_checks_each_like_its_own():
+    """Holder sets of different sizes sharing one ParityPolynomial (the server's finish):
+    every codeword passes, every single wrong share is caught, corrected and located, and a
+    column past the bound is refused -- as with a polynomial drawn per call. The shared
+    values are the truncations of one polynomial, evaluated once per point."""
+    import random
+
+    from secagg.secure_sum import shamir
+
+    rnd = random.Random(5)
+    parity = shamir.ParityPolynomial(SeededEntropy(5, "g"))
+    for trial in range(12):
+        h, t = rnd.randrange(8, 40), 0
+        t = rnd.randrange(2, h - 3)
+        xs = sorted(rnd.sample(range(1, 200), h))  # points reused across the sets
+        secrets_ = [rnd.randrange(shamir.P) for _ in range(3)]
+        shares = shamir.share(secrets_, t, xs, SeededEntropy(trial, "s"))
+        assert shamir.decode(xs, shares, t, parity=parity) == \
+            (secrets_, [set(), set(), set()])
+        bad = shares.copy()
+        row = rnd.randrange(h)
+        bad[row, 1] = (bad[row, 1] + 1 + rnd.randrange(shamir.P - 1)) % shamir.P
+        values, errors = shamir.decode(xs, bad, t, parity=parity)
+        assert values == secrets_ and errors == [set(), {row}, set()]
+        worse = shares.copy()
+        for r in rnd.sample(range(h), shamir.max_errors(h, t) + 1):
+            worse[r, 0] = (worse[r, 0] + 1) % shamir.P
+        with pytest.raises(shamir.DecodingError):
+            shamir.decode(xs, worse, t, parity=parity)
+    # the values kept per point are g's truncations: g_e(x) = sum_{j<e} g_j x^j mod p
+    g = parity._coeffs
+    for x in (1, 7, 199):
+        for e in (0, 1, len(g)):
+            assert parity.values([x], e) == [sum(c * pow(x, j, shamir.P)
+                                                 for j, c in enumerate(g[:e])) % shamir.P]

@@ -140,6 +140,7 @@ from secagg.secure_sum.statements import (
     share_aad,
     share_digest,
     share_digests,
+    share_digests_raw,
     share_nonce,
 )
 from secagg.secure_sum.wire import SERVER_ID, MsgType
@@ -304,13 +305,12 @@ class Client:
                 self._held[v] = (els[:_K], els[_K:])
                 continue
             self._channels[v] = k_send, k_recv = self._channel(v)
+            pt = encode_share(els[:_K], els[_K:])
             ct = AESGCM(k_send).encrypt(
-                share_nonce(self.cid, v),
-                encode_share(els[:_K], els[_K:]),
+                share_nonce(self.cid, v), pt,
                 share_aad(self.session, self.round, self.cid, v, mine, roster.keys[v]),
             )
-            signed = ct + share_digests(self.session, self.round, self.cid, v,
-                                        els[:_K], els[_K:])
+            signed = ct + share_digests_raw(self.session, self.round, self.cid, v, pt)
             sig = self._sign.sign(share_statement(self.session, self.round, self.cid, v,
                                                   signed))
             digest = pair_digest(self.session, self.round, self.cid, v,
@@ -368,7 +368,7 @@ class Client:
                     share_aad(self.session, self.round, v, self.cid, self._roster.keys[v], mine),
                 )
                 b_els, sk_els = decode_share(pt)
-                if share_digests(self.session, self.round, v, self.cid, b_els, sk_els) \
+                if share_digests_raw(self.session, self.round, v, self.cid, pt) \
                         != entry[n_ct:n_signed]:
                     raise ValueError("the share contradicts its dealer's signed digest")
             except (InvalidTag, ValueError):

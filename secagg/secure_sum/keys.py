@@ -78,7 +78,7 @@ def agree(private: X25519PrivateKey | bytes, peer_public: bytes) -> bytes:
     if isinstance(private, bytes | bytearray):
         private = X25519PrivateKey.from_private_bytes(bytes(private))
     try:
-        shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+        shared = private.exchange(_x25519_key(bytes(peer_public)))
     except ValueError as exc:  # all-zero shared secret: low-order public key
         raise MalformedMessage(
             f"unusable X25519 public key: a low-order point ({exc})"
@@ -86,6 +86,12 @@ def agree(private: X25519PrivateKey | bytes, peer_public: bytes) -> bytes:
     if shared == bytes(KEY_BYTES):  # a backend that returns the all-zero secret
         raise MalformedMessage("unusable X25519 public key: all-zero shared secret (low order)")
     return shared
+
+
+@lru_cache(maxsize=1 << 14)  # the server agrees with each live neighbour of a dropped client
+def _x25519_key(public: bytes) -> X25519PublicKey:
+    """The decoded X25519 public key (decoded once per key, not once per agreement)."""
+    return X25519PublicKey.from_public_bytes(public)
 
 
 _PROBE = X25519PrivateKey.from_private_bytes(bytes(range(1, 33)))

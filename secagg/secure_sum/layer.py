@@ -41,6 +41,8 @@ def _encoded(uploads: Mapping[int, Upload], plans: dict[str, FixedPoint]) -> Boo
 
     def encode(u: int, up: Upload) -> np.ndarray:
         parts = [p.encode(np.asarray(up[name])) for name, p in plans.items()]
+        if len(parts) == 1:  # one field: its fresh encoding as it is (no copy of m words)
+            return parts[0]
         return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
     return Booked(uploads, encode)

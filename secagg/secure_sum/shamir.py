@@ -198,15 +198,53 @@ class DecodingError(ValueError):
         )
 
 
+class ParityPolynomial:
+    """One random polynomial g = g_0 + g_1 x + ... for the parity checks of many holder sets:
+    a holder set with h - t = e checks against its truncation g_e = g_0 + ... + g_{e-1}
+    x^(e-1) (uniform among the polynomials of degree below e), whose value at each point is
+    kept once computed -- O(e) per point for all the holder sets it is in, instead of O(e)
+    per point per set (the server decodes one holder set per client, each point in ~k).
+
+    Sound as long as g is drawn after the shares it checks are fixed (the server draws it at
+    finish, from the OS CSPRNG by default): for a column that is not a codeword, the check
+    is a nonzero linear function of g_e's coefficients, so it passes with probability 1/p,
+    whichever other columns share g.
+    """
+
+    def __init__(self, rand: Callable[[int], bytes] = os.urandom) -> None:
+        self._rand = rand
+        self._coeffs: list[int] = []
+        self._at: dict[int, tuple[list[int], int]] = {}  # x -> (g_0..g_e at x, x^e)
+
+    def values(self, xs: Sequence[int], e: int) -> list[int]:
+        """g_e(x) mod p for every x in ``xs``."""
+        if e > len(self._coeffs):
+            self._coeffs += random_elements(e - len(self._coeffs), self._rand)
+        coeffs, out = self._coeffs, []
+        for x in xs:
+            prefix, power = self._at.get(x) or ([0], 1)
+            if len(prefix) <= e:
+                for j in range(len(prefix) - 1, e):
+                    prefix.append((prefix[-1] + coeffs[j] * power) % P)
+                    power = power * x % P
+                self._at[x] = (prefix, power)
+            out.append(prefix[e])
+        return out
+
+
 def _parity_weights(xs: tuple[int, ...], threshold: int, rand: Callable[[int], bytes],
-                    inv_dens: Sequence[int] | None = None) -> np.ndarray:
+                    inv_dens: Sequence[int] | None = None,
+                    parity: ParityPolynomial | None = None) -> np.ndarray:
     """c_i = w_i g(x_i), w_i = 1 / prod_{k != i}(x_i - x_k), g a random polynomial of degree
     below h - t: sum_i c_i y_i = 0 for every codeword y (the dual code of a Reed-Solomon
     code is a generalised Reed-Solomon code with the column multipliers w_i). ``inv_dens``:
-    the w_i when the caller has them."""
+    the w_i when the caller has them; ``parity``: g shared with other holder sets."""
     h = len(xs)
-    g = random_elements(h - threshold, rand)
     w = inv_dens if inv_dens is not None else _invert_all(_denominators(xs))
+    if parity is not None:
+        gx = parity.values(xs, h - threshold)
+        return np.array([a * wi % P for a, wi in zip(gx, w, strict=True)], dtype=object)
+    g = random_elements(h - threshold, rand)
     # g at every point at once (Horner over an object array, reduced once at the end: the
     # small points keep the intermediate integers short)
     pts = np.array(xs, dtype=object)
@@ -295,7 +333,7 @@ def _berlekamp_welch(xs: tuple[int, ...], ys: list[int], threshold: int) -> tupl
 
 def decode(
     xs: Sequence[int], shares: np.ndarray, threshold: int,
-    rand: Callable[[int], bytes] = os.urandom,
+    rand: Callable[[int], bytes] = os.urandom, *, parity: ParityPolynomial | None = None,
 ) -> tuple[list[int], list[set[int]]]:
     """Recover secrets from h >= t holders' shares, correcting wrong ones.
 
@@ -311,6 +349,8 @@ def decode(
         xs: the h holders' distinct evaluation points.
         shares: object array (h, n_secrets) (or a list of rows).
         threshold: t, the number of shares that reconstruct.
+        parity: the random polynomial of the parity checks, shared by the holder sets of
+            one reconstruction (drawn after every share arrived); None draws one here.
 
     Returns:
         (the secrets, and per column the set of row indices whose share was wrong).
@@ -330,7 +370,7 @@ def decode(
         return reconstruct(pts, arr), [set() for _ in range(cols)]
     _check_points(pts)
     inv_dens = _invert_all(_denominators(pts))  # shared by the parity check and f(0)
-    weights = _parity_weights(pts, threshold, rand, inv_dens)
+    weights = _parity_weights(pts, threshold, rand, inv_dens, parity)
     ok = [int(v) % P == 0 for v in weights.dot(arr)]
     # f(0) of a column that passes the check: the interpolation through all h points has
     # degree < t there, so the weights of all h points give it (no second set of weights)
@@ -347,7 +387,7 @@ def decode(
             keep = [i for i in range(h) if i not in known]
             sub = tuple(pts[i] for i in keep)
             if sub not in sub_weights:  # one parity check per set of rows left
-                sub_weights[sub] = _parity_weights(sub, threshold, rand)
+                sub_weights[sub] = _parity_weights(sub, threshold, rand, parity=parity)
             w = sub_weights[sub]
             if int(w.dot(np.array([column[i] for i in keep], dtype=object))) % P == 0:
                 values[c] = reconstruct(sub[:threshold],

@@ -61,6 +61,9 @@ def commit_seed(session: bytes, round: int, cid: int, b: bytes) -> bytes:
 
 
 _SHARE_KINDS = {"b": 0, "sk": 1}
+_SHARE_DIGEST_TAG = b"secagg/secure-sum/v1|share-digest|"
+_SECRET_BYTES = shamir.ELEMENT_BYTES * _K
+"""One secret's share as encoded: its 3 elements, 16 bytes little-endian each."""
 
 
 def share_digest(
@@ -75,10 +78,22 @@ def share_digest(
     nothing a guess could confirm."""
     if kind not in _SHARE_KINDS or len(elements) != _K:
         raise ValueError("a share digest is of one secret's 3 elements, kind 'b' or 'sk'")
-    h = hashlib.sha256(b"secagg/secure-sum/v1|share-digest|" + session)
-    h.update(struct.pack(">QIIB", round & (2**64 - 1), owner, holder, _SHARE_KINDS[kind]))
-    h.update(b"".join(shamir.element_bytes(int(e)) for e in elements))
-    return h.digest()
+    raw = b"".join(shamir.element_bytes(int(e)) for e in elements)
+    return share_digest_raw(session, round, owner, holder, kind, raw)
+
+
+def share_digest_raw(
+    session: bytes, round: int, owner: int, holder: int, kind: str, raw: bytes | memoryview
+) -> bytes:
+    """:func:`share_digest` of a share given as its 48 encoded bytes (the 3 elements, 16 bytes
+    little-endian each, as :func:`encode_share` and the UNMASK_RESPONSE carry them): the same
+    digest without decoding and re-encoding the elements."""
+    if kind not in _SHARE_KINDS or len(raw) != _SECRET_BYTES:
+        raise ValueError("a share digest is of one secret's 48 bytes, kind 'b' or 'sk'")
+    return hashlib.sha256(b"".join((
+        _SHARE_DIGEST_TAG, session,
+        struct.pack(">QIIB", round & (2**64 - 1), owner, holder, _SHARE_KINDS[kind]), raw,
+    ))).digest()
 
 
 def share_digests(
@@ -86,8 +101,19 @@ def share_digests(
 ) -> bytes:
     """The two share digests of one SHARES entry (of the b_u share, then the mask-key share),
     64 bytes: what the entry's signature covers after the ciphertext."""
-    return (share_digest(session, round, owner, holder, "b", b)
-            + share_digest(session, round, owner, holder, "sk", sk))
+    return share_digests_raw(session, round, owner, holder, encode_share(b, sk))
+
+
+def share_digests_raw(
+    session: bytes, round: int, owner: int, holder: int, plaintext: bytes | memoryview
+) -> bytes:
+    """:func:`share_digests` of an encoded share plaintext (:func:`encode_share`: the b_u
+    share's 48 bytes, then the mask-key share's)."""
+    if len(plaintext) != 2 * _SECRET_BYTES:
+        raise ValueError("a share plaintext is 96 bytes")
+    mv = memoryview(plaintext)
+    return (share_digest_raw(session, round, owner, holder, "b", mv[:_SECRET_BYTES])
+            + share_digest_raw(session, round, owner, holder, "sk", mv[_SECRET_BYTES:]))
 
 
 def masked_statement(session: bytes, round: int, cid: int, digest: bytes) -> bytes:

@@ -36,7 +36,7 @@ from secagg.secure_sum.keys import (
     verify_signature,
 )
 from secagg.secure_sum.prg import add_masks
-from secagg.secure_sum.statements import commit_seed, share_digest
+from secagg.secure_sum.statements import commit_seed, share_digest_raw
 from secagg.secure_sum.wire import MsgType
 from secagg.stages import Stage
 
@@ -87,17 +87,19 @@ class Unmasking:
             raise ReplayedMessage(f"second UNMASK_RESPONSE from client {w}")
         if w not in self.requests:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w}, who was not asked")
-        b, s = wire.parse_unmask_response(body)
-        if set(b) != self.requests[w][0] or set(s) != self.requests[w][1]:
+        b_raw, s_raw = wire.parse_unmask_response_raw(body)
+        b, s = wire.shares_elements(b_raw), wire.shares_elements(s_raw)  # field-checked
+        if set(b_raw) != self.requests[w][0] or set(s_raw) != self.requests[w][1]:
             raise MisaddressedMessage(f"UNMASK_RESPONSE from {w} does not answer its request")
         t0 = time.thread_time()
         n_ct, n_d = wire.SHARE_CIPHERTEXT_BYTES, wire.SHARE_DIGEST_BYTES
-        for kind, got, off in (("b", b, 0), ("sk", s, n_d)):
+        for kind, got, off in (("b", b_raw, 0), ("sk", s_raw, n_d)):
             for u in sorted(got):
                 if u == w:  # its own share of its own secret: dealer and holder are one
                     continue
                 signed = self._relayed[u][w][n_ct + off : n_ct + off + n_d]
-                if share_digest(self.session, self.round, u, w, kind, got[u]) != signed:
+                # the digest of the share's bytes as they arrived: the same as of its elements
+                if share_digest_raw(self.session, self.round, u, w, kind, got[u]) != signed:
                     self.check_cpu_s["share digests"] += time.thread_time() - t0
                     self._lied.add(w)
                     what = "mask key" if kind == "sk" else "self-mask seed"
@@ -143,6 +145,9 @@ class Unmasking:
                                    len(pool), tk)
             groups.setdefault(tuple(sorted(pool)), []).append((kind, owner))
         out: dict[tuple[str, int], bytes] = {}
+        # one random parity polynomial for every holder set: drawn now, after every share
+        # arrived, and evaluated once per holder point (see shamir.ParityPolynomial)
+        parity = shamir.ParityPolynomial()
         for holders, items in groups.items():
             mat = np.empty((len(holders), _K * len(items)), dtype=object)
             for j, (kind, owner) in enumerate(items):
@@ -150,7 +155,8 @@ class Unmasking:
                 for i, h in enumerate(holders):
                     mat[i, _K * j : _K * j + _K] = pool[h]
             try:
-                flat, errors = shamir.decode([h + 1 for h in holders], mat, tk)
+                flat, errors = shamir.decode([h + 1 for h in holders], mat, tk,
+                                             parity=parity)
             except shamir.DecodingError as exc:
                 kind, owner = items[exc.column // _K]
                 raise UnrecoverableSecret(

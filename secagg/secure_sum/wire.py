@@ -315,7 +315,7 @@ def ciphertexts_body(entries: dict[int, bytes], entry_bytes: int = FORWARD_ENTRY
         ct = entries[v]
         if len(ct) != entry_bytes:
             raise ValueError(f"share entries are {entry_bytes} bytes, got {len(ct)}")
-        parts.append(struct.pack(">I", v) + ct)
+        parts += (struct.pack(">I", v), ct)
     return b"".join(parts)
 
 
@@ -340,14 +340,18 @@ def parse_ciphertexts(body: memoryview, what: str,
     """Decode a FORWARD body (or the entries of a SHARES body)."""
     r = Reader(body, what)
     n = r.count(4 + entry_bytes)
-    out: dict[int, bytes] = {}
-    for _ in range(n):
-        v = r.u32()
-        if v in out:
-            raise ReplayedMessage(f"{what}: two entries for peer {v}")
-        if v > MAX_ID:
-            raise MalformedMessage(f"{what}: invalid client id")
-        out[v] = bytes(r.take(entry_bytes))
+    item = 4 + entry_bytes
+    raw = bytes(r.take(n * item))
+    ids = struct.unpack(f">{n}I", b"".join(raw[j : j + 4] for j in range(0, len(raw), item)))
+    out = {v: raw[j * item + 4 : (j + 1) * item] for j, v in enumerate(ids)}
+    if len(out) != n or (n and max(ids) > MAX_ID):
+        seen: set[int] = set()
+        for v in ids:  # the first bad entry names the error
+            if v in seen:
+                raise ReplayedMessage(f"{what}: two entries for peer {v}")
+            if v > MAX_ID:
+                raise MalformedMessage(f"{what}: invalid client id")
+            seen.add(v)
     r.done()
     return out
 
@@ -521,24 +525,55 @@ def unmask_response_body(b: dict[int, list[int]], s: dict[int, list[int]]) -> by
     return b"".join(parts)
 
 
-def parse_unmask_response(body: memoryview) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Decode an UNMASK_RESPONSE body into (self-mask shares, mask-key shares)."""
+def parse_unmask_response_raw(
+    body: memoryview,
+) -> tuple[dict[int, bytes], dict[int, bytes]]:
+    """Decode an UNMASK_RESPONSE body into (self-mask shares, mask-key shares), each share as
+    its 48 encoded bytes (3 elements, 16 bytes little-endian each; not range-checked here:
+    :func:`share_elements` checks them). One slice per list instead of one read per field."""
     r = Reader(body, "UNMASK_RESPONSE")
-    out: list[dict[int, list[int]]] = []
+    out: list[dict[int, bytes]] = []
     for item in (_B_ITEM, _S_ITEM):
         n = r.count(item)
-        d: dict[int, list[int]] = {}
-        for _ in range(n):
-            v = r.u32()
-            if v in d or v > MAX_ID:
-                raise MalformedMessage("UNMASK_RESPONSE: repeated or invalid id")
-            els = []
-            for _ in range(CHUNKS_PER_KEY):
-                e = int.from_bytes(r.take(ELEMENT_BYTES), "little")
-                if e >= (1 << 127) - 1:
-                    raise MalformedMessage("UNMASK_RESPONSE: share outside the field")
-                els.append(e)
-            d[v] = els
+        raw = bytes(r.take(n * item))
+        ids = struct.unpack(f">{n}I", b"".join(raw[j : j + 4] for j in range(0, len(raw), item)))
+        d = {v: raw[j * item + 4 : (j + 1) * item] for j, v in enumerate(ids)}
+        if len(d) != n or (n and max(ids) > MAX_ID):
+            raise MalformedMessage("UNMASK_RESPONSE: repeated or invalid id")
         out.append(d)
     r.done()
     return out[0], out[1]
+
+
+def share_elements(raw: bytes) -> list[int]:
+    """The 3 field elements of one share's 48 encoded bytes.
+
+    Raises:
+        MalformedMessage: an element is not below p = 2^127 - 1.
+    """
+    els = [int.from_bytes(raw[j : j + ELEMENT_BYTES], "little")
+           for j in range(0, ELEMENT_BYTES * CHUNKS_PER_KEY, ELEMENT_BYTES)]
+    if max(els) >= (1 << 127) - 1:
+        raise MalformedMessage("UNMASK_RESPONSE: share outside the field")
+    return els
+
+
+def shares_elements(shares: dict[int, bytes]) -> dict[int, list[int]]:
+    """:func:`share_elements` of every share of one response, in one pass over their bytes.
+
+    Raises:
+        MalformedMessage: an element is not below p = 2^127 - 1.
+    """
+    blob = b"".join(shares.values())
+    els = [int.from_bytes(blob[j : j + ELEMENT_BYTES], "little")
+           for j in range(0, len(blob), ELEMENT_BYTES)]
+    if els and max(els) >= (1 << 127) - 1:
+        raise MalformedMessage("UNMASK_RESPONSE: share outside the field")
+    k = CHUNKS_PER_KEY
+    return {v: els[k * i : k * i + k] for i, v in enumerate(shares)}
+
+
+def parse_unmask_response(body: memoryview) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Decode an UNMASK_RESPONSE body into (self-mask shares, mask-key shares)."""
+    b, s = parse_unmask_response_raw(body)
+    return shares_elements(b), shares_elements(s)
