@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from secagg.errors import ProtocolError
-from secagg.homomorphic.layer import Homomorphic
+from secagg.homomorphic.plan import HomomorphicPlan
 from secagg.link import Reply
 from secagg.link import reply_field as field
 from secagg.messages import Upload, UploadSpec
@@ -33,10 +33,10 @@ LAYER_KEYS = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_c
               "max_decryptions", "flood_security_bits")
 
 
-def layer_of(rec: Reply) -> Homomorphic:
-    """The Homomorphic layer an instruction's ``layer`` JSON describes."""
+def layer_of(rec: Reply) -> HomomorphicPlan:
+    """The Homomorphic layer's parameters an instruction's ``layer`` JSON describes."""
     cfg = json.loads(field(rec, Key.LAYER, str))
-    return Homomorphic(**{k: cfg[k] for k in LAYER_KEYS if k in cfg})
+    return HomomorphicPlan(**{k: cfg[k] for k in LAYER_KEYS if k in cfg})
 
 
 @lru_cache(maxsize=4)

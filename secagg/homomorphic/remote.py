@@ -18,7 +18,7 @@ the embedded runtime's :class:`~secagg.local_link.LocalLink`).
   can reach out of band (the embedded one, through their node stores) supplies the
   provisioner.
 
-Either way the sum is decoded here (:func:`~secagg.homomorphic.layer.decode_sums`).
+Either way the sum is decoded here (:func:`~secagg.homomorphic.plan.decode_sums`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import numpy as np
 from secagg.costs import SERVER, he_flops
 from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
 from secagg.homomorphic.keys import Aggregator, KeyHolder
-from secagg.homomorphic.layer import DECRYPTOR, PROVISIONER, Homomorphic, decode_sums
 from secagg.homomorphic.node import LAYER_KEYS
 from secagg.homomorphic.params import HEParams
+from secagg.homomorphic.plan import DECRYPTOR, PROVISIONER, HomomorphicPlan, decode_sums
 from secagg.layers.base import Aggregate, RoundContext
 from secagg.link import Dropped, Link, PhaseCall, Reply, Stores, add_clips, book_drops, keep_live
 from secagg.link import reply_field as rfield
@@ -101,7 +101,7 @@ class HomomorphicServer:
     #: the embedded engine runs this driver too (over a LocalLink), in both key roles
     local: ClassVar[bool] = True
 
-    def __init__(self, *, layer: Homomorphic, decryptor: int | None = None) -> None:
+    def __init__(self, *, layer: HomomorphicPlan, decryptor: int | None = None) -> None:
         self.layer = layer
         self.decryptor = decryptor
         self.provisioner: Provisioner | None = None
@@ -166,7 +166,6 @@ class HomomorphicServer:
                    (Key.ENC_CPU_S, float)),
             step=True)
         link.count(Stage.UPLOAD, len(pub) * len(set(cohort) - sent))
-        sent.update(got)  # a node keeps the public context for the rest of the run
         dropped: Dropped = {}
         live = keep_live(link, ctx, Stage.UPLOAD, got, failed, dropped)
         notes = {**layer.notes(params, packing, spec, len(live)), "decryptor_client": dec,
@@ -196,6 +195,9 @@ class HomomorphicServer:
                 continue
             server_s = time.process_time() - t0
             contributors.append(c)
+            # it holds the public context for the rest of the run (a client whose reply was
+            # never read, e.g. dropped first, may not have stored it: it is sent again)
+            sent.add(c)
             size = sum(len(f) for f in frames)
             link.count(Stage.UPLOAD, size)
             add_clips(clips, rec)
