@@ -14,6 +14,9 @@ dropped); and, from the source, no module of the package but the driver books a 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +174,13 @@ def test_the_protocol_is_written_once_in_the_package():
     assert booking["message"] == booking["observe"] == {"remote.py"}
     assert booking["Aggregator"] == {"remote.py"}
     assert "layer.py" not in set().union(*booking.values())
+
+
+def test_the_package_imports_first_in_a_fresh_interpreter():
+    """The layer reaches its driver only when aggregating: the driver's module pulls in the
+    link, whose import of the layers package must not find it half made (every submodule
+    is imported after the package, so this covers them all)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-c", "import secagg.homomorphic.remote"], cwd=root,
+                   env=env, check=True, capture_output=True, timeout=120)

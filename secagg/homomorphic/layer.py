@@ -1,16 +1,11 @@
-"""The Homomorphic layer: additively homomorphic aggregation through TenSEAL.
-
-Its protocol lives once, in its server driver
-(:class:`~secagg.homomorphic.remote.HomomorphicServer`), which every runtime runs; the
-layer's own :meth:`Homomorphic.aggregate` runs that driver in this process
-(:mod:`secagg.homomorphic.local`). What the parameters plan (keys' parameters, packing,
-encoding, notes) is :class:`~secagg.homomorphic.plan.HomomorphicPlan`.
-"""
+"""The Homomorphic layer: additively homomorphic aggregation through TenSEAL. Its protocol is
+its one driver's (:mod:`secagg.homomorphic.remote`); what its parameters plan is
+:class:`~secagg.homomorphic.plan.HomomorphicPlan`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from secagg.costs import SERVER
 from secagg.homomorphic.plan import DECRYPTOR, HomomorphicPlan
@@ -18,8 +13,8 @@ from secagg.layers.base import Aggregate, Layer, RoundContext
 from secagg.messages import Upload, UploadSpec
 from secagg.stages import Stage
 
-if TYPE_CHECKING:
-    from secagg.homomorphic.local import InProcess
+if TYPE_CHECKING:  # imported when first used: the driver's module imports the link's
+    from secagg.homomorphic.remote import InProcess
 
 
 class Homomorphic(HomomorphicPlan, Layer):
@@ -32,6 +27,8 @@ class Homomorphic(HomomorphicPlan, Layer):
       server and every client the *public* context only, and decrypts the aggregated
       ciphertext; it sees the sum in the clear and returns it to the server. Trust: the
       decryptor must not collude with the server (together they could decrypt any upload).
+      It runs on a client's node (``notes["decryptor_client"]``: the smallest connected id,
+      for :meth:`aggregate` of its first call), booked as ``"decryptor"``.
     * ``"clients"``: the clients share one secret context, handed out by a provisioning step
       (as NVIDIA FLARE does); the server gets the public context. One surviving client
       decrypts the aggregate and returns the sum. Trust: no client may collude with the
@@ -96,19 +93,16 @@ class Homomorphic(HomomorphicPlan, Layer):
         flood_security_bits: CKKS: statistical security s of the flooding (default 40).
     """
 
-    name: ClassVar[str] = "homomorphic"
-
     #: the in-process aggregate's driver and nodes, made by its first call and kept, so that
-    #: keys persist across rounds as on a runtime (:class:`~secagg.homomorphic.local.InProcess`)
+    #: keys persist across rounds as on a runtime (:class:`~secagg.homomorphic.remote.InProcess`)
     local: InProcess | None = None
 
     def aggregate(
         self, uploads: Mapping[int, Upload], spec: UploadSpec, ctx: RoundContext
     ) -> Aggregate:
-        """The one driver over this process's clients: keys (once per parameter set), each
-        surviving client's upload encrypted, the ciphertexts added at the server (public
-        context only), the sum decrypted by the key holder and returned to the server."""
-        from secagg.homomorphic.local import InProcess
+        """The one driver over this process's clients (:class:`InProcess`): keys, uploads
+        encrypted, added at the server (public context only), the sum decrypted."""
+        from secagg.homomorphic.remote import InProcess
 
         if self.local is None:
             self.local = InProcess(self, min(uploads, default=0))

@@ -1,12 +1,6 @@
-"""The Homomorphic layer's parameters and what they plan for a cohort: encryption parameters,
-packing, the fixed-point encoding (BFV limbs included), each upload's flat vector, the decoding
-of a decrypted sum and the aggregate's notes.
-
-:class:`HomomorphicPlan` is read by every party of the protocol without the layer's protocol:
-the server driver (:mod:`secagg.homomorphic.remote`), the nodes, which rebuild it from an
-instruction's JSON (:mod:`secagg.homomorphic.node`), and the layer
-(:class:`~secagg.homomorphic.layer.Homomorphic`, whose in-process aggregate runs that driver).
-"""
+"""What the Homomorphic layer's parameters plan for a cohort (encryption parameters, packing,
+fixed-point encoding with BFV limbs, each upload's flat vector, the decoding of a sum, the
+notes), read by the layer, its driver and its nodes without the protocol."""
 
 from __future__ import annotations
 
@@ -98,12 +92,8 @@ def decode_sums(flat: np.ndarray, packing: Packing, spec: UploadSpec,
 
 
 class HomomorphicPlan:
-    """The parameters of :class:`~secagg.homomorphic.layer.Homomorphic` (see it for their
-    meaning) and what they plan for a cohort; no keys and no protocol.
-
-    Raises:
-        ConfigurationError: a parameter out of its range.
-    """
+    """The parameters of :class:`~secagg.homomorphic.layer.Homomorphic` (see it) and what
+    they plan; raises ConfigurationError for one out of its range."""
 
     name: ClassVar[str] = "homomorphic"
 
