@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -87,6 +88,21 @@ def quantised_sum(uploads: dict[int, Upload], name: str, clients, scale_bits: in
         acc = acc + np.rint(np.ldexp(np.asarray(uploads[c][name], dtype=np.float64),
                                      scale_bits)).astype(np.int64)
     return acc
+
+
+def keyset(params, mode: str = "decryptor") -> SimpleNamespace:
+    """A key holder for ``params`` and the client and server roles of its keys (the
+    layer's own keys live in its driver: ``layer.local.server.keys``)."""
+    holder = KeyHolder(params, mode)
+    return SimpleNamespace(holder=holder, aggregator=Aggregator(params.scheme, holder.public_context),
+                           encryptor=Encryptor(params.scheme, holder.client_context,
+                                               holder.fingerprint))
+
+
+def driver_keys(layer: Homomorphic) -> tuple[bytes, Aggregator]:
+    """The public context and the server's aggregator of the layer's in-process driver."""
+    ((pub, aggregator, _, _),) = layer.local.server.keys.values()
+    return pub, aggregator
 
 
 def ctx(round_: int = 0, dropouts=None) -> RoundContext:
@@ -203,7 +219,7 @@ def _ckks_aggregate_message(n_clients: int = 5, **kw):
     ups = fedavg_uploads(spec, n_clients, seed=7)
     layer = Homomorphic("ckks", **kw)
     params = layer.params_for(spec, 8)
-    ks = layer.keyset(params)
+    ks = keyset(params)
     packing = Packing.from_spec(spec, params.slots)
     ks.aggregator.start(packing)
     for c in range(n_clients):
@@ -250,7 +266,7 @@ def test_ckks_key_answers_a_bounded_number_of_decryptions_then_is_replaced():
     prints = []
     for r in range(3):
         layer.aggregate(ups, spec, ctx(r) if r else c)
-        prints.append(next(iter(layer._keysets.values())).holder.fingerprint)
+        prints.append(driver_keys(layer)[0])
     assert prints[0] == prints[1] != prints[2]
     with pytest.raises(ConfigurationError, match="max_decryptions"):
         Homomorphic("ckks", max_decryptions=2).aggregate(ups, spec, ctx())
@@ -315,22 +331,26 @@ def test_packing_uses_ceil_values_over_slots(scheme):
 def test_aggregator_holds_no_secret_key(key_holder):
     spec = fedlog_spec()
     layer = Homomorphic("bfv", key_holder=key_holder)
-    params = layer.params_for(spec, 4)
-    ks = layer.keyset(params)
-    server_ctx = ks.aggregator.context
+    layer.aggregate(fedlog_uploads(spec, 3), spec, ctx())
+    _, aggregator = driver_keys(layer)
+    server_ctx = aggregator.context
     assert not server_ctx.has_secret_key() and not server_ctx.is_private()
     assert server_ctx.is_public()
     # The server's sum cannot be decrypted with what the server holds.
-    layer.aggregate(fedlog_uploads(spec, 3), spec, ctx())
     with pytest.raises(ValueError):
-        ks.aggregator.accumulators[0].decrypt()
+        aggregator.accumulators[0].decrypt()
     # Handing the server a context that holds the secret key is refused.
+    ks = keyset(layer.params_for(spec, 4), key_holder)
     secret = ks.holder._ctx.serialize(save_secret_key=True, save_relin_keys=False,
                                       save_galois_keys=False)
     with pytest.raises(KeyRoleError):
         Aggregator("bfv", secret)
     assert ks.holder.client_context != ks.holder.public_context or key_holder == "decryptor"
     assert ts.context_from(ks.holder.client_context).has_secret_key() == (key_holder == "clients")
+    # who holds the secret key: the decryptor's node alone, or every client's
+    holders = sorted(c for c, store in layer.local.stores.items()
+                     if any(k.startswith("he-secret/") for k in store))
+    assert holders == ([0] if key_holder == "decryptor" else [0, 1, 2])
 
 
 def test_describe_and_transcript_name_the_key_holder():
@@ -388,7 +408,7 @@ def test_server_adds_in_place_without_copies(monkeypatch):
     ups = fedavg_uploads(spec, 3)
     layer = Homomorphic("ckks")
     params = layer.params_for(spec, 4)
-    ks = layer.keyset(params)
+    ks = keyset(params)
     packing = Packing.from_spec(spec, params.slots)
     wires = [ks.encryptor.encrypt(layer._flatten(ups[c], spec, packing, None), packing)
              for c in range(3)]
@@ -418,7 +438,7 @@ def _setup(scheme="bfv"):
     ups = fedlog_uploads(spec, 3)
     layer = Homomorphic(scheme)
     params = layer.params_for(spec, 4)
-    ks = layer.keyset(params)
+    ks = keyset(params)
     packing = Packing.from_spec(spec, params.slots)
     fps = layer.fixed_point(spec, 4) if scheme == "bfv" else None
     wire = ks.encryptor.encrypt(layer._flatten(ups[0], spec, packing, fps), packing)
@@ -531,10 +551,9 @@ def test_ledger_books_true_sizes_and_each_context_once_per_client():
     c0 = ctx(0)
     layer.aggregate(fedlog_uploads(spec, 3), spec, c0)
     params = layer.params_for(spec, 4)
-    ks = layer.keyset(params)
     keys = [r for r in c0.ledger.rows if r.stage == "keys"]
     assert sorted(str(r.receiver) for r in keys) == ["0", "1", "2", "server"]
-    assert all(r.wire_bytes == len(ks.holder.public_context) for r in keys)
+    assert all(r.wire_bytes == len(driver_keys(layer)[0]) for r in keys)
     packing = Packing.from_spec(spec, params.slots)
     ups = [r for r in c0.ledger.rows if r.stage == "upload"]
     # an upload is the header plus its ciphertexts: about one compressed ciphertext here
@@ -591,7 +610,7 @@ def test_fuzzed_framed_uploads_raise_typed_errors_and_never_change_the_sum():
     ups = fedavg_uploads(spec, 2)
     layer = Homomorphic("bfv")
     params = layer.params_for(spec, 4)
-    ks = layer.keyset(params)
+    ks = keyset(params)
     packing = Packing.from_spec(spec, params.slots)
     fps = layer.fixed_point(spec, 4)
     good = [ks.encryptor.encrypt(layer._flatten(ups[c], spec, packing, fps), packing)
@@ -671,7 +690,7 @@ def test_bfv_splits_a_field_wider_than_the_plain_modulus_into_limbs_and_sums_it_
 
 def test_bfv_limb_sums_and_recombination_are_exact_at_the_widest_ring():
     """64-bit ring elements, split and joined, add exactly modulo 2^64."""
-    from secagg.homomorphic.layer import join_limbs, split_limbs
+    from secagg.homomorphic.plan import join_limbs, split_limbs
 
     rng = np.random.default_rng(0)
     ring = rng.integers(0, 2**63, (8, 5), dtype=np.uint64) * np.uint64(2) + np.uint64(1)

@@ -1,6 +1,7 @@
 """Homomorphic aggregation through TenSEAL (CKKS and BFV), packed, with explicit key roles.
 
-* :class:`Homomorphic` -- the layer (:mod:`secagg.homomorphic.layer`).
+* :class:`Homomorphic` -- the layer (:mod:`.layer`), its plan (:mod:`.plan`), one driver
+  (:mod:`.remote`) and node steps (:mod:`.node`).
 * :mod:`~secagg.homomorphic.params` -- parameter selection and the CKKS error bound.
 * :mod:`~secagg.homomorphic.packing` -- packing uploads into slots; the ciphertext wire format.
 * :mod:`~secagg.homomorphic.keys` -- the key holder, client and aggregator roles.

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from secagg.errors import ProtocolError
-from secagg.homomorphic.layer import Homomorphic
+from secagg.homomorphic.plan import HomomorphicPlan
 from secagg.link import Reply
 from secagg.link import reply_field as field
 from secagg.messages import Upload, UploadSpec
@@ -33,10 +33,10 @@ LAYER_KEYS = ("scheme", "poly_modulus_degree", "key_holder", "precision", "max_c
               "max_decryptions", "flood_security_bits")
 
 
-def layer_of(rec: Reply) -> Homomorphic:
-    """The Homomorphic layer an instruction's ``layer`` JSON describes."""
+def layer_of(rec: Reply) -> HomomorphicPlan:
+    """The Homomorphic layer's parameters an instruction's ``layer`` JSON describes."""
     cfg = json.loads(field(rec, Key.LAYER, str))
-    return Homomorphic(**{k: cfg[k] for k in LAYER_KEYS if k in cfg})
+    return HomomorphicPlan(**{k: cfg[k] for k in LAYER_KEYS if k in cfg})
 
 
 @lru_cache(maxsize=4)
@@ -68,23 +68,45 @@ def encrypt(rec: Reply, spec: UploadSpec, up: Upload, store: NodeStore) -> dict[
             Key.ENC_CPU_S: time.process_time() - t0}
 
 
-def decryptor_step(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
-    """The designated decryptor's ``he-keygen`` and ``he-decrypt`` (see the module
-    docstring)."""
+def _params(pjson: str) -> Any:
+    """The encryption parameters an instruction's ``params`` JSON names."""
+    from secagg.homomorphic.params import HEParams
+
+    d = json.loads(pjson)
+    return HEParams(**{**d, "coeff_mod_bit_sizes": tuple(d["coeff_mod_bit_sizes"])})
+
+
+@lru_cache(maxsize=4)
+def _holder(pjson: str, secret: bytes, public: bytes) -> Any:
+    """The key holder of a stored key (parameters ``pjson``), rebuilt once per key as the
+    party keeps it between messages: its context, fingerprint and flooding-noise stream (a
+    CSPRNG under a fresh OS key); its decryption count is the store's, set per message.
+    Keyed by the secret bytes themselves, so only a caller that holds them gets it."""
     import tenseal as ts
 
     from secagg.homomorphic.keys import KeyHolder
-    from secagg.homomorphic.packing import Packing, fingerprint
-    from secagg.homomorphic.params import HEParams
+    from secagg.homomorphic.packing import fingerprint
     from secagg.privacy.samplers import noise_generator
 
-    d = json.loads(field(rec, Key.PARAMS, str))
-    d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
-    params = HEParams(**d)
+    holder = KeyHolder.__new__(KeyHolder)
+    holder.params, holder.mode = _params(pjson), "decryptor"
+    holder._ctx = ts.context_from(secret, n_threads=1)
+    holder.public_context = holder.client_context = public
+    holder.fingerprint = fingerprint(public)
+    holder._noise = noise_generator()
+    return holder
+
+
+def decryptor_step(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
+    """The designated decryptor's ``he-keygen`` and ``he-decrypt`` (see the module
+    docstring)."""
+    from secagg.homomorphic.keys import KeyHolder
+    from secagg.homomorphic.packing import Packing
+
     key = "he-secret/" + field(rec, Key.PARAMS, str)
     t0 = time.process_time()
     if step == Stage.HE_KEYGEN:
-        holder = KeyHolder(params, "decryptor")
+        holder = KeyHolder(_params(field(rec, Key.PARAMS, str)), "decryptor")
         store[key] = holder._ctx.serialize(save_public_key=True, save_secret_key=True,
                                            save_galois_keys=False, save_relin_keys=False)
         store[key + "/public"] = holder.public_context
@@ -94,15 +116,10 @@ def decryptor_step(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
         raise ProtocolError(f"unknown secagg step {step!r}")
     if key not in store:
         raise ProtocolError("he-decrypt for parameters this node holds no keys of")
-    holder = KeyHolder.__new__(KeyHolder)
-    holder.params, holder.mode = params, "decryptor"
-    holder._ctx = ts.context_from(store[key], n_threads=1)
-    holder.public_context = holder.client_context = store[key + "/public"]
-    holder.fingerprint = fingerprint(holder.public_context)
-    # the key's decryption count (CKKS quota) persists on the node with the key; the flooding
-    # noise generator is fresh (a new OS key) per message
+    holder = _holder(field(rec, Key.PARAMS, str), bytes(store[key]),
+                     bytes(store[key + "/public"]))
+    # the key's decryption count (CKKS quota) persists on the node with the key
     holder.decryptions = int(store.get(key + "/decryptions", 0))
-    holder._noise = noise_generator()
     p = json.loads(field(rec, Key.PACKING, str))
     packing = Packing(tuple(p["names"]), tuple(tuple(x) for x in p["shapes"]),
                       tuple(p["offsets"]), int(p["total"]), int(p["slots"]))

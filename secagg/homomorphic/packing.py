@@ -9,7 +9,7 @@ Limbs (BFV): a field whose fixed-point sum needs a wider ring than the plain mod
 is carried as ``L`` limbs of ``limb_bits`` bits each (its ring element split into words,
 low word first); the field then takes ``L * size`` slots, limb-major. Each limb's sum over
 the cohort fits the plain modulus without wrapping, so the sum is recombined exactly after
-decryption (:mod:`secagg.homomorphic.layer`).
+decryption (:mod:`secagg.homomorphic.plan`).
 
 Wire format of a ciphertext message (big-endian), sent as frames -- the header frame, then
 one frame per ciphertext -- whose concatenation is the single-buffer form::

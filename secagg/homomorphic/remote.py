@@ -1,24 +1,16 @@
-"""The Homomorphic layer's server side over a :class:`~secagg.link.Link` (Flower's nodes, or
-the embedded runtime's :class:`~secagg.local_link.LocalLink`).
+"""Homomorphic's one server driver, over any :class:`~secagg.link.Link`: Flower's nodes, the
+embedded engine's :class:`~secagg.local_link.LocalLink`, or :class:`InProcess`, the link
+:meth:`Homomorphic.aggregate <secagg.homomorphic.layer.Homomorphic.aggregate>` runs it over.
 
-:class:`HomomorphicServer` runs both key roles:
-
-* ``key_holder="decryptor"``: a designated decryptor node generates the keys (once per
-  parameter set; a CKKS key is renewed after ``max_decryptions`` decryptions) and keeps the
-  secret context; the clients get the public context once and send their encrypted
-  uploads; the server adds the ciphertexts with the public context only; the decryptor
-  decrypts the sum.
-* ``key_holder="clients"``: a :class:`Provisioner` outside the link (as NVIDIA FLARE's
-  provisioning) generates the keys and puts the shared secret context into each client's
-  node store (:attr:`~secagg.link.PhaseCall.stores`); the server gets the public context
-  only. The first client that survives the
-  ``decrypt`` stage decrypts the sum (a client that fails to answer is dropped there and the
-  next one is asked). The secret never passes through the server, so a runtime that routes
-  every message through it (Flower) cannot carry this mode: only a runtime whose clients it
-  can reach out of band (the embedded one, through their node stores) supplies the
-  provisioner.
-
-Either way the sum is decoded here (:func:`~secagg.homomorphic.layer.decode_sums`).
+:class:`HomomorphicServer` runs both key roles (see the layer): ``"decryptor"``, a decryptor
+node makes the keys (once per parameter set; a CKKS key is renewed after
+``max_decryptions`` decryptions) and decrypts the sum; ``"clients"``, a :class:`Provisioner`
+outside the link (as NVIDIA FLARE's provisioning) puts the shared secret context into each
+client's node store (:attr:`~secagg.link.PhaseCall.stores`) and the first client live at
+``decrypt`` decrypts (one that fails is dropped there and the next one asked). That secret
+never passes through the server, so a runtime that routes every message through it (Flower)
+cannot carry this mode. Either way the server adds the ciphertexts with the public context
+only, and decodes the sum here (:func:`~secagg.homomorphic.plan.decode_sums`).
 """
 
 from __future__ import annotations
@@ -26,21 +18,35 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
+from secagg.client_step import reply_fields
 from secagg.costs import SERVER, he_flops
 from secagg.errors import ConfigurationError, ProtocolError, SecureSumAborted
 from secagg.homomorphic.keys import Aggregator, KeyHolder
-from secagg.homomorphic.layer import DECRYPTOR, PROVISIONER, Homomorphic, decode_sums
-from secagg.homomorphic.node import LAYER_KEYS
+from secagg.homomorphic.node import LAYER_KEYS, decryptor_step, encrypt
 from secagg.homomorphic.params import HEParams
-from secagg.layers.base import Aggregate, RoundContext
-from secagg.link import Dropped, Link, PhaseCall, Reply, Stores, add_clips, book_drops, keep_live
+from secagg.homomorphic.plan import DECRYPTOR, PROVISIONER, HomomorphicPlan, decode_sums
+from secagg.layers.base import Aggregate, RoundContext, ServerPart
+from secagg.link import (
+    PROTOCOL_REPLY,
+    Dropped,
+    Link,
+    Needs,
+    PhaseCall,
+    Reply,
+    Stores,
+    add_clips,
+    book_drops,
+    keep_live,
+)
 from secagg.link import reply_field as rfield
+from secagg.messages import ClipReport, Upload, UploadSpec
 from secagg.stages import Key, Stage
+from secagg.stream import Lazy
 from secagg.transcript import digest
 from secagg.wire import unpack_arrays
 
@@ -98,10 +104,11 @@ class HomomorphicServer:
         decryptions: CKKS: decryptions of the current key per parameter set.
     """
 
-    #: the embedded engine runs this driver too (over a LocalLink), in both key roles
+    #: the embedded engine runs this driver too (over a LocalLink), in both key roles, and so
+    #: does Homomorphic.aggregate (over :class:`InProcess`)
     local: ClassVar[bool] = True
 
-    def __init__(self, *, layer: Homomorphic, decryptor: int | None = None) -> None:
+    def __init__(self, *, layer: HomomorphicPlan, decryptor: int | None = None) -> None:
         self.layer = layer
         self.decryptor = decryptor
         self.provisioner: Provisioner | None = None
@@ -166,7 +173,6 @@ class HomomorphicServer:
                    (Key.ENC_CPU_S, float)),
             step=True)
         link.count(Stage.UPLOAD, len(pub) * len(set(cohort) - sent))
-        sent.update(got)  # a node keeps the public context for the rest of the run
         dropped: Dropped = {}
         live = keep_live(link, ctx, Stage.UPLOAD, got, failed, dropped)
         notes = {**layer.notes(params, packing, spec, len(live)), "decryptor_client": dec,
@@ -196,6 +202,9 @@ class HomomorphicServer:
                 continue
             server_s = time.process_time() - t0
             contributors.append(c)
+            # it holds the public context for the rest of the run (a client whose reply was
+            # never read, e.g. dropped first, may not have stored it: it is sent again)
+            sent.add(c)
             size = sum(len(f) for f in frames)
             link.count(Stage.UPLOAD, size)
             add_clips(clips, rec)
@@ -324,3 +333,77 @@ class HomomorphicServer:
             if self.provisioner is not None:  # the next client live at decrypt is asked
                 book_drops(link, ctx, Stage.DECRYPT, failed, dropped)
         raise SecureSumAborted(Stage.DECRYPT, 0, 1)
+
+
+class InProcess:
+    """The clients of this process as the nodes of a :class:`~secagg.link.Link`, each with a
+    store kept for the layer's life (keys made once per parameter set, as on a runtime), and
+    :attr:`server`, the driver over them. An upload is read (a streamed one computed) when
+    the driver reads its reply, a dropped client's never. Unlike
+    :class:`~secagg.local_link.LocalLink`, which reaches every layer's node steps through the
+    layer registry (an import circle from here), it answers this layer's steps only, and has
+    no tamper hook. ``decryptor``: the client whose node holds the keys."""
+
+    def __init__(self, layer: HomomorphicPlan, decryptor: int) -> None:
+        self.decryptor = int(decryptor)
+        self.server = HomomorphicServer(
+            layer=layer, decryptor=self.decryptor if layer.key_holder == "decryptor" else None)
+        self.stores: dict[int, MutableMapping[str, Any]] = {}
+        self._uploads: Mapping[int, Upload] = {}
+        self._spec: UploadSpec | None = None
+
+    def aggregate(self, uploads: Mapping[int, Upload], spec: UploadSpec,
+                  ctx: RoundContext) -> Aggregate:
+        """One phase of the driver over the clients of ``uploads``."""
+        self._uploads, self._spec = uploads, spec
+        call = PhaseCall(spec=spec, cohort=sorted(uploads), ctx=ctx,
+                         release=ServerPart(spec, ctx), instruction={}, clips=ClipReport(),
+                         stores=self.store)
+        try:
+            return self.server.aggregate(call, self)
+        finally:
+            self._uploads, self._spec = {}, None
+
+    @property
+    def clients(self) -> list[int]:
+        """The clients of this call, the decryptor and every node seen before."""
+        return sorted({*self._uploads, *self.stores, self.decryptor})
+
+    def store(self, client: int) -> MutableMapping[str, Any]:
+        """Client ``client``'s private store (made on first use)."""
+        return self.stores.setdefault(int(client), {})
+
+    def exchange(
+        self, stage: str, ctx: RoundContext, instructions: Mapping[int, Mapping[str, Any]],
+        *, needs: Needs = PROTOCOL_REPLY, step: bool = False,
+    ) -> tuple[dict[int, Reply], dict[int, str]]:
+        """Each instruction answered by its client's node step: an upload when the driver
+        reads its reply (a lazy mapping), a key holder's step here (a refusal is that
+        client's failure, named with the error)."""
+        sent = {c: {k: v for k, v in ins.items() if v is not None}  # None fields: not sent
+                for c, ins in instructions.items()}
+        if step:
+            return Lazy(sent, self._upload), {}  # type: ignore[return-value]
+        got: dict[int, Reply] = {}
+        failed: dict[int, str] = {}
+        for c, ins in sent.items():
+            try:
+                got[c] = decryptor_step(rfield(ins, Key.STEP, str), ins, self.store(c))
+            except ProtocolError as exc:
+                failed[c] = f"ProtocolError: {exc}"
+        return got, failed
+
+    def _upload(self, client: int, ins: Mapping[str, Any]) -> Reply:
+        """Client ``client``'s upload encrypted, with its step's reply fields."""
+        assert self._spec is not None  # read within aggregate only
+        up = self._uploads[client]
+        return {**reply_fields(up), **encrypt(ins, self._spec, up, self.store(client))}
+
+    def count(self, stage: str, nbytes: int) -> None:
+        """Nothing to count: in one process the ledger rows are the traffic."""
+
+    def lost(self, dropped: Dropped) -> None:
+        """Nothing to tell: the aggregate's notes name the drops."""
+
+    def reached(self, ctx: RoundContext, stage: str) -> None:
+        """Nothing to hold (no secure-sum stage)."""
