@@ -1,8 +1,8 @@
 """The embedded runtime and Flower's simulation runtime agree under a seed (issue 34): the
-same sums, contributors and accuracy for Plaintext, SecureSum, Homomorphic (BFV, exact) and
-CentralDP around it (seeded noise), and -- for the layers whose one server driver runs on
-both (Plaintext, Homomorphic, CentralDP around them) -- the same ledger of messages and the
-same aggregate notes.
+same sums, contributors and accuracy for Plaintext, SecureSum, DistributedDP around it
+(seeded noise shares), Homomorphic (BFV, exact) and CentralDP around it (seeded noise), and
+-- for the layers whose one server driver runs on both (all of these) -- the same ledger of
+messages and the same aggregate notes.
 
 Flower runs over the runtime tests' in-process Grid (real ClientApp logic, real keys).
 """
@@ -19,7 +19,14 @@ if importlib.util.find_spec("flwr") is None and os.environ.get("CI") != "true":
 
 from test_flower_runtime import LocalGrid, N, _algo, _partition, task_identity  # noqa: E402,F401
 
-from secagg import CentralDP, Federation, Homomorphic, Plaintext, SecureSum  # noqa: E402
+from secagg import (  # noqa: E402
+    CentralDP,
+    DistributedDP,
+    Federation,
+    Homomorphic,
+    Plaintext,
+    SecureSum,
+)
 from secagg.data import load_dataset  # noqa: E402
 from secagg.flower.server import FlowerFederation  # noqa: E402
 
@@ -30,9 +37,14 @@ LAYERS = {
     # seeded noise (not private: a user seed), so that the two runs' noise is the same
     "central-dp/homomorphic-bfv": lambda: CentralDP(Homomorphic(scheme="bfv"), epsilon=4.0,
                                                     delta=1e-5, adjacency="client", seed=11),
+    # seeded noise shares: each client's drawn from the same (seed, round, phase, client)
+    "distributed-dp/secure-sum": lambda: DistributedDP(SecureSum(threshold=3), epsilon=4.0,
+                                                       delta=1e-5, adjacency="client",
+                                                       seed=11),
 }
 #: the layers whose one server driver runs on both runtimes (the others: issue 34, next)
-ONE_DRIVER = ("plaintext", "homomorphic-bfv", "central-dp/homomorphic-bfv")
+ONE_DRIVER = ("plaintext", "secure-sum", "distributed-dp/secure-sum", "homomorphic-bfv",
+              "central-dp/homomorphic-bfv")
 ROUNDS = 2
 
 
@@ -74,3 +86,5 @@ def test_embedded_and_flower_give_equal_sums_under_a_seed(name):
         for r in range(ROUNDS):
             assert emb[r].notes.keys() == fl[r].notes.keys()
             assert emb[r].notes["dropped"] == fl[r].notes["dropped"] == {}
+            if "secure_sum" in emb[r].notes:  # the session's own notes, verdicts and cut too
+                assert emb[r].notes["secure_sum"] == fl[r].notes["secure_sum"]

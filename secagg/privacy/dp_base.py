@@ -265,6 +265,9 @@ class _DPLayer(Layer):
                 vectors, enc.ring_bits, part.local_ctx, enc.label,
                 upload_costs=vectors.costs, length=enc.length)
             agg = part.finish(ring_sum, contributors, ctx)
+            # the session's notes (secure_sum, dropped), as the one driver gives them on
+            # every runtime
+            agg.notes.update(self.inner.last_report.notes)  # type: ignore[attr-defined]
         return part.end(agg, ctx)
 
     def node_part(self, rng: np.random.Generator, *, sizing: str = "server") -> NodePart:

@@ -197,15 +197,8 @@ class SecureSum(Layer):
             f.name: plans[f.name].decode_sum(report.total[segments[f.name]]).reshape(f.shape)
             for f in spec.additive
         }
-        notes = {"secure_sum": {
-            "ring_bits": bits, "graph": report.graph.kind, "k": report.graph.k,
-            "threshold": report.graph.threshold,
-            "share_threshold": report.graph.share_threshold,
-            "live": dict(report.live), "excluded": list(report.excluded),
-            "scale_bits": {n: p.scale_bits for n, p in plans.items()},
-            "refused": dict(report.refused),
-            "server_model": "active (pinned keys)" if report.pinned else "honest-but-curious",
-        }}
+        notes = report.notes  # the one driver's, as on Flower: secure_sum and dropped
+        notes["secure_sum"]["scale_bits"] = {n: p.scale_bits for n, p in plans.items()}
         return Aggregate(phase=ctx.phase, round=ctx.round, sums=sums, values={},
                          contributors=report.contributors, notes=notes)
 
