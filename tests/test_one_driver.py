@@ -65,3 +65,48 @@ def test_the_secure_sum_server_is_constructed_in_one_module():
     found = _constructing_modules()
     assert list(found) == ["secagg/secure_sum/remote.py"], found
     assert found["secagg/secure_sum/remote.py"] == 1
+
+
+def test_run_secure_sum_streams_each_vector_through_the_driver_when_its_client_masks():
+    """Through the one driver, run_secure_sum still holds one vector at a time: every ACK
+    arrives first, then each live client's vector is read just before its masked vector is
+    sent, and a client dropped before masking is never read."""
+    from collections.abc import Mapping
+
+    import numpy as np
+
+    from secagg.costs import Ledger
+    from secagg.dropouts import ScheduledDropouts
+    from secagg.layers.base import RoundContext
+    from secagg.secure_sum.protocol import run_secure_sum
+    from secagg.transcript import Transcript
+
+    n, m = 8, 40
+    events: list[tuple[str, int]] = []
+
+    class Vectors(Mapping):
+        def __getitem__(self, u):
+            events.append(("read", u))
+            return np.full(m, u + 1, np.uint64)
+
+        def __iter__(self):
+            return iter(range(n))
+
+        def __len__(self):
+            return n
+
+    def spy(stage, sender, receiver, msg):
+        if stage == "masked-input" and receiver == "server":
+            events.append(("sent", sender))
+        return msg
+
+    ctx = RoundContext(0, "p", 0, Ledger(), Transcript(False),
+                       ScheduledDropouts({"masked-input": {3}}))
+    rep = run_secure_sum(Vectors(), 16, ctx, threshold=6, entropy_seed=2, length=m,
+                         tamper=spy)
+    live = [u for u in range(n) if u != 3]
+    assert events[:len(live)] == [("sent", u) for u in live]  # the ACKs
+    assert events[len(live):] == [e for u in live for e in (("read", u), ("sent", u))]
+    assert rep.contributors == tuple(live)
+    np.testing.assert_array_equal(rep.total, np.full(m, sum(u + 1 for u in live), np.uint64))
+    assert rep.notes["dropped"] == {"masked-input": {3: "injected dropout"}}

@@ -235,19 +235,11 @@ class SecureSumServer:
             link.count(stage, len(msg))
             return out
 
-        def read(stage: str, got: Mapping[int, Reply], u: int) -> Reply | None:
-            """``u``'s reply, or None (its client booked as dropped) when reading it fails."""
+        def read(stage: str, u: int, get: Callable[..., Any], *args: Any) -> Any:
+            """``get(*args)`` -- ``u``'s reply or a field of it, which a lazy in-process link
+            computes now -- or None, ``u`` booked as dropped, when that raises ProtocolError."""
             try:
-                return got[u]
-            except ProtocolError as exc:
-                book_drops(link, ctx, stage, {u: f"ProtocolError: {exc}"}, dropped,
-                           rows=self.drop_rows)
-                return None
-
-        def field_of(stage: str, u: int, rec: Reply, name: str, kind: type) -> Any:
-            """A field of ``u``'s reply (a lazy one is computed now), or None (dropped)."""
-            try:
-                return rfield(rec, name, kind)
+                return get(*args)
             except ProtocolError as exc:
                 book_drops(link, ctx, stage, {u: f"ProtocolError: {exc}"}, dropped,
                            rows=self.drop_rows)
@@ -257,7 +249,7 @@ class SecureSumServer:
                     flops: Callable[[int], float] = lambda u: 0.0) -> None:
             """Hand each reply's protocol message to the server, booked as it arrives."""
             for u in got:
-                rec = read(stage, got, u)
+                rec = read(stage, u, got.__getitem__, u)
                 if rec is not None:
                     to_server(u, stage, rfield(rec, Key.MSG, bytes), handler,
                               rfield(rec, Key.CPU_S, float), flops=flops(u))
@@ -309,7 +301,7 @@ class SecureSumServer:
             live = survive(Stage.ADVERTISE, got, failed)
             adverts: Mapping[int, tuple[bytes, float]] = {}
             for u in live:
-                rec = read(Stage.ADVERTISE, live, u)
+                rec = read(Stage.ADVERTISE, u, live.__getitem__, u)
                 if rec is None:
                     continue
                 if Key.STEP_CPU_S in rec:  # the step's own CPU apart from the ADVERTISE's
@@ -344,7 +336,7 @@ class SecureSumServer:
                 per_node=lambda v: dict(with_step=True, n=len(cohort), layer=params, **common))
             shared = {}
             for u in got:
-                rec = read(Stage.SHARE, got, u)
+                rec = read(Stage.SHARE, u, got.__getitem__, u)
                 if rec is not None:
                     stepped(u, rec, Key.STEP_CPU_S)
                     shared[u] = rec
@@ -359,7 +351,7 @@ class SecureSumServer:
                                 (Key.ACK_CPU_S, float)))
         acked: list[tuple[int, Reply]] = []
         for u in got:
-            rec = read(Stage.MASKED_INPUT, got, u)
+            rec = read(Stage.MASKED_INPUT, u, got.__getitem__, u)
             if rec is not None and to_server(
                     u, Stage.MASKED_INPUT, rfield(rec, Key.ACK, bytes), server.receive_ack,
                     rfield(rec, Key.ACK_CPU_S, float),
@@ -369,7 +361,7 @@ class SecureSumServer:
         pbytes = sum(fields.values()) if plaintext_bytes is None else int(plaintext_bytes)
         while acked:
             u, rec = acked.pop()  # not kept once booked: the masked vector is freed
-            msg = field_of(Stage.MASKED_INPUT, u, rec, Key.MSG, bytes)
+            msg = read(Stage.MASKED_INPUT, u, rfield, rec, Key.MSG, bytes)
             if msg is None:
                 continue
             extra_cpu, flops = costs.get(u, (0.0, 0.0))
@@ -417,7 +409,7 @@ class SecureSumServer:
         why = {v: w for v, w in failed.items() if v in requests}
         replied: dict[int, Reply] = {}
         for v in survive(Stage.UNMASK, only(got, [v for v in got if v in requests]), why):
-            rec = read(Stage.UNMASK, got, v)
+            rec = read(Stage.UNMASK, v, got.__getitem__, v)
             if rec is None:
                 continue
             replied[v] = rec
@@ -429,7 +421,7 @@ class SecureSumServer:
         if ahead is not None:
             for v in ahead.cohort:
                 rec = replied[v] if v in replied else (
-                    read(Stage.UNMASK, got, v) if v in got else None)
+                    read(Stage.UNMASK, v, got.__getitem__, v) if v in got else None)
                 if rec is None:
                     ahead.failed[v] = failed.get(v, "no reply")
                 else:
