@@ -110,3 +110,32 @@ def test_run_secure_sum_streams_each_vector_through_the_driver_when_its_client_m
     assert rep.contributors == tuple(live)
     np.testing.assert_array_equal(rep.total, np.full(m, sum(u + 1 for u in live), np.uint64))
     assert rep.notes["dropped"] == {"masked-input": {3: "injected dropout"}}
+
+
+def test_the_embedded_secure_sum_aggregate_carries_the_drivers_notes():
+    """In one process the SecureSum layer's aggregate carries the notes Flower's carries (the
+    one driver's): who dropped where and why, whom the unmasking recovered, the verdicts and
+    cut pairs (none here), alongside the layer's scale bits."""
+    import numpy as np
+
+    from secagg.costs import Ledger
+    from secagg.dropouts import ScheduledDropouts
+    from secagg.layers.base import RoundContext
+    from secagg.messages import Bound, Field, Upload, UploadSpec
+    from secagg.secure_sum import SecureSum
+    from secagg.transcript import Transcript
+
+    spec = UploadSpec((Field("x", (3,), "float64", bound=Bound(linf=1.0, adjacency="client"),
+                             additive=True),))
+    ups = {c: Upload.validate(spec, {"x": np.full(3, 0.25 * (c % 3))}, c, 1)
+           for c in range(6)}
+    ctx = RoundContext(0, "p", 0, Ledger(), Transcript(False),
+                       ScheduledDropouts({"masked-input": {4}}))
+    agg = SecureSum(threshold=4).aggregate(ups, spec, ctx)
+    notes = agg.notes
+    assert agg.contributors == (0, 1, 2, 3, 5)
+    assert notes["dropped"] == {"masked-input": {4: "injected dropout"}}
+    ss = notes["secure_sum"]
+    assert ss["recovered"] == [4] and ss["verdicts"] == [] and ss["cut"] == []
+    assert ss["faults"] == {} and ss["live"]["masked-input"] == 5 and "scale_bits" in ss
+    np.testing.assert_allclose(agg["x"], np.full(3, 0.25 * (0 + 1 + 2 + 0 + 2)), atol=1e-6)
