@@ -1,10 +1,12 @@
-"""The SecureSum layer's server side when the clients run elsewhere (Flower's nodes).
+"""The SecureSum layer's one server-side driver, over any link.
 
 :class:`SecureSumServer` drives one secure-sum session per phase over a
-:class:`~secagg.link.Link`: the same five stages as :func:`~secagg.secure_sum.protocol.
-run_secure_sum` plays in one process (advertise, share, masked input, consistency, unmask),
-with the same :class:`~secagg.secure_sum.server.Server` state machine, but each client's
-part runs on its own node and every message crosses the link.
+:class:`~secagg.link.Link` -- advertise, share, masked input, consistency, unmask -- around
+the :class:`~secagg.secure_sum.server.Server` state machine (constructed here only): over
+Flower each client's part runs on its own node and every message crosses the link; in one
+process :func:`~secagg.secure_sum.protocol.run_secure_sum` runs :meth:`SecureSumServer.session`
+over a link of live in-process clients (seeded entropy, pinned identities and tamper hooks
+included).
 
 Each session starts at its share stage: its ADVERTISE (fresh keys for its own session id
 and round) travels with the previous exchange -- the runtime's hello for the run's first
