@@ -139,3 +139,48 @@ def test_the_embedded_secure_sum_aggregate_carries_the_drivers_notes():
     assert ss["recovered"] == [4] and ss["verdicts"] == [] and ss["cut"] == []
     assert ss["faults"] == {} and ss["live"]["masked-input"] == 5 and "scale_bits" in ss
     np.testing.assert_allclose(agg["x"], np.full(3, 0.25 * (0 + 1 + 2 + 0 + 2)), atol=1e-6)
+
+
+def test_the_driver_runs_over_local_link_with_live_parties_in_the_node_stores():
+    """The one driver runs over the embedded runtime's LocalLink as over Flower's nodes
+    (the same node steps): the sum is exact, each reply read once, and an in-process store
+    keeps the live party and vector between stages (nothing frozen to bytes)."""
+    import numpy as np
+
+    from secagg.costs import Ledger
+    from secagg.dropouts import DropoutModel
+    from secagg.layers.base import RoundContext, ServerPart
+    from secagg.link import PhaseCall
+    from secagg.local_link import LocalLink
+    from secagg.messages import Bound, ClipReport, Field, Upload, UploadSpec
+    from secagg.secure_sum import SecureSum
+    from secagg.secure_sum.client import Client
+    from secagg.secure_sum.remote import SecureSumServer
+    from secagg.stream import UploadStream
+    from secagg.transcript import Transcript
+
+    n = 5
+    spec = UploadSpec((Field("x", (3,), "float64", bound=Bound(linf=1.0, adjacency="client"),
+                             additive=True),), max_records=10)
+    seen: dict[str, set[str]] = {}
+
+    class Watched(LocalLink):
+        def reached(self, ctx, stage):
+            super().reached(ctx, stage)
+            seen[stage] = {type(s.get("party")).__name__ for s in self.stores.values()} | {
+                type(s.get("vector")).__name__ for s in self.stores.values()}
+
+    def value(c):
+        return np.array([0.1 * c, -0.05 * c, 0.5])
+
+    link = Watched(range(n))
+    link.serve(UploadStream(list(range(n)), lambda c: Upload.validate(
+        spec, {"x": value(c)}, c, 1), keep=False), spec)
+    ctx = RoundContext(0, "p", 0, Ledger(), Transcript(False), DropoutModel(0.0))
+    call = PhaseCall(spec=spec, cohort=list(range(n)), ctx=ctx, release=ServerPart(spec, ctx),
+                     instruction={"round": 0}, clips=ClipReport())
+    agg = SecureSumServer(layer=SecureSum(threshold=3)).aggregate(call, link)
+    link.settle()
+    assert agg.contributors == tuple(range(n)) and agg.notes["dropped"] == {}
+    np.testing.assert_allclose(agg["x"], sum(value(c) for c in range(n)), atol=1e-6)
+    assert seen["share"] == seen["masked-input"] == {Client.__name__, "ndarray"}
