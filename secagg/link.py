@@ -40,6 +40,13 @@ PROTOCOL_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float))
 #: what a reply to an instruction that ran the client step carries
 STEP_REPLY: Needs = ((Key.MSG, bytes), (Key.CPU_S, float), (Key.FLOPS, float), (Key.CLIPPED, str))
 
+class LiveStore(dict[str, Any]):
+    """A node's private store that lives in this process (the embedded runtime's
+    :class:`~secagg.local_link.LocalLink`): a node step may keep live objects in it (a
+    secure-sum party, its vector) instead of freezing them to bytes between stages; any
+    other store (Flower's ConfigRecord, a plain dict) gets bytes."""
+
+
 Dropped = dict[str, dict[int, str]]
 """Stage -> client -> why it was dropped there (an aggregate's ``notes["dropped"]``)."""
 

@@ -3,7 +3,7 @@
 
 A node keeps its secure-sum party between messages in its own private store (Flower: a
 ``ConfigRecord`` in the node's ``Context.state``, never sent anywhere), frozen to bytes
-(:func:`freeze` / :func:`thaw`); a plain ``dict`` store (the embedded runtime's
+(:func:`freeze` / :func:`thaw`); a :class:`~secagg.link.LiveStore` (the embedded runtime's
 :class:`~secagg.local_link.LocalLink`, in this process) keeps the live party and vector
 instead, with no freezing between stages (:func:`keep` / :func:`kept`). The steps:
 
@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from secagg import safestore
 from secagg.errors import ProtocolError
 from secagg.layers.base import NodePart
-from secagg.link import Reply
+from secagg.link import LiveStore, Reply
 from secagg.link import reply_field as field
 from secagg.messages import Upload, UploadSpec
 from secagg.secure_sum import wire
@@ -91,9 +91,9 @@ def thaw(raw: bytes) -> Client:
 
 
 def keep(store: NodeStore, party: Client) -> None:
-    """Keep ``party`` in the node's store: as it is in a plain ``dict`` (an in-process
-    store, never serialised), else frozen to bytes (:func:`freeze`)."""
-    store["party"] = party if isinstance(store, dict) else freeze(party)
+    """Keep ``party`` in the node's store: as it is in a :class:`~secagg.link.LiveStore`
+    (in this process, never serialised), else frozen to bytes (:func:`freeze`)."""
+    store["party"] = party if isinstance(store, LiveStore) else freeze(party)
 
 
 def kept(store: NodeStore) -> Client:
@@ -175,7 +175,7 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart
         bits = next(iter(plans.values())).ring_bits if plans else 8
         parts = [p.encode(np.asarray(up[f])) for f, p in plans.items()]
         vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-    store["vector"] = vector if isinstance(store, dict) else pack_arrays({"v": vector})
+    store["vector"] = vector if isinstance(store, LiveStore) else pack_arrays({"v": vector})
     if field(rec, Key.STEP, str) == Stage.ADVERTISE:
         # configured as the embedded engine configures its clients (run_secure_sum)
         # with pinned identities, at least ``worst`` distinct pinned clients must sign the
