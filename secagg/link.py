@@ -44,6 +44,14 @@ Stores = Callable[[int], MutableMapping[str, Any]]
 """Client id -> its node's private store, where a runtime reaches its nodes out of band
 (:attr:`PhaseCall.stores`)."""
 
+
+class LiveStore(dict[str, Any]):
+    """A node's private store that lives in this process (the embedded runtime's
+    :class:`~secagg.local_link.LocalLink`): a node step may keep live objects in it (a
+    secure-sum party, its vector) instead of freezing them to bytes between stages; any
+    other store (Flower's ConfigRecord, a plain dict) gets bytes."""
+
+
 Dropped = dict[str, dict[int, str]]
 """Stage -> client -> why it was dropped there (an aggregate's ``notes["dropped"]``)."""
 
@@ -178,25 +186,32 @@ def malformed(rec: Reply, needs: Needs) -> str | None:
 
 
 def book_drops(link: Link, ctx: RoundContext, stage: str, failed: Mapping[int, str],
-               dropped: Dropped) -> None:
+               dropped: Dropped, *, rows: bool = True) -> None:
     """Book every client in ``failed`` as dropped at ``stage``: a zero-byte ledger row of
-    stage ``"dropped:<stage>"`` from it, and its reason in ``dropped``; then tell the
-    runtime (:meth:`Link.lost`)."""
+    stage ``"dropped:<stage>"`` from it (unless ``rows`` is False), and its reason in
+    ``dropped``; then tell the runtime (:meth:`Link.lost`)."""
     for c, why in sorted(failed.items()):
-        ctx.message(c, SERVER, dropped_stage(stage), 0)
+        if rows:
+            ctx.message(c, SERVER, dropped_stage(stage), 0)
         dropped.setdefault(stage, {})[c] = why
     link.lost(dropped)
 
 
 def keep_live(link: Link, ctx: RoundContext, stage: str, got: Mapping[int, Reply],
-              failed: dict[int, str], dropped: Dropped) -> Mapping[int, Reply]:
+              failed: dict[int, str], dropped: Dropped, *, rows: bool = True,
+              ) -> Mapping[int, Reply]:
     """The replies of the clients still live at ``stage`` (in client order, each read from
     ``got`` when asked for): those that answered and that the run's injected dropouts keep;
-    every other addressed client is booked as dropped."""
+    every other addressed client is booked as dropped (``rows``: see :func:`book_drops`)."""
     live = set(ctx.dropouts.survivors(stage, sorted(got)))
     failed.update({c: "injected dropout" for c in got if c not in live})
-    book_drops(link, ctx, stage, failed, dropped)
+    book_drops(link, ctx, stage, failed, dropped, rows=rows)
     return _Subset(got, sorted(live))
+
+
+def only(got: Mapping[int, Reply], keys: Sequence[int]) -> Mapping[int, Reply]:
+    """The replies of ``keys`` among ``got``, each read from ``got`` when asked for."""
+    return _Subset(got, [k for k in keys if k in got])
 
 
 class _Subset(Mapping[int, Reply]):

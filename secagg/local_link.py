@@ -4,7 +4,8 @@ A layer's server driver (:class:`~secagg.link.LayerServer`) runs over a
 :class:`LocalLink` exactly as it runs over Flower's: it sends each client one instruction
 per stage and reads the replies. Here each instruction is answered in this process by the
 node steps a Flower node runs (:mod:`secagg.node`), with each client's private store kept
-in memory (a dict per client, never serialised between stages by the link).
+in memory (a :class:`~secagg.link.LiveStore` per client, never serialised between stages:
+a node step keeps its live objects there).
 
 What differs from a remote runtime is the client step: it is the engine's own, on the
 client state of this process (:meth:`LocalLink.serve` hands over the phase's
@@ -37,7 +38,15 @@ from typing import Any
 from secagg.client_step import reply_fields
 from secagg.errors import ProtocolError
 from secagg.layers.base import RoundContext
-from secagg.link import PROTOCOL_REPLY, Dropped, Needs, Reply, malformed, reply_field
+from secagg.link import (
+    PROTOCOL_REPLY,
+    Dropped,
+    LiveStore,
+    Needs,
+    Reply,
+    malformed,
+    reply_field,
+)
 from secagg.messages import UploadSpec
 from secagg.node import leave, protocol_step, runs_client_step
 from secagg.stages import Key
@@ -96,7 +105,7 @@ class LocalLink:
 
     def store(self, client: int) -> MutableMapping[str, Any]:
         """Client ``client``'s private store (made on first use)."""
-        return self.stores.setdefault(int(client), {})
+        return self.stores.setdefault(int(client), LiveStore())
 
     def _deliver(self, stage: str, sender: Any, receiver: Any,
                  message: Mapping[str, Any]) -> Mapping[str, Any] | None:

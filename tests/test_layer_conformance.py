@@ -101,13 +101,6 @@ REFUSED_ON_FLOWER = {
     "TestValidatedSum": "ValidatedSum: aggregator B is no node role yet",
 }
 
-_SSDRV = ("SecureSum's embedded run does not go through the one server driver yet "
-          "(issue 34 point 1, wt-ssdrv: SecureSumServer over LocalLink)")
-_STEP_UNBOOKED = (
-    "defect: on Flower the secure sum's masked-input row books the client step's FLOPs in "
-    "flops but leaves step_flops at 0, so no row says the client step was booked (embedded "
-    "books it on that row; secure_sum/remote.py or node.py, owned by wt-ssdrv)")
-
 
 # -- the algorithm: FedLog, with its client steps counted ---------------------------------
 
@@ -510,8 +503,6 @@ class TestPlaintext(LayerConformance):
 
 class TestSecureSum(LayerConformance):
     ENTRY = "secure-sum"
-    ROWS_DIFFER = NOTES_DIFFER = _SSDRV
-    MISBOOKED = {"flower": _STEP_UNBOOKED}
 
     @staticmethod
     def make() -> Layer:
@@ -581,12 +572,6 @@ class TestLocalDP(LayerConformance):
 
 class TestDistributedDP(LayerConformance):
     ENTRY = "distributed-dp"
-    ROWS_DIFFER = NOTES_DIFFER = _SSDRV
-    MISBOOKED = {"flower": _STEP_UNBOOKED, "embedded": (
-        "defect: embedded, DistributedDP's masked-input row carries no fields (the "
-        "in-process sum of the encoded vectors books the upload's bytes but not which "
-        "fields it carries; Flower books {'stats': 400}); goes with the migration onto "
-        "the one secure-sum driver (wt-ssdrv)")}
 
     @staticmethod
     def make() -> Layer:

@@ -265,8 +265,11 @@ class _DPLayer(Layer):
             vectors = Booked(uploads, part.client_vector)
             ring_sum, contributors = self.inner.sum_encoded(  # type: ignore[attr-defined]
                 vectors, enc.ring_bits, part.local_ctx, enc.label,
-                upload_costs=vectors.costs, length=enc.length)
+                upload_costs=vectors.costs, length=enc.length, fields=dict(enc.nbytes))
             agg = part.finish(ring_sum, contributors, ctx)
+            # the session's notes (secure_sum, dropped), as the one driver gives them on
+            # every runtime
+            agg.notes.update(self.inner.last_report.notes)  # type: ignore[attr-defined]
         return part.end(agg, ctx)
 
     def node_part(self, rng: np.random.Generator, *, sizing: str = "server") -> NodePart:

@@ -199,15 +199,8 @@ class SecureSum(Layer):
             f.name: plans[f.name].decode_sum(report.total[segments[f.name]]).reshape(f.shape)
             for f in spec.additive
         }
-        notes = {"secure_sum": {
-            "ring_bits": bits, "graph": report.graph.kind, "k": report.graph.k,
-            "threshold": report.graph.threshold,
-            "share_threshold": report.graph.share_threshold,
-            "live": dict(report.live), "excluded": list(report.excluded),
-            "scale_bits": {n: p.scale_bits for n, p in plans.items()},
-            "refused": dict(report.refused),
-            "server_model": "active (pinned keys)" if report.pinned else "honest-but-curious",
-        }}
+        notes = report.notes  # the one driver's, as on Flower: secure_sum and dropped
+        notes["secure_sum"]["scale_bits"] = {n: p.scale_bits for n, p in plans.items()}
         return Aggregate(phase=ctx.phase, round=ctx.round, sums=sums, values={},
                          contributors=report.contributors, notes=notes)
 
@@ -225,12 +218,14 @@ class SecureSum(Layer):
         label: str = Stage.UPLOAD,
         upload_costs: Mapping[int, tuple[float, float]] | None = None,
         length: int | None = None,
+        fields: Mapping[str, int] | None = None,
     ) -> tuple[np.ndarray, tuple[int, ...]]:
         """Run the protocol on already-encoded vectors (uint64 ring elements, one length:
         ``length``, or read from the first vector). Each vector is read once, when its
         client masks it (a lazy mapping is fine). ``upload_costs``: client -> (CPU seconds,
         FLOPs) of its client step, booked on its masked-input row (as :meth:`aggregate`
-        does); it is read after the client's vector.
+        does); it is read after the client's vector. ``fields``: the plaintext bytes of each
+        field the vectors carry, booked on the masked-input rows (as on a remote runtime).
 
         Returns:
             (the sum mod 2^ring_bits of the contributors' vectors as uint64, the contributors).
@@ -240,7 +235,8 @@ class SecureSum(Layer):
         """
         report = run_secure_sum(vectors, ring_bits, ctx, threshold=self.threshold,
                                 graph=self.graph, k=self.degree(len(vectors)), label=label,
-                                length=length,
+                                length=length, fields=fields,
+                                plaintext_bytes=sum((fields or {}).values()),
                                 identities=self.identities, upload_costs=upload_costs,
                                 workers=ctx.workers)
         self.last_report = report

@@ -3,7 +3,9 @@
 
 A node keeps its secure-sum party between messages in its own private store (Flower: a
 ``ConfigRecord`` in the node's ``Context.state``, never sent anywhere), frozen to bytes
-(:func:`freeze` / :func:`thaw`). The steps:
+(:func:`freeze` / :func:`thaw`); a :class:`~secagg.link.LiveStore` (the embedded runtime's
+:class:`~secagg.local_link.LocalLink`, in this process) keeps the live party and vector
+instead, with no freezing between stages (:func:`keep` / :func:`kept`). The steps:
 
 * :func:`advertise_next` -- ADVERTISE ahead for the next session (its id, round and cohort
   size in the instruction's ``next_*`` fields): fresh keys, and the party kept until that
@@ -34,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from secagg import safestore
 from secagg.errors import ProtocolError
 from secagg.layers.base import NodePart
-from secagg.link import Reply
+from secagg.link import LiveStore, Reply
 from secagg.link import reply_field as field
 from secagg.messages import Upload, UploadSpec
 from secagg.secure_sum import wire
@@ -88,6 +90,18 @@ def thaw(raw: bytes) -> Client:
     return c
 
 
+def keep(store: NodeStore, party: Client) -> None:
+    """Keep ``party`` in the node's store: as it is in a :class:`~secagg.link.LiveStore`
+    (in this process, never serialised), else frozen to bytes (:func:`freeze`)."""
+    store["party"] = party if isinstance(store, LiveStore) else freeze(party)
+
+
+def kept(store: NodeStore) -> Client:
+    """The party :func:`keep` kept (thawed when the store holds bytes)."""
+    party = store["party"]
+    return party if isinstance(party, Client) else thaw(party)
+
+
 def session_bounds(layer: Any, n: int) -> tuple[int, int | None]:
     """(t, the fewest share holders a ROSTER may list) for a cohort of ``n`` under the
     SecureSum ``layer``, computed on the node from the public layer parameters and cohort
@@ -133,7 +147,7 @@ def advertise_next(rec: Reply, cid: int, store: NodeStore) -> dict[str, Any]:
     party = Client(int(cid), field(rec, Key.NEXT_SESSION, bytes), field(rec, Key.NEXT_ROUND, int),
                    threshold=t, min_holders=min_holders, **party_identity(store))
     msg = party.advertise()
-    store["party"] = freeze(party)
+    keep(store, party)
     store["party_n"] = n
     return {Key.NEXT_MSG: msg, Key.NEXT_CPU_S: time.process_time() - t0}
 
@@ -161,7 +175,7 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart
         bits = next(iter(plans.values())).ring_bits if plans else 8
         parts = [p.encode(np.asarray(up[f])) for f, p in plans.items()]
         vector = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-    store["vector"] = pack_arrays({"v": vector})
+    store["vector"] = vector if isinstance(store, LiveStore) else pack_arrays({"v": vector})
     if field(rec, Key.STEP, str) == Stage.ADVERTISE:
         # configured as the embedded engine configures its clients (run_secure_sum)
         # with pinned identities, at least ``worst`` distinct pinned clients must sign the
@@ -171,12 +185,12 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart
                        **party_identity(store))
         out[Key.MSG] = party.advertise()
         out[Key.CPU_S] = cpu + time.process_time() - t0
-        store["party"] = freeze(party)
+        keep(store, party)
         return out
     if "party" not in store or store.get("party_n") != n:
         raise ProtocolError("share with the client step, but no party advertised ahead "
                             f"for a cohort of {n} on this node")
-    party = thaw(store["party"])
+    party = kept(store)
     if party.round != rnd or party.stage != "advertised":
         raise ProtocolError(f"the party advertised ahead is round {party.round}'s "
                             f"({party.stage}), not round {rnd}'s")
@@ -186,7 +200,7 @@ def upload(rec: Reply, spec: UploadSpec, up: Upload, client: int, part: NodePart
     t0 = time.process_time()
     out[Key.MSG] = party.share_keys(field(rec, Key.MSG, bytes))
     out[Key.CPU_S] = time.process_time() - t0
-    store["party"] = freeze(party)
+    keep(store, party)
     return out
 
 
@@ -194,7 +208,7 @@ def stage(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
     """One protocol stage of this node's party (see the module docstring)."""
     if "party" not in store:
         raise ProtocolError(f"secure-sum step {step!r} before 'advertise' on this node")
-    party = thaw(store["party"])
+    party = kept(store)
     inbox = field(rec, Key.MSG, bytes)
     t0 = time.process_time()
     out: dict[str, Any] = {}
@@ -204,7 +218,9 @@ def stage(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
         out[Key.ACK] = party.receive_forward(inbox)
         t1 = time.process_time()
         out[Key.ACK_CPU_S] = t1 - t0
-        out[Key.MSG] = party.masked_input(unpack_arrays(store["vector"])["v"])
+        vector = store["vector"]
+        out[Key.MSG] = party.masked_input(vector if isinstance(vector, np.ndarray)
+                                          else unpack_arrays(vector)["v"])
         t0 = t1
     elif step == Stage.CONSISTENCY:
         out[Key.MSG] = party.sign_survivors(inbox)
@@ -216,5 +232,5 @@ def stage(step: str, rec: Reply, store: NodeStore) -> dict[str, Any]:
     if step == Stage.UNMASK:  # the session is over: forget its secrets
         _forget(store)
     else:
-        store["party"] = freeze(party)
+        keep(store, party)
     return out

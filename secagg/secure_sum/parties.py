@@ -1,8 +1,9 @@
 """Where a simulated session's clients run: in this process, or on several cores.
 
-:func:`~secagg.secure_sum.protocol.run_secure_sum` plays every client of a cohort: at each
-stage it calls one method of each live client's :class:`~secagg.secure_sum.client.Client`
-with the message the server sent it. A :class:`Parties` makes those calls.
+The in-process link behind :func:`~secagg.secure_sum.protocol.run_secure_sum` plays every
+client of a cohort: at each stage of the driver it calls one method of each live client's
+:class:`~secagg.secure_sum.client.Client` with the message the server sent it. A
+:class:`Parties` makes those calls.
 
 * :class:`Inline` calls them here, one after the other.
 * :class:`Forked` spreads the clients over ``workers`` forked processes (each client lives

@@ -1,13 +1,15 @@
-"""Running one secure-sum session: the clients and the server exchange real bytes.
+"""Running one secure-sum session in one process: a thin facade over the one driver.
 
-:func:`run_secure_sum` plays the five stages of Bonawitz et al. (2017), active variant --
-advertise keys, share keys, masked input collection, consistency check, unmasking --
-between :class:`~secagg.secure_sum.client.Client` objects and a
-:class:`~secagg.secure_sum.server.Server`, in one process. At each stage
-it asks ``ctx.dropouts.survivors(stage, ...)`` who stays live, books one ledger row per message
-with its true wire size and the CPU seconds each side spent on it, and transcripts what the
-server saw: each masked vector (form "masked"), then the unmasked sum (form "clear",
-what="sum").
+:func:`run_secure_sum` runs the five stages of Bonawitz et al. (2017), active variant --
+advertise keys, share keys, masked input collection, consistency check, unmasking -- with
+the same server-side driver that runs them over Flower
+(:meth:`~secagg.secure_sum.remote.SecureSumServer.session`), over an in-process link whose
+nodes are :class:`~secagg.secure_sum.client.Client` objects holding the given vectors
+(kept live, never frozen between stages; in this process or in forked workers,
+:mod:`~secagg.secure_sum.parties`). The driver applies ``ctx.dropouts`` at each stage,
+books one ledger row per message with its true wire size and the CPU seconds each side
+spent on it, and transcripts what the server saw: each masked vector (form "masked"), then
+the unmasked sum (form "clear", what="sum").
 
 A client whose message the server cannot accept (malformed, replayed, misaddressed), or who
 cannot accept the server's message, is counted as dropped at that stage; complaints about
@@ -19,25 +21,24 @@ enough clients remain, and otherwise raises :class:`~secagg.errors.SecureSumAbor
 from __future__ import annotations
 
 import os
-import secrets
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secagg.costs import secure_sum_client_flops
 from secagg.errors import ConfigurationError, ProtocolError
+from secagg.link import Reply
 from secagg.secure_sum import wire
 from secagg.secure_sum.client import Client
 from secagg.secure_sum.graph import Graph, GraphKind, build
 from secagg.secure_sum.keys import sign_public
-from secagg.secure_sum.parties import Call, Deferred, Outcome, parties
+from secagg.secure_sum.parties import Deferred, Forked, Inline, Outcome, parties
 from secagg.secure_sum.prg import SeededEntropy
-from secagg.secure_sum.server import Server
-from secagg.stages import Stage
+from secagg.secure_sum.remote import SecureSumServer
+from secagg.stages import Key, Stage
 
 Tamper = Callable[[str, Any, Any, bytes], bytes | None]
 """Fault injection: (stage, sender, receiver, message) -> the bytes delivered (None: lost)."""
@@ -74,6 +75,8 @@ class SessionReport:
             run then resists an actively malicious server; see :mod:`.client`).
         bytes_up, bytes_down: wire bytes per client, sent and received.
         client_cpu_s: CPU seconds per client; server_cpu_s: the server's total.
+        notes: the driver's aggregate notes (``secure_sum``: ring, graph, live counts,
+            verdicts, cut, faults...; ``dropped``: stage -> client -> why), as on Flower.
     """
 
     total: np.ndarray
@@ -94,12 +97,213 @@ class SessionReport:
     cut_off: dict[int, str] = field(default_factory=dict)
     check_cpu_s: dict[str, float] = field(default_factory=dict)
     faults: dict[int, str] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 def _flat(vector: Any) -> Any:
     """A client's vector as one 1-D array, or a :class:`Deferred` one as it is (the client's
     process computes it: :mod:`secagg.secure_sum.parties`)."""
     return vector if isinstance(vector, Deferred) else np.asarray(vector).reshape(-1)
+
+
+#: the Client method that answers each protocol stage (masked input: the ACK first)
+_METHOD = {Stage.ADVERTISE: "advertise", Stage.SHARE: "share_keys",
+           Stage.MASKED_INPUT: "receive_forward", Stage.CONSISTENCY: "sign_survivors",
+           Stage.UNMASK: Stage.UNMASK}
+_ORDER = tuple(_METHOD)
+
+Answer = tuple[int, "Reply | ProtocolError"]
+"""(client, its reply, or the ProtocolError that stands for it)."""
+
+
+class _VectorNodes:
+    """The clients of one :func:`run_secure_sum` call as the nodes of a
+    :class:`~secagg.link.Link`: each a live :class:`Client` (in this process or a forked
+    worker) answering the driver's instructions, with its vector read when it masks, and
+    ``tamper`` on every message's bytes (sender ``"server"`` for an instruction, receiver
+    ``"server"`` for a reply). The replies of a stage are computed when the driver reads
+    them (those the run's dropouts keep are computed ahead, spread over the workers), so a
+    dropped client does no work; a masked vector is computed when the driver reads it,
+    after every ACK, one at a time."""
+
+    def __init__(self, cohort: list[int], make: Callable[[int, bytes], Client],
+                 vectors: Mapping[int, Any], workers: int, tamper: Tamper | None) -> None:
+        self._cohort = tuple(cohort)
+        self._make, self._vectors, self._workers = make, vectors, workers
+        self._deliver: Tamper = tamper or (lambda stage, s, r, m: m)
+        self.party: Inline | Forked | None = None
+        self.failures: list[tuple[str, int, str]] = []
+        self.up: dict[int, int] = {}
+        self.down: dict[int, int] = {}
+        self.cpu: dict[int, float] = {}
+        self._open: _Replies | None = None  # the stage whose calls may still be in flight
+        self._acked: list[int] = []  # clients that sent an ACK, in order
+        self._masked: Iterator[Outcome] | None = None
+        self._masked_done: dict[int, Outcome] = {}
+
+    @property
+    def clients(self) -> tuple[int, ...]:
+        """The cohort."""
+        return self._cohort
+
+    def count(self, stage: str, nbytes: int) -> None:
+        """Nothing to count (the report's bytes are per client)."""
+
+    def lost(self, dropped: Mapping[str, Mapping[int, str]]) -> None:
+        """Nothing to do (the driver's notes name the drops)."""
+
+    def reached(self, ctx: Any, stage: str) -> None:
+        """Nothing to do."""
+
+    def close(self) -> None:
+        """End the workers (they hold the session's secrets)."""
+        if self.party is not None:
+            self.party.close()
+
+    def exchange(self, stage: str, ctx: Any, instructions: Mapping[int, Mapping[str, Any]],
+                 *, needs: Any = (), step: bool = False,
+                 ) -> tuple[Mapping[int, Reply], dict[int, str]]:
+        """Deliver each instruction's message; the replies are computed when read."""
+        failed: dict[int, str] = {}
+        inbox: dict[int, Any] = {}
+        for c, ins in instructions.items():
+            msg = ins.get(Key.MSG)
+            if msg is not None:
+                self.down[c] = self.down.get(c, 0) + len(msg)
+                msg = self._deliver(stage, "server", c, msg)
+                if msg is None:
+                    failed[c] = "instruction lost"
+                    continue
+            inbox[c] = msg
+        if stage == Stage.ADVERTISE:
+            self.party = parties({c: self._make(c, instructions[c][Key.SESSION])
+                                  for c in inbox}, self._workers)
+        self._drain()
+        self._open = _Replies(self, stage, inbox, ctx.dropouts.survivors(stage, sorted(inbox)))
+        return self._open, failed
+
+    def _drain(self) -> None:
+        if self._open is not None:
+            self._open.drain()
+            self._open = None
+
+    def answers(self, stage: str, ids: list[int], inbox: Mapping[int, Any]
+                ) -> Iterator[Answer]:
+        """The replies of ``ids`` to their stage-``stage`` messages, in order."""
+        assert self.party is not None
+        calls = ((u, inbox[u]) for u in ids)
+        for u, out, dt, err in self.party.run(_METHOD[stage], calls):
+            self.cpu[u] = self.cpu.get(u, 0.0) + dt
+            if err is not None:
+                self.failures.append((stage, u, err))
+                yield u, ProtocolError(err)
+                continue
+            assert out is not None
+            self.up[u] = self.up.get(u, 0) + len(out)
+            got = self._deliver(stage, u, "server", out)
+            if got is None:
+                yield u, ProtocolError(f"client {u}'s {stage} message lost")
+            elif stage == Stage.ADVERTISE:  # its step (the vector) is read when it masks
+                yield u, {Key.MSG: got, Key.CPU_S: dt, Key.STEP_CPU_S: 0.0, Key.FLOPS: 0.0,
+                          Key.CLIPPED: "{}"}
+            elif stage == Stage.MASKED_INPUT:
+                self._acked.append(u)
+                yield u, _Masked(self, u, {Key.ACK: got, Key.ACK_CPU_S: dt})
+            else:
+                yield u, {Key.MSG: got, Key.CPU_S: dt}
+
+    def masked(self, u: int) -> dict[str, Any]:
+        """Client ``u``'s masked vector (its vector read now), as delivered.
+
+        Raises:
+            ProtocolError: the client failed to mask, or its message was lost.
+        """
+        if self._masked is None:
+            assert self.party is not None
+            self._drain()  # every ACK is in: one batch of calls in flight at a time
+            vecs = ((v, _flat(self._vectors[v])) for v in self._acked)
+            self._masked = self.party.run("masked_input", vecs, batch=16)
+        while u not in self._masked_done:
+            out = next(self._masked, None)
+            if out is None:
+                raise ProtocolError(f"client {u} was not asked to mask")
+            self._masked_done[out[0]] = out
+        _, msg, dt, err = self._masked_done.pop(u)
+        stage = Stage.MASKED_INPUT
+        self.cpu[u] = self.cpu.get(u, 0.0) + dt
+        if err is not None:
+            self.failures.append((stage, u, err))
+            raise ProtocolError(err)
+        assert msg is not None
+        self.up[u] = self.up.get(u, 0) + len(msg)
+        got = self._deliver(stage, u, "server", msg)
+        if got is None:
+            raise ProtocolError(f"client {u}'s masked vector lost")
+        return {Key.MSG: got, Key.CPU_S: dt}
+
+
+class _Replies(Mapping[int, Reply]):
+    """A stage's replies, each computed when first read and not kept after (those of the
+    ``ahead`` clients -- the ones the dropouts keep -- computed in one pass, spread over the
+    workers; any other alone)."""
+
+    def __init__(self, link: _VectorNodes, stage: str, inbox: dict[int, Any],
+                 ahead: list[int]) -> None:
+        self._link, self._stage, self._inbox = link, stage, inbox
+        self._pending: Iterator[Answer] | None = link.answers(stage, ahead, inbox)
+        self._ready: dict[int, Any] = {}
+
+    def drain(self) -> None:
+        """Finish the pass in flight (its replies kept for reading)."""
+        if self._pending is not None:
+            self._ready.update(self._pending)
+            self._pending = None
+
+    def __getitem__(self, u: int) -> Reply:
+        if u not in self._inbox:
+            raise KeyError(u)
+        while u not in self._ready and self._pending is not None:
+            nxt = next(self._pending, None)
+            if nxt is None:
+                self._pending = None
+            else:
+                self._ready[nxt[0]] = nxt[1]
+        if u not in self._ready:
+            self._link._drain()
+            self._ready.update(self._link.answers(self._stage, [u], self._inbox))
+        rep = self._ready.pop(u)
+        if isinstance(rep, ProtocolError):
+            raise rep
+        return rep
+
+    def __contains__(self, u: object) -> bool:
+        return u in self._inbox
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._inbox)
+
+    def __len__(self) -> int:
+        return len(self._inbox)
+
+
+class _Masked(Mapping[str, Any]):
+    """A masked-input reply: its ACK now, its masked vector when that is read (once)."""
+
+    def __init__(self, link: _VectorNodes, u: int, ack: dict[str, Any]) -> None:
+        self._link, self._u, self._fields = link, u, ack
+        self._late = False
+
+    def __getitem__(self, name: str) -> Any:
+        if name in (Key.MSG, Key.CPU_S) and not self._late:
+            self._late = True
+            self._fields.update(self._link.masked(self._u))
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((Key.ACK, Key.ACK_CPU_S, Key.MSG, Key.CPU_S))
+
+    def __len__(self) -> int:
+        return 4
 
 
 def run_secure_sum(
@@ -122,7 +326,8 @@ def run_secure_sum(
     identities: Mapping[int, Ed25519PrivateKey] | None = None,
     workers: int = 1,
 ) -> SessionReport:
-    """Run one secure-sum session over already-encoded vectors.
+    """Run one secure-sum session over already-encoded vectors, with the one server driver
+    (:meth:`~secagg.secure_sum.remote.SecureSumServer.session`) over an in-process link.
 
     Args:
         vectors: client id -> 1-D array of ring elements (uint64 < 2^ring_bits), all of one
@@ -148,7 +353,7 @@ def run_secure_sum(
             session id) a deterministic function of this seed -- for reproducible experiments
             and tests only; None (the default) uses the OS CSPRNG.
         tamper: fault injection on every delivered message (tests).
-        identities: client -> its long-term Ed25519 key (simulated clients' private keys);
+        identities: client id -> its long-term Ed25519 key (simulated clients' private keys);
             every client then pins all the cohort's public keys and checks the roster's keys
             and the consistency signatures against them. None: per-session keys, nothing
             pinned (secure against an honest-but-curious server only).
@@ -171,17 +376,6 @@ def run_secure_sum(
                                      "need the vector length: pass length")
         length = int(np.asarray(first).size)
     g = build(cohort, threshold, graph, k, graph_seed)
-    if entropy_seed is None:
-        session = secrets.token_bytes(wire.SESSION_BYTES)
-
-        def entropy_of(u: int) -> Callable[[int], bytes]:
-            return os.urandom
-    else:
-        session = SeededEntropy(entropy_seed, "session")(wire.SESSION_BYTES)
-
-        def entropy_of(u: int) -> Callable[[int], bytes]:
-            return SeededEntropy(entropy_seed, u)
-    rnd = int(ctx.round)
     pins = None
     if identities is not None:
         missing = [u for u in cohort if u not in identities]
@@ -191,143 +385,40 @@ def run_secure_sum(
                 "every client of the cohort"
             )
         pins = {u: sign_public(identities[u]) for u in cohort}
-    server = Server(session, rnd, g, ring_bits, length, forward_all_signatures=pins is not None,
-                    pinned=pins)
+    rnd = int(ctx.round)
+
+    def make(u: int, session: bytes) -> Client:
+        entropy = os.urandom if entropy_seed is None else SeededEntropy(entropy_seed, u)
+        return Client(u, session, rnd, entropy, threshold=g.threshold, length=length,
+                      ring_bits=ring_bits, pinned=pins,
+                      min_holders=g.threshold if g.kind == "complete" else None,
+                      signing=identities[u] if identities is not None else None)
+
+    params = SimpleNamespace(threshold=threshold, graph=graph, k=k, precision=None,
+                             ring_bits=ring_bits)
+    driver = SecureSumServer(layer=params, pinned=pins, drop_rows=False,
+                             entropy=None if entropy_seed is None
+                             else SeededEntropy(entropy_seed, "session"))
     segs = dict(segments) if segments is not None else {label: slice(0, length)}
-    report = SessionReport(np.zeros(0, np.uint64), (), g, ring_bits, server.live, (),
-                           refused=server.refused, pinned=pins is not None)
-    up = report.bytes_up
-    down = report.bytes_down
-    cpu = report.client_cpu_s
-    server_cpu = [0.0]
-    deliver = tamper or (lambda stage, s, r, m: m)
-
-    def stepped(outcomes: Iterator[Outcome]) -> Iterator[tuple[int, bytes, float]]:
-        """The clients' outcomes of this stage: CPU booked, failures recorded; yields
-        (client, message, CPU seconds) for those that sent one."""
-        for u, out, dt, err in outcomes:
-            cpu[u] = cpu.get(u, 0.0) + dt
-            if err is not None:
-                report.failures.append((stage, u, err))
-            elif out is not None:
-                yield u, out, dt
-
-    def replies(inbox: Mapping[int, bytes | None]) -> Iterator[Call]:
-        """(client, the message it got) for the clients still live at this stage."""
-        return ((u, inbox[u]) for u in ctx.dropouts.survivors(stage, sorted(inbox))
-                if inbox[u] is not None)
-
-    def to_server(u: int, msg: bytes, handler: Callable[[bytes], Any], dt_client: float,
-                  **row: Any) -> Any:
-        got = deliver(stage, u, "server", msg)
-        t0 = time.thread_time()
-        result = None
-        if got is not None:
-            try:
-                result = handler(got)
-            except ProtocolError as exc:
-                report.failures.append((stage, u, str(exc)))
-                result = None
-        dt = time.thread_time() - t0
-        server_cpu[0] += dt
-        up[u] = up.get(u, 0) + len(msg)
-        ctx.message(u, "server", stage, msg, client_cpu_s=dt_client, server_cpu_s=dt, **row)
-        return result
-
-    def to_clients(msgs: dict[int, bytes], close_dt: float) -> dict[int, bytes | None]:
-        share = close_dt / max(len(msgs), 1)
-        out = {}
-        for v, m in msgs.items():
-            down[v] = down.get(v, 0) + len(m)
-            ctx.message("server", v, stage, m, server_cpu_s=share)
-            out[v] = deliver(stage, "server", v, m)
-        return out
-
-    def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-        t0 = time.thread_time()
-        try:
-            return fn(), time.thread_time() - t0
-        finally:
-            server_cpu[0] += time.thread_time() - t0
-
-    # ---- stage 1: advertise keys
-    stage = Stage.ADVERTISE
-    clients = {u: Client(u, session, rnd, entropy_of(u), threshold=g.threshold, length=length,
-                         ring_bits=ring_bits, pinned=pins,
-                         min_holders=g.threshold if g.kind == "complete" else None,
-                         signing=identities[u] if identities is not None else None)
-               for u in cohort}
-    party = parties(clients, workers)
+    link = _VectorNodes(cohort, make, vectors, workers, tamper)
     try:
-        calls = ((u, None) for u in ctx.dropouts.survivors(stage, cohort))
-        for u, msg, dt in stepped(party.run(Stage.ADVERTISE, calls)):
-            to_server(u, msg, server.receive_advertise, dt,
-                      flops=secure_sum_client_flops(stage, len(g.neighbours[u])))
-        rosters, dt_close = timed(server.close_advertise)
-
-        # ---- stage 2: share keys
-        stage = Stage.SHARE
-        inbox = to_clients(rosters, dt_close)
-        for u, msg, dt in stepped(party.run("share_keys", replies(inbox))):
-            to_server(u, msg, server.receive_shares, dt, flops=secure_sum_client_flops(
-                stage, len(g.neighbours[u]), g.share_threshold))
-        forwards, dt_close = timed(server.close_shares)
-
-        # ---- stage 3: masked input collection (ACK of the forwarded shares, then the vector)
-        stage = Stage.MASKED_INPUT
-        inbox = to_clients(forwards, dt_close)
-        live3 = []
-        for u, msg, dt in stepped(party.run("receive_forward", replies(inbox))):
-            if to_server(u, msg, server.receive_ack, dt, flops=(
-                    secure_sum_client_flops("ack", len(g.neighbours[u])))) is not None:
-                live3.append(u)
-        word_bytes = (ring_bits + 7) // 8
-        costs = upload_costs if upload_costs is not None else {}  # may fill as vectors are read
-        # each vector is read here when its client's turn comes (a streamed upload is computed
-        # then); the client's work for it (its step, encoding, noise) is in ``costs``
-        vecs = ((u, _flat(vectors[u])) for u in live3)
-        for u, msg, dt in stepped(party.run("masked_input", vecs, batch=16)):
-            extra_cpu, flops = costs.get(u, (0.0, 0.0))
-            cpu[u] += extra_cpu
-            got = to_server(u, msg, server.receive_masked, dt + extra_cpu,
-                            plaintext_bytes=plaintext_bytes, fields=dict(fields or {}),
-                            step_flops=flops, flops=flops + secure_sum_client_flops(
-                                "masked", len(g.neighbours[u]),
-                                vector_bytes=length * word_bytes, word_bytes=word_bytes))
-            if got is not None:
-                _, y = got
-                for name, sl in segs.items():
-                    part = y[sl]
-                    ctx.observe("server", u, stage, name, "masked", part,
-                                nbytes=int(part.size) * word_bytes)
-        survivors, dt_close = timed(server.close_masked)
-
-        # ---- stage 4: consistency check (each survivor signs the survivor set it was shown)
-        stage = Stage.CONSISTENCY
-        inbox = to_clients(survivors, dt_close)
-        for u, msg, dt in stepped(party.run("sign_survivors", replies(inbox))):
-            to_server(u, msg, server.receive_signature, dt)
-        requests, dt_close = timed(server.close_consistency)
-
-        # ---- stage 5: unmasking
-        stage = Stage.UNMASK
-        inbox = to_clients(requests, dt_close)
-        for u, msg, dt in stepped(party.run(Stage.UNMASK, replies(inbox))):
-            to_server(u, msg, server.receive_unmask, dt)
+        out = driver.session(link, ctx, cohort, g, ring_bits, segs, dict(fields or {}),
+                             late_costs=upload_costs, plaintext_bytes=plaintext_bytes,
+                             length=length)
     finally:
-        party.close()
-    (total, contributors), _ = timed(server.finish)
-    for name, sl in segs.items():
-        part = total[sl]
-        ctx.observe("server", "server", stage, name, "clear", part, what="sum",
-                    nbytes=int(part.size) * word_bytes)
-    report.total = total
-    report.contributors = contributors
-    report.excluded = tuple(sorted(server.excluded))
-    report.server_cpu_s = server_cpu[0]
-    report.verdicts = list(server.verdicts)
-    report.cut = tuple(sorted(server.cut))
-    report.cut_off = dict(server.cut_off)
-    report.check_cpu_s = dict(server.check_cpu_s)
-    report.faults = dict(server.faults)
-    return report
+        link.close()
+    server = out.server
+    refusals = [(st, u, why[len("refused: "):]) for st, per in out.notes["dropped"].items()
+                for u, why in per.items() if why.startswith("refused: ")]
+    failures = sorted(link.failures + refusals, key=lambda f: _ORDER.index(f[0]))
+    cpu = dict(link.cpu)
+    for u, (extra, _) in (upload_costs or {}).items():
+        if u in cpu:
+            cpu[u] += extra
+    return SessionReport(
+        out.total, out.contributors, g, ring_bits, server.live, tuple(sorted(server.excluded)),
+        failures=failures, refused=server.refused, pinned=pins is not None,
+        bytes_up=link.up, bytes_down=link.down, client_cpu_s=cpu,
+        server_cpu_s=out.server_cpu_s, verdicts=list(server.verdicts),
+        cut=tuple(sorted(server.cut)), cut_off=dict(server.cut_off),
+        check_cpu_s=dict(server.check_cpu_s), faults=dict(server.faults), notes=out.notes)

@@ -1,10 +1,12 @@
-"""The SecureSum layer's server side when the clients run elsewhere (Flower's nodes).
+"""The SecureSum layer's one server-side driver, over any link.
 
 :class:`SecureSumServer` drives one secure-sum session per phase over a
-:class:`~secagg.link.Link`: the same five stages as :func:`~secagg.secure_sum.protocol.
-run_secure_sum` plays in one process (advertise, share, masked input, consistency, unmask),
-with the same :class:`~secagg.secure_sum.server.Server` state machine, but each client's
-part runs on its own node and every message crosses the link.
+:class:`~secagg.link.Link` -- advertise, share, masked input, consistency, unmask -- around
+the :class:`~secagg.secure_sum.server.Server` state machine (constructed here only): over
+Flower each client's part runs on its own node and every message crosses the link; in one
+process :func:`~secagg.secure_sum.protocol.run_secure_sum` runs :meth:`SecureSumServer.session`
+over a link of live in-process clients (seeded entropy, pinned identities and tamper hooks
+included).
 
 Each session starts at its share stage: its ADVERTISE (fresh keys for its own session id
 and round) travels with the previous exchange -- the runtime's hello for the run's first
@@ -38,7 +40,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -54,13 +56,15 @@ from secagg.link import (
     PhaseCall,
     Reply,
     add_clips,
+    book_drops,
     keep_live,
     malformed,
+    only,
 )
 from secagg.link import reply_field as rfield
+from secagg.messages import ClipReport
 from secagg.secure_sum import wire as ss_wire
-from secagg.secure_sum.graph import build
-from secagg.secure_sum.layer import SecureSum
+from secagg.secure_sum.graph import Graph, build
 from secagg.secure_sum.server import Server
 from secagg.stages import Key, Stage
 
@@ -96,36 +100,48 @@ class SecureSumServer:
 
     Args:
         layer: the SecureSum layer (its ``identities``, private keys, never run here: a
-            node holds its own key, and its peers' public keys, from its node config).
+            node holds its own key, and its peers' public keys, from its node config), or
+            any object with its ``threshold``, ``graph``, ``k``, ``precision``,
+            ``ring_bits`` (and ``layout`` / ``degree`` when :meth:`aggregate` is used).
         pinned: client id -> its pinned Ed25519 public key (32 bytes), the operator's copy
             of the keys the nodes pin (``FlowerFederation(pinned_keys=...)``). With them the
             server refuses an ADVERTISE signed by any other key (so one client advertising
             an unpinned key excludes only itself, where every pinned node would otherwise
             refuse the whole roster) and forwards every consistency signature, so a node
             can count the distinct pinned signers of the survivor set on any graph.
+        entropy: where session ids come from (default: the OS CSPRNG;
+            :func:`~secagg.secure_sum.protocol.run_secure_sum` passes a seeded stream for
+            reproducible experiments).
+        drop_rows: book a zero-byte ``dropped:<stage>`` ledger row per dropped client (as
+            the runtimes do); :func:`~secagg.secure_sum.protocol.run_secure_sum`, whose
+            ledger books one row per message sent, passes False (the drops stay in the
+            notes).
     """
 
-    #: whether the embedded engine runs this driver too (not yet: in one process
-    #: run_secure_sum still drives the session)
+    #: whether the embedded engine runs this driver too (not yet over a LocalLink: in one
+    #: process the layer's ``aggregate`` runs it through run_secure_sum's in-process link)
     local: ClassVar[bool] = False
 
-    def __init__(self, *, layer: SecureSum, pinned: Mapping[int, bytes] | None = None) -> None:
+    def __init__(self, *, layer: Any, pinned: Mapping[int, bytes] | None = None,
+                 entropy: Callable[[int], bytes] | None = None, drop_rows: bool = True,
+                 ) -> None:
         self.layer = layer
+        self.drop_rows = drop_rows
         self.pinned = dict(pinned) if pinned is not None else None
+        self._entropy = entropy if entropy is not None else secrets.token_bytes
         self._ahead: _PreAdvertised | None = None  # the first session's, on the hello
         self._pre: _PreAdvertised | None = None  # the next session's, advertised ahead
 
     def params(self) -> str:
         """What a node needs to rebuild the SecureSum layer, as JSON (its identity keys, if
         any, never travel)."""
-        return json.dumps({k: getattr(self.layer, k) for k in ("threshold", "graph", "k",
+        return json.dumps({k: getattr(self.layer, k, None) for k in ("threshold", "graph", "k",
                                                                "precision", "ring_bits")})
 
     def hello(self, round: int, phase: str, n: int) -> dict[str, Any]:
         """The hello asks every node to advertise for the run's first session, sized for a
         cohort of ``n``."""
-        self._ahead = _PreAdvertised(round, phase, secrets.token_bytes(ss_wire.SESSION_BYTES),
-                                     ())
+        self._ahead = _PreAdvertised(round, phase, self._entropy(ss_wire.SESSION_BYTES), ())
         return dict(next_session=self._ahead.session, next_round=round, next_n=n,
                     next_layer=self.params())
 
@@ -154,7 +170,12 @@ class SecureSumServer:
             plans, bits, segments, fields = self.layer.layout(rel.carried, len(cohort))
         else:
             plans, bits, segments, fields = {}, enc.ring_bits, enc.segments, dict(enc.nbytes)
-        total, contributors, notes = self._session(call, link, bits, segments, fields)
+        layer = self.layer
+        g = build(cohort, layer.threshold, layer.graph, layer.degree(len(cohort)), None)
+        out = self.session(link, rel.ctx, cohort, g, bits, segments, fields, clips=call.clips,
+                           common=call.instruction, wire=call.broadcast,
+                           upcoming=call.upcoming)
+        total, contributors, notes = out.total, out.contributors, out.notes
         ctx = call.ctx
         if enc is not None:
             agg = rel.finish(total, contributors, ctx)
@@ -165,23 +186,38 @@ class SecureSumServer:
         notes["secure_sum"]["scale_bits"] = {n: p.scale_bits for n, p in plans.items()}
         return Aggregate(ctx.phase, ctx.round, sums, {}, contributors, notes)
 
-    def _session(self, call: PhaseCall, link: Link, bits: int,
-                 segments: Mapping[str, slice], fields: Mapping[str, int],
-                 ) -> tuple[np.ndarray, tuple[int, ...], dict[str, Any]]:
-        """One SecureSum session over ``link``: five exchanges, or four when the previous
-        session's unmask exchange carried this one's ADVERTISE (``nxt`` names the session
-        after this one, to advertise for in stage 5); the client step then rides on the
-        share instruction instead of the advertise one. The nodes' vectors are ``bits``-bit
-        ring elements, one slice per field (``segments``; ``fields``: plaintext bytes per
-        field). Returns (the ring sum, the contributors, the aggregate's notes)."""
-        layer, cohort, ctx, clips = self.layer, call.cohort, call.release.ctx, call.clips
-        common = call.instruction
-        off = sum(sl.stop - sl.start for sl in segments.values())
-        g = build(cohort, layer.threshold, layer.graph, layer.degree(len(cohort)), None)
+    def session(self, link: Link, ctx: Any, cohort: Sequence[int], g: Graph, bits: int,
+                segments: Mapping[str, slice], fields: Mapping[str, int], *,
+                clips: ClipReport | None = None, common: Mapping[str, Any] | None = None,
+                wire: bytes = b"", upcoming: Callable[[], Any] = lambda: None,
+                late_costs: Mapping[int, tuple[float, float]] | None = None,
+                plaintext_bytes: int | None = None, length: int | None = None,
+                ) -> SessionOutcome:
+        """One SecureSum session over ``link``, on the neighbour graph ``g``: five exchanges,
+        or four when the previous session's unmask exchange carried this one's ADVERTISE
+        (``upcoming`` names the phase after this one, to advertise for in stage 5); the
+        client step then rides on the share instruction instead of the advertise one.
+
+        The nodes' vectors are ``bits``-bit ring elements, one slice per field
+        (``segments``; ``fields``: plaintext bytes per field, booked on the masked rows as
+        ``plaintext_bytes``, by default their sum; ``length``: the vector length, by default
+        the segments' total). ``common``: the fields every client-step
+        instruction carries; ``wire``: the packed broadcast (counted on the link);
+        ``clips``: the run's clip counts, added to from the step replies; ``late_costs``:
+        client -> (CPU seconds, FLOPs) of work done for its vector when it was read (an
+        in-process link reads it at masked input), read after its masked reply.
+
+        Every reply is read once. A reply whose reading raises ProtocolError (a lazy
+        in-process link's node step that failed) drops its client at that stage, as a
+        reply that never came does."""
+        cohort = list(cohort)
+        common = dict(common or {})
         params = self.params()
         dropped: Dropped = {}
         word = (bits + 7) // 8
-        wire = call.broadcast
+        off = sum(sl.stop - sl.start for sl in segments.values()) if length is None \
+            else int(length)
+        server_cpu = [0.0]
         pre, self._pre = self._pre, None
         if pre is not None and (pre.round, pre.phase, pre.cohort) != (
                 ctx.round, ctx.phase, tuple(cohort)):
@@ -195,21 +231,37 @@ class SecureSumServer:
             except ProtocolError as exc:
                 dropped.setdefault(stage, {})[u] = f"refused: {exc}"
                 out = None
-            ctx.message(u, SERVER, stage, msg, client_cpu_s=cpu,
-                        server_cpu_s=time.process_time() - t0, **row)
+            dt = time.process_time() - t0
+            server_cpu[0] += dt
+            ctx.message(u, SERVER, stage, msg, client_cpu_s=cpu, server_cpu_s=dt, **row)
             link.count(stage, len(msg))
             return out
+
+        def read(stage: str, u: int, get: Callable[..., Any], *args: Any) -> Any:
+            """``get(*args)`` -- ``u``'s reply or a field of it, which a lazy in-process link
+            computes now -- or None, ``u`` booked as dropped, when that raises ProtocolError."""
+            try:
+                return get(*args)
+            except ProtocolError as exc:
+                book_drops(link, ctx, stage, {u: f"ProtocolError: {exc}"}, dropped,
+                           rows=self.drop_rows)
+                return None
 
         def deliver(stage: str, got: Mapping[int, Any], handler: Callable[[bytes], Any],
                     flops: Callable[[int], float] = lambda u: 0.0) -> None:
             """Hand each reply's protocol message to the server, booked as it arrives."""
-            for u, rec in got.items():
-                to_server(u, stage, rfield(rec, Key.MSG, bytes), handler,
-                          rfield(rec, Key.CPU_S, float), flops=flops(u))
+            for u in got:
+                rec = read(stage, u, got.__getitem__, u)
+                if rec is not None:
+                    to_server(u, stage, rfield(rec, Key.MSG, bytes), handler,
+                              rfield(rec, Key.CPU_S, float), flops=flops(u))
 
         def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
             t0 = time.process_time()
-            return fn(), time.process_time() - t0
+            out = fn()
+            dt = time.process_time() - t0
+            server_cpu[0] += dt
+            return out, dt
 
         def book_out(stage: str, inbox: Mapping[int, bytes], close_s: float) -> None:
             share = close_s / max(len(inbox), 1)
@@ -218,13 +270,13 @@ class SecureSumServer:
                 link.count(stage, len(m))
 
         def survive(stage: str, got: Mapping[int, Reply], failed: dict[int, str]
-                    ) -> dict[int, Reply]:
-            return keep_live(link, ctx, stage, got, failed, dropped)
+                    ) -> Mapping[int, Reply]:
+            return keep_live(link, ctx, stage, got, failed, dropped, rows=self.drop_rows)
 
         def round_trip(stage: str, inbox: Mapping[int, bytes], close_s: float,
                        needs: Needs = PROTOCOL_REPLY, step: bool = False,
                        per_node: Callable[[int], dict[str, Any]] = lambda v: {},
-                       ) -> dict[int, Reply]:
+                       ) -> Mapping[int, Reply]:
             book_out(stage, inbox, close_s)
             got, failed = link.exchange(
                 stage, ctx, {v: {**per_node(v), Key.STEP: stage, Key.MSG: m}
@@ -234,23 +286,32 @@ class SecureSumServer:
         def stepped(u: int, rec: Reply, cpu_field: str) -> None:
             """Keep a client step's costs (booked with its masked input) and clip counts."""
             costs[u] = (rfield(rec, cpu_field, float), rfield(rec, Key.FLOPS, float))
-            add_clips(clips, rec)
+            if clips is not None:
+                add_clips(clips, rec)
 
         # stage 1: ADVERTISE -- with the client step and encoding in one message, or
         # already collected during the previous session's unmask exchange
         costs: dict[int, tuple[float, float]] = {}
         if pre is None:
-            session = secrets.token_bytes(ss_wire.SESSION_BYTES)
+            session = self._entropy(ss_wire.SESSION_BYTES)
             if wire:
                 link.count(Stage.ADVERTISE, len(wire) * len(cohort))
             got, failed = link.exchange(Stage.ADVERTISE, ctx, {
                 c: {Key.STEP: Stage.ADVERTISE, Key.SESSION: session, Key.N: len(cohort),
                     Key.LAYER: params, **common}
                 for c in cohort}, needs=STEP_REPLY, step=True)
-            got = survive(Stage.ADVERTISE, got, failed)
-            for u, rec in got.items():
-                stepped(u, rec, "cpu_s")
-            adverts = {u: (rfield(rec, Key.MSG, bytes), 0.0) for u, rec in got.items()}
+            live = survive(Stage.ADVERTISE, got, failed)
+            adverts: Mapping[int, tuple[bytes, float]] = {}
+            for u in live:
+                rec = read(Stage.ADVERTISE, u, live.__getitem__, u)
+                if rec is None:
+                    continue
+                if Key.STEP_CPU_S in rec:  # the step's own CPU apart from the ADVERTISE's
+                    stepped(u, rec, Key.STEP_CPU_S)
+                    adverts[u] = (rfield(rec, Key.MSG, bytes), rfield(rec, Key.CPU_S, float))
+                else:
+                    stepped(u, rec, Key.CPU_S)
+                    adverts[u] = (rfield(rec, Key.MSG, bytes), 0.0)
         else:
             session = pre.session
             adverts = survive(Stage.ADVERTISE, pre.adverts, dict(pre.failed))
@@ -275,31 +336,47 @@ class SecureSumServer:
             got = round_trip(
                 Stage.SHARE, rosters, dt, needs=(*STEP_REPLY, (Key.STEP_CPU_S, float)), step=True,
                 per_node=lambda v: dict(with_step=True, n=len(cohort), layer=params, **common))
-            for u, rec in got.items():
-                stepped(u, rec, "step_cpu_s")
-            deliver(Stage.SHARE, got, server.receive_shares, share_flops)
+            shared = {}
+            for u in got:
+                rec = read(Stage.SHARE, u, got.__getitem__, u)
+                if rec is not None:
+                    stepped(u, rec, Key.STEP_CPU_S)
+                    shared[u] = rec
+            deliver(Stage.SHARE, shared, server.receive_shares, share_flops)
         forwards, dt = timed(server.close_shares)
         link.reached(ctx, Stage.SHARE)
 
-        # stage 3: ACK, then the masked vector (one Flower message carries both)
+        # stage 3: every ACK, then the masked vectors (one Flower message carries both; an
+        # in-process link computes a masked vector when it is read, one at a time)
         got = round_trip(Stage.MASKED_INPUT, forwards, dt,
                          needs=((Key.MSG, bytes), (Key.CPU_S, float), (Key.ACK, bytes),
                                 (Key.ACK_CPU_S, float)))
-        acked = [u for u, rec in got.items()
-                 if to_server(u, Stage.MASKED_INPUT, rfield(rec, Key.ACK, bytes),
-                              server.receive_ack, rfield(rec, Key.ACK_CPU_S, float),
-                              flops=secure_sum_client_flops("ack", len(g.neighbours[u])))
-                 is not None]
-        for u in acked:
-            rec = got[u]
+        acked: list[tuple[int, Reply]] = []
+        for u in got:
+            rec = read(Stage.MASKED_INPUT, u, got.__getitem__, u)
+            if rec is not None and to_server(
+                    u, Stage.MASKED_INPUT, rfield(rec, Key.ACK, bytes), server.receive_ack,
+                    rfield(rec, Key.ACK_CPU_S, float),
+                    flops=secure_sum_client_flops("ack", len(g.neighbours[u]))) is not None:
+                acked.append((u, rec))
+        acked.reverse()
+        pbytes = sum(fields.values()) if plaintext_bytes is None else int(plaintext_bytes)
+        while acked:
+            u, rec = acked.pop()  # not kept once booked: the masked vector is freed
+            msg = read(Stage.MASKED_INPUT, u, rfield, rec, Key.MSG, bytes)
+            if msg is None:
+                continue
             extra_cpu, flops = costs.get(u, (0.0, 0.0))
-            res = to_server(u, Stage.MASKED_INPUT, rfield(rec, Key.MSG, bytes),
-                            server.receive_masked,
+            if late_costs is not None:
+                late_cpu, late_flops = late_costs.get(u, (0.0, 0.0))
+                extra_cpu, flops = extra_cpu + late_cpu, flops + late_flops
+            res = to_server(u, Stage.MASKED_INPUT, msg, server.receive_masked,
                             rfield(rec, Key.CPU_S, float) + extra_cpu,
-                            plaintext_bytes=sum(fields.values()), fields=dict(fields),
+                            plaintext_bytes=pbytes, fields=dict(fields), step_flops=flops,
                             flops=flops + secure_sum_client_flops(
                                 "masked", len(g.neighbours[u]), vector_bytes=off * word,
                                 word_bytes=word))
+            del rec, msg
             if res is not None:
                 for name, sl in segments.items():
                     part = res[1][sl]
@@ -309,7 +386,7 @@ class SecureSumServer:
         link.reached(ctx, Stage.MASKED_INPUT)
 
         # stage 4: consistency check (each survivor signs the survivor set it was shown;
-        # Bonawitz et al.'s active-security round, as the embedded engine runs it)
+        # Bonawitz et al.'s active-security round)
         deliver(Stage.CONSISTENCY, round_trip(Stage.CONSISTENCY, survivors, dt),
                 server.receive_signature)
         requests, dt = timed(server.close_consistency)
@@ -319,9 +396,9 @@ class SecureSumServer:
         # of the next cohort that is not asked to unmask gets an instruction of its own,
         # sent alongside): the next session then starts at its share stage
         book_out(Stage.UNMASK, requests, dt)
-        nxt = call.upcoming()
+        nxt = upcoming()
         ahead = None if nxt is None else _PreAdvertised(
-            nxt[0], nxt[1], secrets.token_bytes(ss_wire.SESSION_BYTES), tuple(nxt[2]))
+            nxt[0], nxt[1], self._entropy(ss_wire.SESSION_BYTES), tuple(nxt[2]))
         payloads: dict[int, dict[str, Any]] = {v: {Key.STEP: Stage.UNMASK, Key.MSG: m}
                                                for v, m in requests.items()}
         if ahead is not None:
@@ -331,19 +408,26 @@ class SecureSumServer:
                 payloads[v] = ({Key.STEP: Stage.UNMASK, Key.MSG: requests[v], **nf} if v in requests
                                else {Key.STEP: Stage.ADVERTISE_NEXT, **nf})
         got, failed = link.exchange(Stage.UNMASK, ctx, payloads, needs=())
-        mine = {v: rec for v, rec in got.items() if v in requests}
         why = {v: w for v, w in failed.items() if v in requests}
-        for v in list(mine):
-            if (bad := malformed(mine[v], PROTOCOL_REPLY)) is not None:
-                why[v] = bad
-                del mine[v]
-        deliver(Stage.UNMASK, survive(Stage.UNMASK, mine, why), server.receive_unmask)
+        replied: dict[int, Reply] = {}
+        for v in survive(Stage.UNMASK, only(got, [v for v in got if v in requests]), why):
+            rec = read(Stage.UNMASK, v, got.__getitem__, v)
+            if rec is None:
+                continue
+            replied[v] = rec
+            if (bad := malformed(rec, PROTOCOL_REPLY)) is not None:
+                book_drops(link, ctx, Stage.UNMASK, {v: bad}, dropped, rows=self.drop_rows)
+            else:
+                to_server(v, Stage.UNMASK, rfield(rec, Key.MSG, bytes), server.receive_unmask,
+                          rfield(rec, Key.CPU_S, float))
         if ahead is not None:
             for v in ahead.cohort:
-                if v not in got:
+                rec = replied[v] if v in replied else (
+                    read(Stage.UNMASK, v, got.__getitem__, v) if v in got else None)
+                if rec is None:
                     ahead.failed[v] = failed.get(v, "no reply")
                 else:
-                    ahead.take(v, got[v])
+                    ahead.take(v, rec)
             self._pre = ahead
         (total, contributors), _ = timed(server.finish)
         for name, sl in segments.items():
@@ -354,9 +438,23 @@ class SecureSumServer:
             "ring_bits": bits, "graph": g.kind, "k": g.k, "threshold": g.threshold,
             "share_threshold": g.share_threshold, "live": dict(server.live),
             "excluded": sorted(server.excluded), "recovered": sorted(server.dropped),
-            "refused": dict(server.refused), "server_model": "honest-but-curious",
+            "refused": dict(server.refused),
+            "server_model": ("active (pinned keys)" if self.pinned is not None
+                             else "honest-but-curious"),
             "verdicts": [list(v) for v in server.verdicts],
             "cut": [list(e) for e in sorted(server.cut)], "cut_off": dict(server.cut_off),
             "faults": dict(server.faults),
         }, "dropped": dropped}
-        return total, tuple(contributors), notes
+        return SessionOutcome(total, tuple(contributors), notes, server, server_cpu[0])
+
+
+class SessionOutcome(NamedTuple):
+    """What :meth:`SecureSumServer.session` returns: the ring sum, its contributors, the
+    aggregate's notes (``secure_sum`` and ``dropped``), the closed server state machine
+    (its live counts, verdicts, faults...) and the server's CPU seconds."""
+
+    total: np.ndarray
+    contributors: tuple[int, ...]
+    notes: dict[str, Any]
+    server: Server
+    server_cpu_s: float
