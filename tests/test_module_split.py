@@ -44,9 +44,9 @@ def test_every_old_name_is_importable_from_its_old_path(package: str) -> None:
     mod = importlib.import_module(package)
     missing = [n for n in PUBLIC[package] if not hasattr(mod, n)]
     assert missing == []
-    assert sorted(mod.__all__) == sorted(PUBLIC[package])
+    assert set(PUBLIC[package]) <= set(mod.__all__)  # new names may join, none may go
     # each name is defined in one part of the package, not in its __init__
-    for n in PUBLIC[package]:
+    for n in mod.__all__:
         obj = getattr(mod, n)
         where = getattr(obj, "__module__", None)
         if where is not None and callable(obj):
