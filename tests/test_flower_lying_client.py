@@ -105,6 +105,10 @@ def test_a_bad_tag_on_flower_drops_only_its_node(monkeypatch, lie):
     want = _embedded({"masked-input": [3]})
     assert agg.contributors == want.contributors == (0, 1, 2, 4, 5, 6, 7)
     np.testing.assert_array_equal(agg["stats"], want["stats"])
+    # the server holds only the operator's copy of the pins: its claim names the
+    # assumption that every node pins them (a node configured without pins would not)
+    model = agg.notes["secure_sum"]["server_model"]
+    assert model.startswith("active, if every node pins these keys"), model
     assert "integrity tag" in agg.notes["secure_sum"]["faults"][3]
     assert agg.notes["secure_sum"]["recovered"] == [3]
     assert result.aborted == []
@@ -202,6 +206,10 @@ def test_an_unpinned_key_on_flower_excludes_only_its_node(tmp_path):
     assert result.aborted == [] and agg is not None
     assert agg.contributors == want.contributors == (0, 1, 2, 4, 5, 6, 7)
     np.testing.assert_array_equal(agg["stats"], want["stats"])
+    # the server holds only the operator's copy of the pins: its claim names the
+    # assumption that every node pins them (a node configured without pins would not)
+    model = agg.notes["secure_sum"]["server_model"]
+    assert model.startswith("active, if every node pins these keys"), model
 
 
 def test_without_the_operators_pins_the_unpinned_key_spoils_the_round(tmp_path):

@@ -397,6 +397,7 @@ def run_secure_sum(
     params = SimpleNamespace(threshold=threshold, graph=graph, k=k, precision=None,
                              ring_bits=ring_bits)
     driver = SecureSumServer(layer=params, pinned=pins, drop_rows=False,
+                             clients_pin=pins is not None,  # every client here pins them
                              entropy=None if entropy_seed is None
                              else SeededEntropy(entropy_seed, "session"))
     segs = dict(segments) if segments is not None else {label: slice(0, length)}

@@ -116,6 +116,9 @@ class SecureSumServer:
             the runtimes do); :func:`~secagg.secure_sum.protocol.run_secure_sum`, whose
             ledger books one row per message sent, passes False (the drops stay in the
             notes).
+        clients_pin: the clients were given the pinned keys by this process (the aggregate's
+            ``server_model`` then claims the active server outright; otherwise it names the
+            assumption that every node pins them).
     """
 
     #: whether the embedded engine runs this driver too (not yet over a LocalLink: in one
@@ -124,13 +127,26 @@ class SecureSumServer:
 
     def __init__(self, *, layer: Any, pinned: Mapping[int, bytes] | None = None,
                  entropy: Callable[[int], bytes] | None = None, drop_rows: bool = True,
-                 ) -> None:
+                 clients_pin: bool = False) -> None:
         self.layer = layer
+        self.clients_pin = clients_pin
         self.drop_rows = drop_rows
         self.pinned = dict(pinned) if pinned is not None else None
         self._entropy = entropy if entropy is not None else secrets.token_bytes
         self._ahead: _PreAdvertised | None = None  # the first session's, on the hello
         self._pre: _PreAdvertised | None = None  # the next session's, advertised ahead
+
+    def _server_model(self) -> str:
+        """The server the session's privacy claim holds against. Only the clients' own pins
+        resist a server that substitutes keys: with ``clients_pin`` (the clients here were
+        given the pinned keys: :func:`~secagg.secure_sum.protocol.run_secure_sum`) the claim
+        is the active server; with only the operator's copy (``pinned``) it names the
+        assumption that every node pins the same keys, which this server cannot check."""
+        if self.pinned is None:
+            return "honest-but-curious"
+        if self.clients_pin:
+            return "active (pinned keys)"
+        return "active, if every node pins these keys (the operator's copy is pinned here)"
 
     def params(self) -> str:
         """What a node needs to rebuild the SecureSum layer, as JSON (its identity keys, if
@@ -439,8 +455,7 @@ class SecureSumServer:
             "share_threshold": g.share_threshold, "live": dict(server.live),
             "excluded": sorted(server.excluded), "recovered": sorted(server.dropped),
             "refused": dict(server.refused),
-            "server_model": ("active (pinned keys)" if self.pinned is not None
-                             else "honest-but-curious"),
+            "server_model": self._server_model(),
             "verdicts": [list(v) for v in server.verdicts],
             "cut": [list(e) for e in sorted(server.cut)], "cut_off": dict(server.cut_off),
             "faults": dict(server.faults),
