@@ -107,9 +107,10 @@ def _flat(vector: Any) -> Any:
 
 
 #: the Client method that answers each protocol stage (masked input: the ACK first)
-_METHOD = {Stage.ADVERTISE: "advertise", Stage.SHARE: "share_keys",
-           Stage.MASKED_INPUT: "receive_forward", Stage.CONSISTENCY: "sign_survivors",
-           Stage.UNMASK: Stage.UNMASK}
+_METHOD = {Stage.ADVERTISE: Client.advertise.__name__, Stage.SHARE: Client.share_keys.__name__,
+           Stage.MASKED_INPUT: Client.receive_forward.__name__,
+           Stage.CONSISTENCY: Client.sign_survivors.__name__,
+           Stage.UNMASK: Client.unmask.__name__}
 _ORDER = tuple(_METHOD)
 
 Answer = tuple[int, "Reply | ProtocolError"]
