@@ -42,17 +42,19 @@ def test_tree_noise_has_its_stated_variance():
     """The noise in prefix k (the sum of the first k releases) is the sum of
     |decomposition(k)| node noises of variance sigma^2 = (z C)^2; a release alone is the
     difference of two prefixes."""
-    z = 1.5
+    z, d = 1.5, 20_000
+    # a user seed: the same noise on every run (the private default draws from the OS, and
+    # 7 two-sided checks of its mean at ~2.7 standard errors failed about once in 40 runs)
     layer = CentralDP(Plaintext(), noise_multiplier=z, delta=1e-5, adjacency="client",
-                      tree=True, rounds=7)
+                      tree=True, rounds=7, seed=3)
     ledger = PrivacyLedger(delta=1e-5)
-    prefix = np.zeros(20_000)
+    prefix = np.zeros(d)
     for t in range(7):
         agg = _release(layer, t, [t], ledger)
         prefix = prefix + agg.sums["update"]
         nodes = len(decomposition(t + 1))
-        assert np.var(prefix) == pytest.approx(nodes * z ** 2, rel=0.05)
-        assert abs(np.mean(prefix)) < 0.05
+        assert np.var(prefix) == pytest.approx(nodes * z ** 2, rel=0.05)  # 5 standard errors
+        assert abs(np.mean(prefix)) < 4 * z * np.sqrt(nodes / d)  # 4 standard errors
     # for contrast, plain central DP's prefix noise after 7 releases has variance 7 z^2
     assert len(decomposition(7)) == 3
 
